@@ -1,0 +1,67 @@
+# gpufleet.upgrade — developer and CI entry points. `make lab` runs the main job, `make test`
+# runs every test layer. Both create everything they need on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# A Python that actually runs: python3.12 (a pyenv shim can exist and fail), then pyenv's 3.12,
+# then python3. Override with `make PYTHON=/path/to/python3.x`.
+PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 python3; do \
+	  "$$p" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
+
+VENV        ?= .venv
+VPY         := $(VENV)/bin/python
+COLL_ROOT   := $(VENV)/collections
+COLL_LINK   := $(COLL_ROOT)/ansible_collections/gpufleet/upgrade
+STAMP       := $(VENV)/.installed
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/$(COLL_ROOT)
+export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(VPY)
+export PYTHONDONTWRITEBYTECODE := 1
+
+PYTEST      := $(VPY) -m pytest
+SANITY_TREE := $(VENV)/sanity/ansible_collections/gpufleet/upgrade
+
+.PHONY: help venv collection test units integration sanity lint lab emulator clean
+
+help:
+	@echo "make lab    - run the main job (the lab rollout on the emulated fleet)"
+	@echo "make test   - run every test layer (units, ansible-test sanity, integration)"
+	@echo "make units | integration | sanity | emulator | clean"
+
+$(STAMP): requirements.txt requirements-test.txt
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 found; set PYTHON=" >&2; exit 1; }
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
+	@touch $@
+
+venv: $(STAMP)
+
+# The repository root is the collection root: link it where Ansible looks for collections.
+collection: $(STAMP)
+	@mkdir -p $(dir $(COLL_LINK))
+	@ln -sfn $(CURDIR) $(COLL_LINK)
+	@$(VPY) tests/tools/seed_get_pip.py
+
+units: collection
+	$(PYTEST) tests/unit
+
+integration: collection
+	$(PYTEST) tests/integration
+
+# ansible-test wants to run inside ansible_collections/<ns>/<name>: copy the files git would
+# ship (tracked and untracked-not-ignored) there and run sanity offline.
+sanity: collection
+	@rm -rf $(SANITY_TREE) && mkdir -p $(SANITY_TREE)
+	@git ls-files -co --exclude-standard -z | xargs -0 -I{} sh -c 'test -e "{}" && echo "{}"' \
+	  | tar -cf - -T - | tar -xf - -C $(SANITY_TREE)
+	cd $(SANITY_TREE) && ansible-test sanity --local --python $$($(VPY) -c 'import sys;print("%d.%d"%sys.version_info[:2])') --color no
+
+test: collection
+	$(PYTEST) tests/unit tests/integration
+	$(MAKE) --no-print-directory sanity
+
+lab: collection
+	$(VPY) tests/tools/lab.py
+
+clean:
+	rm -rf $(VENV) tests/output .lab
