@@ -19,7 +19,7 @@ export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(VPY)
 export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST      := $(VPY) -m pytest
-SANITY_TREE := $(VENV)/sanity/ansible_collections/gpufleet/upgrade
+SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
 .PHONY: help venv collection test units integration sanity lint lab emulator clean
 
@@ -54,7 +54,9 @@ sanity: collection
 	@rm -rf $(SANITY_TREE) && mkdir -p $(SANITY_TREE)
 	@git ls-files -co --exclude-standard -z | xargs -0 -I{} sh -c 'test -e "{}" && echo "{}"' \
 	  | tar -cf - -T - | tar -xf - -C $(SANITY_TREE)
-	cd $(SANITY_TREE) && ansible-test sanity --local --python $$($(VPY) -c 'import sys;print("%d.%d"%sys.version_info[:2])') --color no
+	@cd $(SANITY_TREE) && git init -q && git add -A
+	cd $(SANITY_TREE) && $(CURDIR)/$(VENV)/bin/ansible-test sanity --local --color no \
+	  --python $$($(CURDIR)/$(VPY) -c 'import sys;print("%d.%d"%sys.version_info[:2])') $(SANITY_ARGS)
 
 test: collection
 	$(PYTEST) tests/unit tests/integration
