@@ -214,7 +214,7 @@ def _loader_class() -> t.Any:
         def __init__(self, stream: str) -> None:
             super().__init__(stream)
             self._path: t.List[str] = []
-            self.duplicates: t.List[str] = []
+            self.duplicates: t.List[t.Tuple[int, str]] = []
 
         def _where(self) -> str:
             return ''.join(self._path).lstrip('.') or 'the record'
@@ -269,8 +269,8 @@ def _loader_class() -> t.Any:
                                        % (getattr(node, 'gf_path', 'the record'), key_node.start_mark.line + 1))
                 key = key_node.value
                 if key in mapping:
-                    self.duplicates.append('duplicate field %s (line %d)'
-                                           % (show(_join(node.gf_path, key)), key_node.start_mark.line + 1))
+                    line = key_node.start_mark.line + 1
+                    self.duplicates.append((line, 'duplicate field %s (line %d)' % (show(_join(node.gf_path, key)), line)))
                     continue
                 mapping[key] = self.construct_object(value_node, deep=deep)
             return mapping
@@ -313,7 +313,7 @@ def _load_yaml(text: str) -> t.Any:
         if loader is not None:
             loader.dispose()
     if loader.duplicates:
-        raise QualificationError(loader.duplicates)
+        raise QualificationError([message for _line, message in sorted(loader.duplicates)])
     return data
 
 
@@ -370,7 +370,7 @@ def parse_record(text: t.Union[str, bytes]) -> Record:
     else:
         raise QualificationError(['the record must be text, got %s' % type(text).__name__])
     if size > MAX_RECORD_BYTES:
-        raise QualificationError(['the record is larger than %d bytes (%d bytes)' % (MAX_RECORD_BYTES, size)])
+        raise QualificationError(['the record is larger than %d bytes' % MAX_RECORD_BYTES])
     if isinstance(text, bytes):
         try:
             text = text.decode('utf-8')
