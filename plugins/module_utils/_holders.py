@@ -217,6 +217,96 @@ def claim_phase(claim: Dict[str, Any]) -> str:
     return 'Allocated' if status.get('allocation') else 'Pending'
 
 
+class Classifier:
+    """Streaming classification: give it the (small) VMI and claim lists, then pods page by page;
+    only holders are kept, so a cluster-wide pod list never sits in memory whole."""
+
+    def __init__(self, vmis: Iterable[Dict[str, Any]] = (), claims: Iterable[Dict[str, Any]] = (),
+                 gpu_resources: Sequence[str] = tuple(DEFAULT_GPU_RESOURCES),
+                 runtime_classes: Sequence[str] = tuple(DEFAULT_RUNTIME_CLASSES),
+                 dra_drivers: Sequence[str] = tuple(DEFAULT_DRA_DRIVERS)) -> None:
+        self.gpu_resources = tuple(gpu_resources)
+        self.runtime_classes = tuple(runtime_classes)
+        self.dra_drivers = tuple(dra_drivers)
+        self.gpu_claims: Dict[Tuple[str, str], str] = {}
+        self.claims: List[Dict[str, Any]] = []
+        self.reserved_uids: Dict[str, Optional[str]] = {}   # pod uid -> node, for claims without a node selector
+        for claim in claims:
+            reason = gpu_claim_reason(claim, self.dra_drivers)
+            if not reason:
+                continue
+            meta = _meta(claim)
+            self.gpu_claims[(meta.get('namespace') or 'default', meta.get('name'))] = reason
+            self.claims.append(claim)
+            for r in (claim.get('status') or {}).get('reservedFor') or []:
+                if r.get('uid'):
+                    self.reserved_uids[r['uid']] = None
+        self.vmi_entries: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self.vmi_objs: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        for vmi in vmis:
+            meta = _meta(vmi)
+            key = (meta.get('namespace') or 'default', meta.get('name'))
+            self.vmi_objs[key] = vmi
+            reasons = vmi_gpu_reasons(vmi)
+            if reasons:
+                self.vmi_entries[key] = _entry('VirtualMachineInstance', vmi, vmi_node(vmi), reasons,
+                                               (vmi.get('status') or {}).get('phase'))
+        self.pod_holders: List[Dict[str, Any]] = []
+
+    def add_pods(self, pods: Iterable[Dict[str, Any]]) -> None:
+        for pod in pods:
+            uid = _meta(pod).get('uid')
+            node = (pod.get('spec') or {}).get('nodeName')
+            if uid in self.reserved_uids:
+                self.reserved_uids[uid] = node
+            phase = (pod.get('status') or {}).get('phase')
+            if phase in FINISHED_PHASES or not node:
+                continue
+            reasons = pod_gpu_reasons(pod, self.gpu_resources, self.runtime_classes, self.gpu_claims)
+            vmi_key = vmi_owner_of_pod(pod)
+            if vmi_key is not None:
+                self._add_launcher(pod, vmi_key, node, reasons)
+                continue
+            if reasons:
+                self.pod_holders.append(_entry('Pod', pod, node, reasons, phase, local_data=has_local_data(pod),
+                                               daemonset=is_daemonset_pod(pod)))
+
+    def _add_launcher(self, pod: Dict[str, Any], vmi_key: Tuple[str, str], node: str, reasons: List[str]) -> None:
+        entry = self.vmi_entries.get(vmi_key)
+        if entry is None and reasons:
+            vmi = self.vmi_objs.get(vmi_key) or {'metadata': {'namespace': vmi_key[0], 'name': vmi_key[1]}}
+            entry = self.vmi_entries[vmi_key] = _entry('VirtualMachineInstance', vmi, vmi_node(vmi) or node, [],
+                                                       (vmi.get('status') or {}).get('phase'))
+        if entry is None:
+            return
+        for r in reasons:
+            r = 'launcher pod %s' % r
+            if r not in entry['reasons']:
+                entry['reasons'].append(r)
+        entry['reason'] = '; '.join(entry['reasons'])
+        entry['node'] = entry['node'] or node
+        entry['launcher_pod'] = _meta(pod).get('name')
+        entry['local_data'] = entry['local_data'] or has_local_data(pod)
+
+    def holders(self, nodes: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+        """All holders, sorted by (node, kind, namespace, name); `nodes` keeps only those nodes."""
+        out = list(self.pod_holders) + list(self.vmi_entries.values())
+        for claim in self.claims:
+            node = claim_node(claim)
+            if node is None:
+                for r in (claim.get('status') or {}).get('reservedFor') or []:
+                    node = node or self.reserved_uids.get(r.get('uid'))
+            meta = _meta(claim)
+            out.append(_entry('ResourceClaim', claim, node,
+                              [self.gpu_claims[(meta.get('namespace') or 'default', meta.get('name'))]],
+                              claim_phase(claim)))
+        if nodes is not None:
+            node_set = set(nodes)
+            out = [h for h in out if h['node'] in node_set]
+        out.sort(key=lambda h: (h['node'] or '', KINDS.index(h['kind']), h['namespace'] or '', h['name'] or ''))
+        return out
+
+
 def classify(pods: Iterable[Dict[str, Any]], vmis: Iterable[Dict[str, Any]] = (),
              claims: Iterable[Dict[str, Any]] = (), gpu_resources: Sequence[str] = tuple(DEFAULT_GPU_RESOURCES),
              runtime_classes: Sequence[str] = tuple(DEFAULT_RUNTIME_CLASSES),
@@ -226,61 +316,9 @@ def classify(pods: Iterable[Dict[str, Any]], vmis: Iterable[Dict[str, Any]] = ()
 
     `nodes` limits the result to holders on those nodes (None: every node).
     """
-    node_set = set(nodes) if nodes is not None else None
-    pods = list(pods)
-    pods_by_uid = {_meta(p).get('uid'): p for p in pods if _meta(p).get('uid')}
-    gpu_claims: Dict[Tuple[str, str], str] = {}
-    holders: List[Dict[str, Any]] = []
-    for claim in claims:
-        reason = gpu_claim_reason(claim, dra_drivers)
-        if not reason:
-            continue
-        meta = _meta(claim)
-        gpu_claims[(meta.get('namespace') or 'default', meta.get('name'))] = reason
-        holders.append(_entry('ResourceClaim', claim, claim_node(claim, pods_by_uid), [reason], claim_phase(claim)))
-
-    vmi_entries: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    vmi_objs: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    for vmi in vmis:
-        meta = _meta(vmi)
-        key = (meta.get('namespace') or 'default', meta.get('name'))
-        vmi_objs[key] = vmi
-        reasons = vmi_gpu_reasons(vmi)
-        if reasons:
-            vmi_entries[key] = _entry('VirtualMachineInstance', vmi, vmi_node(vmi), reasons,
-                                      (vmi.get('status') or {}).get('phase'))
-
-    for pod in pods:
-        phase = (pod.get('status') or {}).get('phase')
-        node = (pod.get('spec') or {}).get('nodeName')
-        if phase in FINISHED_PHASES or not node:
-            continue
-        reasons = pod_gpu_reasons(pod, gpu_resources, runtime_classes, gpu_claims)
-        vmi_key = vmi_owner_of_pod(pod)
-        if vmi_key is not None:
-            entry = vmi_entries.get(vmi_key)
-            if entry is None and reasons:
-                vmi = vmi_objs.get(vmi_key) or {'metadata': {'namespace': vmi_key[0], 'name': vmi_key[1]}}
-                entry = vmi_entries[vmi_key] = _entry('VirtualMachineInstance', vmi, vmi_node(vmi) or node, [],
-                                                      (vmi.get('status') or {}).get('phase'))
-            if entry is not None:
-                for r in reasons:
-                    r = 'launcher pod %s' % r
-                    if r not in entry['reasons']:
-                        entry['reasons'].append(r)
-                entry['reason'] = '; '.join(entry['reasons'])
-                entry['node'] = entry['node'] or node
-                entry['launcher_pod'] = _meta(pod).get('name')
-                entry['local_data'] = entry['local_data'] or has_local_data(pod)
-            continue
-        if reasons:
-            holders.append(_entry('Pod', pod, node, reasons, phase, local_data=has_local_data(pod),
-                                  daemonset=is_daemonset_pod(pod)))
-    holders.extend(vmi_entries.values())
-    if node_set is not None:
-        holders = [h for h in holders if h['node'] in node_set]
-    holders.sort(key=lambda h: (h['node'] or '', KINDS.index(h['kind']), h['namespace'] or '', h['name'] or ''))
-    return holders
+    c = Classifier(vmis, claims, gpu_resources, runtime_classes, dra_drivers)
+    c.add_pods(pods)
+    return c.holders(nodes)
 
 
 def by_node(holders: Iterable[Dict[str, Any]], nodes: Iterable[str] = ()) -> Dict[str, Dict[str, int]]:
