@@ -264,6 +264,9 @@ class K8sClient:
             resp = self.pool.request(method, url, body=data, headers=self._headers(content_type),
                                      timeout=urllib3.Timeout(total=self.request_timeout), retries=False,
                                      preload_content=True)
+        except urllib3.exceptions.NewConnectionError as exc:
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
+                           status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
             raise K8sError('%s: no answer within the request timeout of %gs' % (desc, self.request_timeout),
                            status=None, method=method, path=path, reason='timeout') from exc
