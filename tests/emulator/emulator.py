@@ -89,8 +89,8 @@ class Emulator:
         if errors:
             self._thread.join(5)
             self._thread = None
-            raise RuntimeError('the emulator did not start on %s:%s: %s' % (self.host, self._requested_port,
-                                                                             errors[0])) from errors[0]
+            where = '%s:%s' % (self.host, self._requested_port)
+            raise RuntimeError('the emulator did not start on %s: %s' % (where, errors[0])) from errors[0]
         self._write_kubeconfig()
         return self
 
@@ -219,7 +219,7 @@ class Emulator:
     def list(self, api_version: str, kind: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> list[dict]:
         rt = self._rt(api_version, kind)
-        items, _ = self.store.list(rt, namespace, label_selector, field_selector)
+        items, dummy = self.store.list(rt, namespace, label_selector, field_selector)
         return [clone(self._api.present(rt, o)) for o in items]
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,

@@ -207,8 +207,8 @@ def mirror_pod(name: str, node: str, namespace: str = 'kube-system', **kwargs: A
     ann = dict(kwargs.pop('annotations', None) or {})
     ann['kubernetes.io/config.mirror'] = uuid.uuid4().hex
     ann['kubernetes.io/config.source'] = 'file'
-    nd = {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': node, 'uid': str(uuid.uuid5(uuid.NAMESPACE_DNS,
-                                                                                                   node))}}
+    node_uid = str(uuid.uuid5(uuid.NAMESPACE_DNS, node))
+    nd = {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': node, 'uid': node_uid}}
     return pod(name, node, namespace, annotations=ann, owner=owner_ref(nd), **kwargs)
 
 
@@ -329,8 +329,10 @@ def vmi(name: str, node: str, namespace: str = 'default', gpus: int | list[dict]
         migratable: bool = False) -> dict:
     """A VirtualMachineInstance on `node` with `gpus` passthrough GPUs (a count or the list of
     `spec.domain.devices.gpus` entries); owned by `vm` when given."""
-    gpu_list = gpus if isinstance(gpus, list) else [{'name': 'gpu%d' % i, 'deviceName': device_name}
-                                                      for i in range(gpus)]
+    if isinstance(gpus, list):
+        gpu_list = gpus
+    else:
+        gpu_list = [{'name': 'gpu%d' % i, 'deviceName': device_name} for i in range(gpus)]
     devices: dict[str, Any] = {}
     if gpu_list:
         devices['gpus'] = gpu_list

@@ -61,7 +61,7 @@ class ResourceType:
 
 def _r(api_version: str, plural: str, kind: str, namespaced: bool = True, short: Iterable[str] = (),
        status: bool = True, categories: Iterable[str] = (), index: Iterable[str] = ()) -> ResourceType:
-    group, _, version = api_version.rpartition('/')
+    group, dummy, version = api_version.rpartition('/')
     return ResourceType(group, version, plural, kind, namespaced, tuple(short), status, tuple(categories),
                         tuple(index))
 
@@ -121,7 +121,7 @@ class Registry:
             return self._by_kind[(api_version, kind)]
         except KeyError:
             # Accept a plural or a lowercase kind too (emu.get('v1', 'pods', ...)).
-            group, _, version = api_version.rpartition('/')
+            group, dummy, version = api_version.rpartition('/')
             rt = self._by_plural.get((group, version, kind))
             if rt is None:
                 for cand in self._by_kind.values():

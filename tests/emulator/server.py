@@ -340,7 +340,7 @@ class Api:
     def pdb_status(self, pdb: dict) -> dict:
         pod_rt = self.registry.by_kind('v1', 'Pod')
         ns = pdb['metadata'].get('namespace')
-        pods, _ = self.store.list(pod_rt, ns)
+        pods, dummy = self.store.list(pod_rt, ns)
         return policy.budget(pdb, policy.matching_pods(pdb, pods), self.controller_replicas(ns))
 
     def controller_replicas(self, namespace: str | None) -> dict[str, int]:
@@ -400,12 +400,12 @@ class Api:
             if pod is None:
                 raise not_found(rt, name)
             pdb_rt = self.registry.by_kind('policy/v1', 'PodDisruptionBudget')
-            pdbs, _ = self.store.list(pdb_rt, namespace)
-            pods, _ = self.store.list(rt, namespace) if pdbs else ([], {})
+            pdbs, dummy = self.store.list(pdb_rt, namespace)
+            pods, dummy = self.store.list(rt, namespace) if pdbs else ([], {})
             code, message, pdb_name = policy.eviction_decision(pod, pdbs, pods, self.controller_replicas(namespace)
                                                                if pdbs else {})
             if code == 429:
-                first, _, rest = message.partition('. ')
+                first, dummy, rest = message.partition('. ')
                 raise ApiError(429, 'TooManyRequests', first + '.', {'causes': [
                     {'reason': 'DisruptionBudget', 'message': rest}]})
             if code != 201:
@@ -445,7 +445,7 @@ class Api:
         with self.store.lock:
             initial: list[tuple[str, dict]] = []
             if rv_text in ('', '0') or q.get('sendInitialEvents') == 'true':
-                items, _ = self.store.list(rt, namespace)
+                items, dummy = self.store.list(rt, namespace)
                 initial = [('ADDED', o) for o in items if matches(o)]
             else:
                 try:

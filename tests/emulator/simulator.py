@@ -86,7 +86,7 @@ def node_fits(node: dict, pod: dict) -> bool:
 
 
 def _suffix(n: int = 5) -> str:
-    return ''.join(random.choice(string.ascii_lowercase + string.digits) for _ in range(n))
+    return ''.join(random.choice(string.ascii_lowercase + string.digits) for dummy in range(n))
 
 
 class Simulator:
@@ -270,7 +270,7 @@ class Simulator:
             self._reconcile_job_ref(obj, job)
 
     def _schedule(self, pod: dict) -> None:
-        nodes, _ = self.store.list(self.node_rt)
+        nodes, dummy = self.store.list(self.node_rt)
         for node in nodes:
             if node_fits(node, pod):
                 self.store.patch(self.pod_rt, pod['metadata']['namespace'], pod['metadata']['name'],
@@ -287,7 +287,7 @@ class Simulator:
     def _retry_unscheduled(self) -> None:
         if not self.schedule:
             return
-        pending, _ = self.store.list(self.pod_rt, field_selector='spec.nodeName=,status.phase=Pending')
+        pending, dummy = self.store.list(self.pod_rt, field_selector='spec.nodeName=,status.phase=Pending')
         for pod in pending:
             if self._managed(pod) and not pod['metadata'].get('deletionTimestamp'):
                 self._schedule(pod)
@@ -455,7 +455,7 @@ class Simulator:
                             pass
             elif not spec.get('suspend'):
                 want = min(parallelism, completions - n_ok) - active
-                for _ in range(max(0, want)):
+                for dummy in range(max(0, want)):
                     self._create_job_pod(job)
                     new_status['active'] += 1
         if any(status.get(k) != v for k, v in new_status.items()):
@@ -473,10 +473,9 @@ class Simulator:
             job['spec'].get('completionMode') == 'Indexed' else ann.get('batch.kubernetes.io/job-completion-index', '')
         if not ann['batch.kubernetes.io/job-completion-index']:
             del ann['batch.kubernetes.io/job-completion-index']
-        pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {
-            'name': '%s-%s' % (job['metadata']['name'], _suffix()), 'namespace': job['metadata']['namespace'],
-            'labels': dict(meta.get('labels') or {}), 'annotations': ann,
-            'ownerReferences': [{'apiVersion': 'batch/v1', 'kind': 'Job', 'name': job['metadata']['name'],
-                                 'uid': uid, 'controller': True, 'blockOwnerDeletion': True}]},
-            'spec': tmpl.get('spec') or {}}
+        owner = {'apiVersion': 'batch/v1', 'kind': 'Job', 'name': job['metadata']['name'], 'uid': uid,
+                 'controller': True, 'blockOwnerDeletion': True}
+        pod_meta = {'name': '%s-%s' % (job['metadata']['name'], _suffix()), 'namespace': job['metadata']['namespace'],
+                    'labels': dict(meta.get('labels') or {}), 'annotations': ann, 'ownerReferences': [owner]}
+        pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': pod_meta, 'spec': tmpl.get('spec') or {}}
         self.store.create(self.pod_rt, pod, job['metadata']['namespace'])

@@ -67,7 +67,7 @@ def clone(obj: Any) -> Any:
 
 
 def _random_suffix(n: int = 5) -> str:
-    return ''.join(random.choice(string.ascii_lowercase + string.digits) for _ in range(n))
+    return ''.join(random.choice(string.ascii_lowercase + string.digits) for dummy in range(n))
 
 
 class Bucket:
@@ -348,7 +348,7 @@ class Store:
                                        {'name': ns, 'kind': 'namespaces'})
                 namespace = ns
             if not meta.get('name') and meta.get('generateName'):
-                for _ in range(20):
+                for dummy in range(20):
                     meta['name'] = meta['generateName'] + _random_suffix()
                     if self.get(rt, namespace, meta['name']) is None:
                         break

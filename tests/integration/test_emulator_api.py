@@ -28,7 +28,7 @@ def names(items):
 def test_create_fills_metadata_and_answers_201(emulator, core):
     body = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'p1'},
             'spec': {'containers': [{'name': 'c', 'image': 'busybox'}]}}
-    data, status, _ = core.create_namespaced_pod_with_http_info('default', body)
+    data, status, dummy = core.create_namespaced_pod_with_http_info('default', body)
     assert status == 201
     assert data.metadata.uid and data.metadata.resource_version and data.metadata.creation_timestamp
     assert data.status.phase == 'Pending'   # not bound to a node: no scheduler target, stays Pending
