@@ -11,7 +11,7 @@ module: node_drain
 short_description: Cordon, drain or uncordon a GPU node (kubectl drain semantics, GPU VM aware)
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - V(cordon) marks the node unschedulable and records its initial C(spec.unschedulable) in the annotation
     C(gpufleet.io/initial-unschedulable) (written once), progress in C(gpufleet.io/upgrade-state).
