@@ -54,7 +54,7 @@ def test_local_data_bare_pod_and_vmi_block_before_any_eviction(emulator, run_pla
     load(emulator)
     run = run_playbook(play(emulator, drain_task(ignore_errors=True)))
     res = run.result('drain')
-    assert res['failed'] is True
+    assert res['_event'] == 'runner_on_failed'
     assert [(b['kind'], b['namespace'], b['name'], b['reason']) for b in sorted(res['blocked'], key=lambda b: b['name'])] == [
         ('Pod', 'ml', 'bare-debug', 'not managed by a controller (set force)'),
         ('Pod', 'ml', 'cache-gpu', 'uses local storage (emptyDir; set delete_local_data)'),
@@ -114,7 +114,7 @@ def test_drain_with_stop_policy_evicts_halts_and_records(emulator, run_playbook)
     res = run.result('drain')
     assert run.rc == 0, run.stdout
     assert names(res['evicted']) == GPU1_EVICTABLE
-    assert names(res['skipped']) == GPU1_LEFT
+    assert names(res['skipped_pods']) == GPU1_LEFT
     assert res['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
     assert kv.halted == ['vms/vm-gpu']
     assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'
@@ -154,7 +154,7 @@ def test_pdb_never_relaxed_fails_at_the_deadline_and_touches_nothing_else(emulat
     with KubeVirtStandIn(emulator):
         run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, timeout=3, ignore_errors=True)))
     res = run.result('drain')
-    assert res['failed'] is True
+    assert res['_event'] == 'runner_on_failed'
     assert [(r['kind'], r['namespace'], r['name']) for r in res['remaining']] == [('Pod', 'ml', 'train-gpu')]
     assert res['remaining'][0]['reason'].startswith('eviction refused by a PodDisruptionBudget (429)')
     assert 'did not complete within the timeout of 3s; the node stays cordoned' in res['msg']
@@ -194,7 +194,7 @@ def test_wait_for_jobs_deadline_fails_and_evicts_nothing(emulator, run_playbook)
     run = run_playbook(play(emulator, drain_task(node=S.OTHER, ignore_errors=True,
                                                  wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 2})))
     res = run.result('drain')
-    assert res['failed'] is True
+    assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith("wait_for_jobs: 1 pod(s) matching 'role=checkpoint' on node gpu-2 did not finish "
                                  'within 2s; nothing was evicted')
     assert [w['name'] for w in res['waiting_for_jobs']] == ['ckpt-0']
@@ -323,7 +323,7 @@ def test_persistent_conflict_fails_clearly_and_changes_nothing(emulator, run_pla
     run = run_playbook(play(emulator, {'name': 'cordon', 'ignore_errors': True, 'gpufleet.upgrade.node_drain': {
         'name': S.OTHER, 'state': 'cordon'}}))
     res = run.result('cordon')
-    assert res['failed'] is True
+    assert res['_event'] == 'runner_on_failed'
     assert 'kept changing (409 Conflict on 5 attempts); nothing was changed by this call' in res['msg']
     assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
 
@@ -333,7 +333,7 @@ def test_server_error_on_a_write_is_not_retried(emulator, run_playbook):
     emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=500, times=100)
     run = run_playbook(play(emulator, dict(drain_task(node=S.OTHER), ignore_errors=True)))
     res = run.result('drain')
-    assert res['failed'] is True
+    assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: HTTP 500')
     assert res['msg'].endswith('(node gpu-2, state drain)')
     assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1

@@ -115,7 +115,7 @@ def test_persistent_server_errors_fail_with_a_clear_message(emulator, run_playbo
     emulator.faults.add(method='GET', path=r'^/api/v1/pods$', status=500, times=100)
     run = run_playbook(play(emulator, dict(HOLDERS, ignore_errors=True)))
     res = run.result('holders')
-    assert res['failed'] is True
+    assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('GET /api/v1/pods: HTTP 500')
     assert res['msg'].endswith('(gave up after 4 attempts)')
     assert 'Traceback' not in res['msg']
