@@ -24,7 +24,7 @@ description:
   - By default an invalid record fails the task; set O(fail_on_invalid=false) to get RV(valid) and
     RV(problems) back without failing, for example to report on many records.
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.info_module

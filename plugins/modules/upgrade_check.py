@@ -26,7 +26,7 @@ description:
     in a play that targets GPU nodes).
   - See C(docs/upgrade_check.md) in the collection for the record schema and every rule.
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.info_module

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """`make lab` until the emulated fleet exists: the upgrade gate on a fresh example record.
 
 Writes `.lab/gpu-upgrade-qualification.yaml` (the seed 004 record, canary stamped now), runs

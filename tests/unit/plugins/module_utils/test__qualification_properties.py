@@ -15,14 +15,19 @@ from tools.records import CURRENT, NOW, PCI_IDS, SEED, SEED_TEXT, TARGET
 PROPERTY = settings(max_examples=1000, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-YAML_CHARS = st.sampled_from(list('&*!|>:-?,[]{}#%@`\'"\\ \t\n~.+') + ['<<', '---', '...', '\r', '\x00', 'é', '\ufeff',
-                                                                         'true', 'yes', 'null', '0x1f', '!!str ', '&a ', '*a'])
+YAML_PIECES = list('&*!|>:-?,[]{}#%@`\'"\\ \t\n~.+') + [
+    '<<', '---', '...', '\r', '\x00', 'é', '\ufeff', 'true', 'yes', 'null', '0x1f', '!!str ', '&a ', '*a']
+YAML_CHARS = st.sampled_from(YAML_PIECES)
+SAMPLE_STRINGS = ['true', 'qualified', '10de:1db6/10de:124a', 'v1.36.1+rke2r1', '2026-07-14T12:00:00Z', 'a' * 40, '', ' ']
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                    st.text(max_size=30), st.sampled_from(['true', 'qualified', '10de:1db6/10de:124a', 'v1.36.1+rke2r1',
-                                                           '2026-07-14T12:00:00Z', 'a' * 40, '', ' ']))
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                      st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-                      max_leaves=12)
+                    st.text(max_size=30), st.sampled_from(SAMPLE_STRINGS))
+
+
+def _containers(inner):
+    return st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4))
+
+
+VALUES = st.recursive(SCALARS, _containers, max_leaves=12)
 DURATIONS = st.one_of(st.sampled_from(['720h', '30d', '90m', '10s', '0h', '-1h', '1.5h', '', 'h', '1w', '99999999999999999999d']),
                       st.text(max_size=8), st.integers(min_value=-10, max_value=10 ** 12), st.none())
 NOWS = st.one_of(st.just(NOW), st.just(None),
