@@ -481,7 +481,7 @@ def timeline_svg(bundle: Dict[str, Any], width: int = 1100) -> str:
         if 'batch' in n:
             node_batch.setdefault(name, n['batch'])
     rows = []  # (label, kind, batch index, node)
-    batch_ids = sorted({b['index'] for b in bundle['batches']} | {v for v in node_batch.values()}
+    batch_ids = sorted({b['index'] for b in bundle['batches']} | set(node_batch.values())
                        | {g['batch'] for g in bundle['gates'] if g['batch'] is not None})
     named = set()
     for bi in batch_ids:

@@ -32,13 +32,10 @@ import re
 import socket
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-try:  # Python 3 stdlib; the module passes its own opener built on ansible's open_url.
-    from urllib.error import HTTPError, URLError
-    from urllib.parse import urlencode
-    from urllib.request import Request, urlopen
-except ImportError:  # pragma: no cover
-    HTTPError = URLError = Exception  # type: ignore
-    urlencode = Request = urlopen = None  # type: ignore
+# Python 3 stdlib; the module passes its own opener built on ansible's open_url.
+from urllib.error import HTTPError, URLError
+from urllib.parse import urlencode
+from urllib.request import Request, urlopen
 
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
@@ -458,7 +455,7 @@ def reduce_series(result: List[Dict[str, Any]], how: str) -> List[Dict[str, Any]
         labels = dict(item.get('metric') or {})
         points = [(float(t), _to_float(v)) for t, v in (item.get('values') or [])]
         valid = [(t, v) for t, v in points if math.isfinite(v)]
-        vals = [v for _, v in valid]
+        vals = [v for _t, v in valid]
         value = None  # type: Optional[float]
         if vals:
             if how == 'max':

@@ -90,7 +90,7 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
             reasons.append('no %s gate ran on the canary' % cat)
         elif cats[cat]['failed']:
             reasons.append('%s gate(s) failed: %s' % (cat, ', '.join(cats[cat]['failed'])))
-    required = {c for c, _ in REQUIRED_CATEGORIES}
+    required = {c for c, _field in REQUIRED_CATEGORIES}
     others = [g['id'] for g in gates if g['category'] not in required and g['critical'] and not g['passed']]
     if others:
         reasons.append('other critical gate(s) failed: %s' % ', '.join(others))

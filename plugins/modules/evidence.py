@@ -11,14 +11,14 @@ module: evidence
 short_description: Add to the upgrade evidence bundle and render its HTML report
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
-  - Keeps one JSON evidence bundle per rollout on the controller (run it with C(delegate_to: localhost)).
-    Gates and actions add to it: node identities (Node UID, machine-id, system UUID, PCI ids), the tuple before
+  - Keeps one JSON evidence bundle per rollout on the controller (run it with C(delegate_to) set to V(localhost)).
+    Gates and actions add to it node identities (Node UID, machine-id, system UUID, PCI ids), the tuple before
     and after, artifact digests (driver package SHA-256, images named in the tuple), each gate's inputs and
     result, timings, batches, and the combinations left out.
   - Every entry has a key (nodes by name, artifacts by kind and name, batches by index, gates and actions by
-    O(gates[].id), omitted combinations by key); adding an entry with an existing key replaces it, so re-running
+    their C(id), omitted combinations by key); adding an entry with an existing key replaces it, so re-running
     a task does not duplicate evidence.
   - Optionally writes a self-contained HTML report (inline CSS and SVG, no external assets) with a timeline of
     batches and gates drawn as a picture, and tables of gates, nodes, artifacts and omitted combinations.

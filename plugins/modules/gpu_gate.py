@@ -11,7 +11,7 @@ module: gpu_gate
 short_description: Gate an upgraded GPU node on its NVML health against the pre-upgrade snapshot
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Read-only. Judges the facts that M(gpufleet.upgrade.gpu_info) returns on the node after the upgrade
     against the same facts taken before it (the snapshot). Every check must pass; one failure fails the task.

@@ -11,11 +11,11 @@ module: metric_gate
 short_description: Gate an upgrade on Prometheus metrics over an observation window
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Read-only. Evaluates each declared PromQL query as a range query over the observation window
     through the Prometheus HTTP API, reduces every series (mean, max, min or last of its valid points),
-    and compares it with exactly one written reference, a pre-upgrade O(baseline) from the same query and
+    and compares it with exactly one written reference, a pre-upgrade O(queries[].baseline) from the same query and
     collection path, O(queries[].control) nodes still on the previous tuple over the same window, or an
     absolute O(queries[].limit).
   - A query with no series fails (lost telemetry must not look quiet). A series with fewer than

@@ -11,7 +11,7 @@ module: qualification_record
 short_description: Write the GPUUpgradeQualification record from a canary evidence bundle
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Reads a canary evidence bundle (M(gpufleet.upgrade.evidence)) and writes the seed-004
     C(GPUUpgradeQualification) record that M(gpufleet.upgrade.upgrade_check) gates on.

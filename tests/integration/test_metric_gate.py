@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate as mg
-from tools.prometheus import PrometheusServer, prometheus_server  # noqa: F401 (fixture)
+from tools import prometheus as prom_tools
+from tools.prometheus import PrometheusServer
+
+# The session-scoped fixture: a real Prometheus on loopback scraping the test's exporter.
+prometheus_server = prom_tools.prometheus_server
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ def git(repo: pathlib.Path, *args: str) -> str:
 
 
 def write_bundle(path: pathlib.Path, rollback_passed: bool) -> None:
-    b, _ = ev.merge(ev.new_bundle('a100-canary-7'), {
+    b, _changed = ev.merge(ev.new_bundle('a100-canary-7'), {
         'tuple_after': AFTER,
         'nodes': [{'name': 'gpu-1', 'role': 'canary', 'pci_ids': ['10de:20b0/10de:1450']}],
         'gates': [{'name': n, 'kind': k, 'node': 'gpu-1', 'passed': ok, 'finished': '2026-07-14T12:%02d:00Z' % m}

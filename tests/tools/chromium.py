@@ -24,7 +24,7 @@ def screenshot(binary: str, html_path: pathlib.Path, png_path: pathlib.Path, siz
     with tempfile.TemporaryDirectory(prefix='gpufleet-chromium-') as profile:
         cmd = [binary, *FLAGS, '--user-data-dir=%s' % profile, '--window-size=%d,%d' % size,
                '--screenshot=%s' % png_path, html_path.resolve().as_uri()]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def decode_png(data: bytes) -> tuple[int, int, int, list[bytes]]:
@@ -37,7 +37,7 @@ def decode_png(data: bytes) -> tuple[int, int, int, list[bytes]]:
         chunk = data[pos + 8:pos + 8 + length]
         pos += 12 + length
         if ctype == b'IHDR':
-            width, height, bit_depth, color_type, _, _, interlace = struct.unpack('>IIBBBBB', chunk)
+            width, height, bit_depth, color_type, _compression, _filter, interlace = struct.unpack('>IIBBBBB', chunk)
         elif ctype == b'IDAT':
             idat += chunk
         elif ctype == b'IEND':

@@ -1,6 +1,7 @@
 """A real Prometheus (Debian package) on loopback scraping a stdlib exporter the test controls.
 
-    from tools.prometheus import prometheus_server   # noqa: F401 (session-scoped fixture)
+    from tools import prometheus as prom_tools
+    prometheus_server = prom_tools.prometheus_server   # the session-scoped fixture
 
     def test_x(prometheus_server):
         prometheus_server.exporter.set('DCGM_FI_DEV_XID_ERRORS', {'Hostname': 'gpu-1', 'gpu': '0'}, 0)

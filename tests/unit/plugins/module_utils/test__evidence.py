@@ -24,7 +24,7 @@ def at(minutes: float) -> str:
 
 def sample_bundle() -> dict[str, Any]:
     b = ev.new_bundle('canary-1', now=T0)
-    b, _ = ev.merge(b, {
+    b, _changed = ev.merge(b, {
         'tuple_before': BEFORE, 'tuple_after': AFTER,
         'nodes': [{'name': 'gpu-1', 'role': 'canary', 'uid': 'u-1', 'machine_id': 'm1', 'system_uuid': 's1',
                    'pci_ids': ['10DE:2330/10de:16c1'], 'batch': 0},
@@ -101,7 +101,7 @@ def test_merge_rejects_bad_entries(updates: dict[str, Any], message: str) -> Non
 def test_artifact_path_is_hashed(tmp_path: pathlib.Path) -> None:
     deb = tmp_path / 'driver.deb'
     deb.write_bytes(b'not really a deb')
-    b, _ = ev.merge(ev.new_bundle('b', now=T0), {'artifacts': [{'kind': 'driver-package', 'name': 'd',
+    b, _changed = ev.merge(ev.new_bundle('b', now=T0), {'artifacts': [{'kind': 'driver-package', 'name': 'd',
                                                                 'path': str(deb)}]})
     assert b['artifacts'][0]['sha256'] == hashlib.sha256(b'not really a deb').hexdigest()
     with pytest.raises(ev.EvidenceError, match="artifacts: cannot read '/nonexistent.deb'"):
@@ -144,7 +144,7 @@ class _Collect(html.parser.HTMLParser):
 
 def test_html_is_self_contained_with_an_svg_timeline() -> None:
     b = sample_bundle()
-    b, _ = ev.merge(b, {'gates': [{'name': '<script>alert(1)</script>', 'passed': True, 'node': 'gpu-1',
+    b, _changed = ev.merge(b, {'gates': [{'name': '<script>alert(1)</script>', 'passed': True, 'node': 'gpu-1',
                                    'batch': 0, 'started': at(20), 'finished': at(21)}]})
     page = ev.render_html(b)
     p = _Collect()
@@ -160,5 +160,5 @@ def test_html_is_self_contained_with_an_svg_timeline() -> None:
 
 
 def test_html_without_timings_says_so() -> None:
-    b, _ = ev.merge(ev.new_bundle('b', now=T0), {'gates': [{'name': 'g', 'passed': True}]})
+    b, _changed = ev.merge(ev.new_bundle('b', now=T0), {'gates': [{'name': 'g', 'passed': True}]})
     assert 'No timings recorded' in ev.render_html(b)

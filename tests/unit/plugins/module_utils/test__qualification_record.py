@@ -32,7 +32,7 @@ def canary_bundle(rollback_passed: bool = True, with_rollback: bool = True, extr
     if with_rollback:
         gates.append({'name': 'rollback', 'kind': 'rollback', 'node': 'gpu-1', 'batch': 0,
                       'passed': rollback_passed, 'finished': at(45)})
-    b, _ = ev.merge(ev.new_bundle('h100-canary-1', now=T0), {
+    b, _changed = ev.merge(ev.new_bundle('h100-canary-1', now=T0), {
         'tuple_before': BEFORE, 'tuple_after': AFTER,
         'nodes': [{'name': 'gpu-1', 'role': 'canary', 'pci_ids': ['10DE:2330/10de:16c1']},
                   {'name': 'gpu-2', 'pci_ids': ['10de:2330/10de:16c1', '10de:2331/10de:1626']},
