@@ -83,3 +83,38 @@ def test_uncommitted_evidence_is_refused(tmp_path: pathlib.Path, run_playbook: A
     assert run.result('no repo')['msg'].startswith('qualification_record: %s is not in a git repository' % bundle)
     assert not (tmp_path / 'r.yaml').exists() or run.result('explicit revision')['changed']
     assert json.loads(json.dumps(run.result('explicit revision')['record']))['sourceRevision'] == 'f' * 40
+
+
+def test_record_round_trips_through_the_upgrade_check_module(tmp_path: pathlib.Path, run_playbook: Any) -> None:
+    """qualification_record writes; upgrade_check blocks before the second operator approves, passes after."""
+    import pytest
+    if not (pathlib.Path(__file__).resolve().parents[2] / 'plugins' / 'modules' / 'upgrade_check.py').is_file():
+        pytest.skip('the upgrade_check module (issue2-gate) is not merged yet: module round trip not run')
+    import datetime
+    bundle = tmp_path / 'canary.json'
+    b, _changed = ev.merge(ev.new_bundle('a100-canary-7'), {
+        'tuple_after': AFTER,
+        'nodes': [{'name': 'gpu-1', 'role': 'canary', 'pci_ids': ['10de:20b0/10de:1450']}],
+        'gates': [{'name': n, 'kind': k, 'node': 'gpu-1', 'passed': True,
+                   'finished': ev.rfc3339(datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1))}
+                  for n, k in (('node', 'node'), ('metrics', 'metric'), ('rollback', 'rollback'))]})
+    bundle.write_text(ev.dumps(b))
+    dest = tmp_path / 'record.yaml'
+    current = dict(AFTER, kernel='6.8.0-134-generic', rke2='v1.35.3+rke2r3', driver='580.126.20',
+                   gpu_operator='v26.3.3')
+    check = {'qualification': str(dest), 'pci_ids': ['10de:20b0/10de:1450'], 'current': current, 'target': AFTER}
+    run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'record', 'gpufleet.upgrade.qualification_record': {
+            'evidence': str(bundle), 'dest': str(dest), 'source_revision': 'c' * 40, 'evidence_ref': 'cr-42'}},
+        {'name': 'before approval', 'gpufleet.upgrade.upgrade_check': check, 'ignore_errors': True}]}])
+    before = run.result('before approval')
+    assert before['_event'] == 'runner_on_failed'
+    assert before['passed'] is False and before['problems'] == ['approvedBy is required']
+    dest.write_text(dest.read_text().replace('approvedBy: ""', 'approvedBy: "second-operator"'))
+    run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'after approval', 'gpufleet.upgrade.upgrade_check': check}]}])
+    after = run.result('after approval')
+    assert after['_event'] == 'runner_on_ok', after.get('msg')
+    assert after['passed'] is True and after['msg'].startswith('GPU upgrade gate: PASS')
+    assert after['qualification']['approved_by'] == 'second-operator'
+    assert after['qualification']['source_revision'] == 'c' * 40
