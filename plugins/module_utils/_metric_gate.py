@@ -32,10 +32,8 @@ import re
 import socket
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-# Python 3 stdlib; the module passes its own opener built on ansible's open_url.
-from urllib.error import HTTPError, URLError
+from urllib.error import URLError
 from urllib.parse import urlencode
-from urllib.request import Request, urlopen
 
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
@@ -340,26 +338,16 @@ def preset_queries(presets: List[str], node: Optional[str], node_label: str, tem
 # Prometheus HTTP API
 # --------------------------------------------------------------------------------------------
 
+# opener(url, headers, timeout) -> (HTTP status, body). The module passes one built on
+# ansible.module_utils.urls.open_url (TLS options); it returns HTTP errors as their status.
 Opener = Callable[[str, Dict[str, str], float], Tuple[int, bytes]]
-
-
-def urllib_opener(url: str, headers: Dict[str, str], timeout: float) -> Tuple[int, bytes]:
-    req = Request(url, headers=headers)
-    try:
-        resp = urlopen(req, timeout=timeout)
-        try:
-            return resp.getcode(), resp.read()
-        finally:
-            resp.close()
-    except HTTPError as exc:
-        return exc.code, exc.read() or b''
 
 
 class PrometheusClient:
     """Read-only client for /api/v1/query and /api/v1/query_range with a bounded timeout."""
 
-    def __init__(self, base_url: str, timeout: float = 10.0, headers: Optional[Dict[str, str]] = None,
-                 opener: Optional[Opener] = None) -> None:
+    def __init__(self, base_url: str, opener: Opener, timeout: float = 10.0,
+                 headers: Optional[Dict[str, str]] = None) -> None:
         if not re.match(r'^https?://[^/\s]+', base_url or ''):
             raise MetricGateError('url: %r is not an http(s) URL' % (base_url,))
         if not 0 < timeout <= 300:
@@ -368,7 +356,7 @@ class PrometheusClient:
         self.timeout = float(timeout)
         self.headers = dict(headers or {})
         self.headers.setdefault('Accept', 'application/json')
-        self.opener = opener or urllib_opener
+        self.opener = opener
         self.requests = 0
 
     def _get(self, path: str, params: Dict[str, Any]) -> Dict[str, Any]:
@@ -518,7 +506,8 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
     if spec.compare == 'limit':
         ev['reference'] = {'kind': 'limit', 'value': spec.limit}
     else:
-        assert spec.reference_window is not None and spec.reference_expr is not None
+        if spec.reference_window is None or spec.reference_expr is None:  # parse_query always sets both
+            raise MetricGateError('%s: %s comparison without a reference window' % (spec.name, spec.compare))
         ev['reference'] = {'kind': spec.compare, 'expr': spec.reference_expr,
                            'window': spec.reference_window.as_dict(), 'series': [], 'value': None}
         try:
@@ -560,10 +549,10 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
     # Comparison, only over series that have a value.
     pairs = []  # type: List[Tuple[float, float, str]]
     if spec.compare == 'limit':
-        assert spec.limit is not None
+        limit = spec.limit if spec.limit is not None else 0.0
         for s in observed:
             if s['value'] is not None:
-                pairs.append((s['value'], spec.limit, ' for ' + _labels_text(s['labels'])))
+                pairs.append((s['value'], limit, ' for ' + _labels_text(s['labels'])))
     elif spec.compare == 'baseline':
         ref_by_key = {_key(s['labels']): s for s in reference}
         obs_by_key = {_key(s['labels']): s for s in observed}

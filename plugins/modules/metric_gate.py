@@ -327,7 +327,7 @@ def main():
         headers = {}
         if p['bearer_token']:
             headers['Authorization'] = 'Bearer %s' % p['bearer_token']
-        client = PrometheusClient(p['url'], timeout=p['timeout'], headers=headers, opener=_opener(module))
+        client = PrometheusClient(p['url'], _opener(module), timeout=p['timeout'], headers=headers)
         verdict = run_gate(client, specs, window, step)
     except MetricGateError as exc:
         result['msg'] = 'metric gate: invalid input: %s' % exc

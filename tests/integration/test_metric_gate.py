@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate as mg
 from tools import prometheus as prom_tools
-from tools.prometheus import PrometheusServer
+from tools.prometheus import PrometheusServer, urllib_opener
 
 # The session-scoped fixture: a real Prometheus on loopback scraping the test's exporter.
 prometheus_server = prom_tools.prometheus_server
@@ -67,7 +67,7 @@ def gate(scenario: dict[str, Any], queries: list[dict[str, Any]], presets: list[
     window = scenario['window']
     specs = [mg.parse_query(q, i, window, min_samples) for i, q in enumerate(queries)]
     specs += mg.preset_queries(presets or [], node, 'Hostname', 85.0, min_samples)
-    client = mg.PrometheusClient(scenario['prom'].url, timeout=10)
+    client = mg.PrometheusClient(scenario['prom'].url, urllib_opener, timeout=10)
     return mg.run_gate(client, specs, window, 1.0)
 
 
@@ -213,7 +213,7 @@ def test_unreachable_prometheus_is_a_failure_not_a_pass(scenario: dict[str, Any]
     from tools.prometheus import free_port
     window = scenario['window']
     spec = mg.parse_query({'name': 'x', 'expr': 'up', 'limit': 1}, 0, window, 1)
-    client = mg.PrometheusClient('http://127.0.0.1:%d' % free_port(), timeout=2)
+    client = mg.PrometheusClient('http://127.0.0.1:%d' % free_port(), urllib_opener, timeout=2)
     v = mg.run_gate(client, [spec], window, 1.0)
     assert v['passed'] is False
     assert v['problems'][0].startswith('x: cannot reach Prometheus at http://127.0.0.1:')

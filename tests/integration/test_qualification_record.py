@@ -75,8 +75,8 @@ def test_uncommitted_evidence_is_refused(tmp_path: pathlib.Path, run_playbook: A
     bundle = tmp_path / 'canary.json'
     write_bundle(bundle, rollback_passed=True)
     run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
-        {'name': 'no repo', 'gpufleet.upgrade.qualification_record': {'evidence': str(bundle),
-                                                                       'dest': str(tmp_path / 'r.yaml')},
+        {'name': 'no repo',
+         'gpufleet.upgrade.qualification_record': {'evidence': str(bundle), 'dest': str(tmp_path / 'r.yaml')},
          'ignore_errors': True},
         {'name': 'explicit revision', 'gpufleet.upgrade.qualification_record': {
             'evidence': str(bundle), 'dest': str(tmp_path / 'r.yaml'), 'source_revision': 'f' * 40}}]}])

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Iterator
@@ -32,6 +33,16 @@ from tools.debian import ensure_binary
 
 START_TIMEOUT = 60.0      # seconds until /-/ready and the first scrape of the exporter
 SCRAPE_INTERVAL = '1s'
+
+
+def urllib_opener(url: str, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+    """The metric gate core's opener for tests (the module uses ansible's open_url)."""
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read() or b''
 
 
 def free_port() -> int:

@@ -101,8 +101,8 @@ def test_merge_rejects_bad_entries(updates: dict[str, Any], message: str) -> Non
 def test_artifact_path_is_hashed(tmp_path: pathlib.Path) -> None:
     deb = tmp_path / 'driver.deb'
     deb.write_bytes(b'not really a deb')
-    b, _changed = ev.merge(ev.new_bundle('b', now=T0), {'artifacts': [{'kind': 'driver-package', 'name': 'd',
-                                                                'path': str(deb)}]})
+    art = {'kind': 'driver-package', 'name': 'd', 'path': str(deb)}
+    b, _changed = ev.merge(ev.new_bundle('b', now=T0), {'artifacts': [art]})
     assert b['artifacts'][0]['sha256'] == hashlib.sha256(b'not really a deb').hexdigest()
     with pytest.raises(ev.EvidenceError, match="artifacts: cannot read '/nonexistent.deb'"):
         ev.merge(b, {'artifacts': [{'kind': 'driver-package', 'name': 'd', 'path': '/nonexistent.deb'}]})
@@ -144,8 +144,9 @@ class _Collect(html.parser.HTMLParser):
 
 def test_html_is_self_contained_with_an_svg_timeline() -> None:
     b = sample_bundle()
-    b, _changed = ev.merge(b, {'gates': [{'name': '<script>alert(1)</script>', 'passed': True, 'node': 'gpu-1',
-                                   'batch': 0, 'started': at(20), 'finished': at(21)}]})
+    evil = {'name': '<script>alert(1)</script>', 'passed': True, 'node': 'gpu-1', 'batch': 0,
+            'started': at(20), 'finished': at(21)}
+    b, _changed = ev.merge(b, {'gates': [evil]})
     page = ev.render_html(b)
     p = _Collect()
     p.feed(page)

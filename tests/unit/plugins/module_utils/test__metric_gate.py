@@ -144,7 +144,7 @@ def test_baseline_series_missing_in_observation_is_lost_telemetry() -> None:
     answers = {'x': (200, matrix(({'gpu': '0'}, [1, 1, 1])))}
     spec = mg.parse_query({'name': 'n', 'expr': 'x', 'baseline': {'offset': '1d', 'expr': 'y'}}, 0, W, 3)
     answers['y'] = (200, matrix(({'gpu': '0'}, [1, 1, 1]), ({'gpu': '1'}, [1, 1, 1])))
-    client = mg.PrometheusClient('http://prom:9090', opener=stub_opener(answers))
+    client = mg.PrometheusClient('http://prom:9090', stub_opener(answers))
     v = mg.run_gate(client, [spec], W, 60)
     assert v['problems'] == ['n: series {gpu="1"} is in the baseline but missing in the observation window '
                              '(lost telemetry)']
@@ -153,13 +153,13 @@ def test_baseline_series_missing_in_observation_is_lost_telemetry() -> None:
 def test_control_needs_single_series() -> None:
     answers = {'x': (200, matrix(({'gpu': '0'}, [1]), ({'gpu': '1'}, [1]))), 'c': (200, matrix(({}, [1])))}
     spec = mg.parse_query({'name': 'n', 'expr': 'x', 'control': {'expr': 'c'}}, 0, W, 1)
-    v = mg.run_gate(mg.PrometheusClient('http://prom', opener=stub_opener(answers)), [spec], W, 60)
+    v = mg.run_gate(mg.PrometheusClient('http://prom', stub_opener(answers)), [spec], W, 60)
     assert v['problems'] == ['n: a control comparison needs one series on each side (got 2 observed, 1 control); '
                              'aggregate with sum() or avg()']
 
 
 def test_run_gate_rejects_duplicates_and_empty() -> None:
-    client = mg.PrometheusClient('http://prom', opener=stub_opener({}))
+    client = mg.PrometheusClient('http://prom', stub_opener({}))
     with pytest.raises(mg.MetricGateError, match='declare at least one query'):
         mg.run_gate(client, [], W, 60)
     spec = mg.parse_query(q(limit=1), 0, W, 1)
@@ -169,6 +169,6 @@ def test_run_gate_rejects_duplicates_and_empty() -> None:
 
 def test_client_rejects_bad_url_and_timeout() -> None:
     with pytest.raises(mg.MetricGateError, match="url: 'prom:9090' is not an http"):
-        mg.PrometheusClient('prom:9090')
+        mg.PrometheusClient('prom:9090', stub_opener({}))
     with pytest.raises(mg.MetricGateError, match='timeout: 0 must be between 1 and 300'):
-        mg.PrometheusClient('http://prom', timeout=0)
+        mg.PrometheusClient('http://prom', stub_opener({}), timeout=0)
