@@ -386,6 +386,32 @@ def _content(bundle: Dict[str, Any]) -> str:
 # Summary and verdicts
 # --------------------------------------------------------------------------------------------
 
+def _tag(name: str) -> str:
+    last = name.rsplit('/', 1)[-1]
+    return last.split('@', 1)[0].rsplit(':', 1)[1] if ':' in last.split('@', 1)[0] else ''
+
+
+def tuple_artifacts_without_digest(bundle: Dict[str, Any]) -> List[str]:
+    """Target-tuple components with no digested artifact: the driver (a package with a SHA-256, or a
+    driver image with a digest whose tag starts with the version), the GPU Operator and the DCGM
+    exporter (an image whose tag is the version, with a digest)."""
+    after = bundle['tuple'].get('after') or {}
+    missing = []
+    driver = after.get('driver')
+    if driver:
+        ok = any((a['kind'] != 'image' and a.get('sha256') and driver in (a.get('version') or '') + ' ' + a['name'])
+                 or (a['kind'] == 'image' and a.get('digest') and _tag(a['name']).startswith(driver))
+                 for a in bundle['artifacts'])
+        if not ok:
+            missing.append('driver %s' % driver)
+    for comp in ('gpu_operator', 'dcgm_exporter'):
+        value = after.get(comp)
+        if value and not any(a['kind'] == 'image' and a.get('digest') and _tag(a['name']) == value
+                             for a in bundle['artifacts']):
+            missing.append('%s %s' % (comp, value))
+    return missing
+
+
 def summary(bundle: Dict[str, Any]) -> Dict[str, Any]:
     gates = bundle['gates']
     failed_critical = [g['id'] for g in gates if g['critical'] and not g['passed']]
@@ -399,6 +425,7 @@ def summary(bundle: Dict[str, Any]) -> Dict[str, Any]:
         'omitted': len(bundle['omitted']), 'omitted_blocking': len(blocking),
         'nodes': len(bundle['nodes']), 'batches': len(bundle['batches']),
         'artifacts_without_digest': missing_digests,
+        'tuple_artifacts_without_digest': tuple_artifacts_without_digest(bundle),
         'stop': bool(failed_critical),
     }
 
@@ -614,6 +641,9 @@ def render_html(bundle: Dict[str, Any]) -> str:
             _e(a['kind']), _e(a['name']), _e(a.get('version', '')),
             '<code>%s</code>' % _e(digest) if digest else '<span class="fail">missing digest</span>'))
     out.append('</table>')
+    if s['tuple_artifacts_without_digest']:
+        out.append('<p class="fail">Target tuple without a recorded digest: %s</p>'
+                   % _e(', '.join(s['tuple_artifacts_without_digest'])))
     out.append('<h2>Omitted combinations</h2>')
     if bundle['omitted']:
         out.append('<table><tr><th>combination</th><th>nodes</th><th>blocks promotion</th><th>reason</th></tr>')

@@ -199,6 +199,15 @@ class QuerySpec:
         return low, high
 
 
+WINDOW_PLACEHOLDER = '$window'
+
+
+def with_window(expr: str, window: Window) -> str:
+    """Replace ``$window`` with the window length in whole seconds (``86400s``), for range selectors
+    such as ``increase(requests_total[$window])`` that must cover exactly the observation window."""
+    return expr.replace(WINDOW_PLACEHOLDER, '%ds' % max(1, int(round(window.length))))
+
+
 def _str_field(raw: Dict[str, Any], key: str, where: str, required: bool = True) -> Optional[str]:
     value = raw.get(key)
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -227,7 +236,7 @@ def parse_query(raw: Any, index: int, window: Window, default_min_samples: int) 
         raise MetricGateError('%s: give exactly one of baseline, control or limit (got %s)'
                               % (where, ', '.join(given) or 'none'))
     compare = given[0]
-    kw = {'name': name, 'expr': expr, 'compare': compare}  # type: Dict[str, Any]
+    kw = {'name': name, 'expr': with_window(expr, window), 'compare': compare}  # type: Dict[str, Any]
     if compare == 'baseline':
         b = raw['baseline']
         if not isinstance(b, dict):
@@ -235,7 +244,7 @@ def parse_query(raw: Any, index: int, window: Window, default_min_samples: int) 
         extra = sorted(k for k in b if k not in ('offset', 'start', 'end', 'expr') and b[k] is not None)
         if extra:
             raise MetricGateError('%s.baseline: unknown field(s) %s' % (where, ', '.join(extra)))
-        kw['reference_expr'] = _str_field(b, 'expr', where + '.baseline', required=False) or expr
+        kw['reference_expr'] = with_window(_str_field(b, 'expr', where + '.baseline', required=False) or expr, window)
         has_offset = b.get('offset') not in (None, '')
         has_range = b.get('start') not in (None, '') or b.get('end') not in (None, '')
         if has_offset == has_range:
@@ -263,7 +272,7 @@ def parse_query(raw: Any, index: int, window: Window, default_min_samples: int) 
         extra = sorted(k for k in c if k != 'expr' and c[k] is not None)
         if extra:
             raise MetricGateError('%s.control: unknown field(s) %s' % (where, ', '.join(extra)))
-        kw['reference_expr'] = _str_field(c, 'expr', where + '.control')
+        kw['reference_expr'] = with_window(_str_field(c, 'expr', where + '.control'), window)
         kw['reference_window'] = window
     else:
         kw['limit'] = _number(raw['limit'], where + '.limit')
@@ -288,7 +297,8 @@ def parse_query(raw: Any, index: int, window: Window, default_min_samples: int) 
     if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
         raise MetricGateError('%s.min_samples: %r must be an integer of at least 1' % (where, ms))
     kw['min_samples'] = ms
-    kw['count_expr'] = _str_field(raw, 'count_expr', where, required=False)
+    count_expr = _str_field(raw, 'count_expr', where, required=False)
+    kw['count_expr'] = with_window(count_expr, window) if count_expr else None
     if raw.get('min_count') is not None:
         kw['min_count'] = _number(raw['min_count'], where + '.min_count', 0)
     if (kw['count_expr'] is None) != (kw.get('min_count') is None):

@@ -159,7 +159,8 @@ report:
   type: str
 summary:
   description: Counts and verdict of the bundle after the update (gates, gates_passed, failed_critical,
-    failed_noncritical, omitted, omitted_blocking, nodes, batches, artifacts_without_digest, stop).
+    failed_noncritical, omitted, omitted_blocking, nodes, batches, artifacts_without_digest,
+    tuple_artifacts_without_digest (target components with no digested artifact), stop).
   returned: success
   type: dict
 bundle:

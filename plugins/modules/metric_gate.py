@@ -79,7 +79,9 @@ options:
         type: str
         required: true
       expr:
-        description: PromQL expression evaluated over the observation window, for example the canary's error ratio.
+        description:
+          - PromQL expression evaluated over the observation window, for example the canary's error ratio.
+          - In every expression of a query, C($window) is replaced with the window length in seconds (C(86400s)).
         type: str
         required: true
       baseline:
@@ -139,7 +141,7 @@ options:
         type: int
       count_expr:
         description: Instant PromQL expression evaluated at the window end giving the traffic in the window (for
-          example C(sum(increase(requests_total{node="gpu-1"}[24h])))). Needs O(queries[].min_count).
+          example C(sum(increase(requests_total{node="gpu-1"}[$window])))). Needs O(queries[].min_count).
         type: str
       min_count:
         description: Minimum value of O(queries[].count_expr) (transactions, steps or job completions).
@@ -193,7 +195,7 @@ EXAMPLES = r"""
         tolerance:
           rel: 0.10
           abs: 0.0005
-        count_expr: sum(increase(http_requests_total{node="gpu-7"}[24h]))
+        count_expr: sum(increase(http_requests_total{node="gpu-7"}[$window]))
         min_count: 10000
       - name: tokens_per_second
         expr: sum(rate(tokens_total{node="gpu-7"}[5m]))

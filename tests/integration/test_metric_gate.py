@@ -152,16 +152,17 @@ def test_too_few_samples_fails(scenario: dict[str, Any]) -> None:
 
 
 def test_too_little_traffic_fails(scenario: dict[str, Any]) -> None:
-    seconds = int(scenario['window'].length)
-    quiet = baseline_query(scenario, 'canary-quiet', count_expr='sum(increase(%s{node="canary-quiet"}[%ds]))'
-                           % (REQ, seconds), min_count=10)
-    busy = dict(baseline_query(scenario, 'canary-ok', count_expr='sum(increase(%s{node="canary-ok"}[%ds]))'
-                               % (REQ, seconds), min_count=10), name='busy')
+    quiet = baseline_query(scenario, 'canary-quiet', count_expr='sum(increase(%s{node="canary-quiet"}[$window]))'
+                           % REQ, min_count=10)
+    busy = dict(baseline_query(scenario, 'canary-ok', count_expr='sum(increase(%s{node="canary-ok"}[$window]))'
+                               % REQ, min_count=10), name='busy')
     v = gate(scenario, [quiet, busy])
     by_name = {q['name']: q for q in v['queries']}
     assert by_name['busy']['passed'] is True, by_name['busy']['problems']
     assert by_name['busy']['count']['value'] >= 10
     assert by_name['latency']['count']['value'] == 0
+    assert by_name['busy']['count']['expr'] == 'sum(increase(%s{node="canary-ok"}[%ds]))' % (
+        REQ, round(scenario['window'].length))
     assert v['failed_critical'] == ['latency']
     assert v['problems'] == ['latency: 0 transaction(s) in the window, at least 10 required (a quiet canary proves '
                              'nothing)']

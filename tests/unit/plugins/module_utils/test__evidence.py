@@ -163,3 +163,22 @@ def test_html_is_self_contained_with_an_svg_timeline() -> None:
 def test_html_without_timings_says_so() -> None:
     b, _changed = ev.merge(ev.new_bundle('b', now=T0), {'gates': [{'name': 'g', 'passed': True}]})
     assert 'No timings recorded' in ev.render_html(b)
+
+
+def test_tuple_artifacts_without_digest() -> None:
+    b = sample_bundle()
+    # The driver package has a SHA-256 but does not name 580.130.00; the exporter image has no digest.
+    assert ev.summary(b)['tuple_artifacts_without_digest'] == [
+        'driver 580.130.00', 'gpu_operator v26.3.3', 'dcgm_exporter 4.4.1-4.6.0-ubuntu22.04']
+    b, _changed = ev.merge(b, {'artifacts': [
+        {'kind': 'driver-package', 'name': 'nvidia-driver-580-server', 'version': '580.130.00-0ubuntu1', 'sha256': 'b' * 64},
+        {'kind': 'image', 'name': 'registry.local:5000/nvidia/gpu-operator:v26.3.3', 'digest': 'sha256:' + 'c' * 64},
+        {'kind': 'image', 'name': 'nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04',
+         'digest': 'sha256:' + 'd' * 64}]})
+    assert ev.summary(b)['tuple_artifacts_without_digest'] == []
+    assert 'Target tuple without a recorded digest' not in ev.render_html(b)
+    img, _changed = ev.merge(ev.new_bundle('x', now=T0), {'tuple_after': AFTER, 'artifacts': [
+        {'kind': 'image', 'name': 'nvcr.io/nvidia/driver:580.130.00-ubuntu22.04', 'digest': 'sha256:' + 'e' * 64}]})
+    assert ev.summary(img)['tuple_artifacts_without_digest'] == ['gpu_operator v26.3.3',
+                                                                 'dcgm_exporter 4.4.1-4.6.0-ubuntu22.04']
+    assert 'Target tuple without a recorded digest: gpu_operator v26.3.3' in ev.render_html(img)

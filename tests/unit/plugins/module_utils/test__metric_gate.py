@@ -172,3 +172,11 @@ def test_client_rejects_bad_url_and_timeout() -> None:
         mg.PrometheusClient('prom:9090', stub_opener({}))
     with pytest.raises(mg.MetricGateError, match='timeout: 0 must be between 1 and 300'):
         mg.PrometheusClient('http://prom', stub_opener({}), timeout=0)
+
+
+def test_window_placeholder_is_the_window_length() -> None:
+    spec = mg.parse_query(q(expr='rate(x[$window])', control={'expr': 'sum(y[$window])'},
+                            count_expr='sum(increase(r[$window]))', min_count=1), 0, W, 1)
+    assert spec.expr == 'rate(x[3600s])'
+    assert spec.reference_expr == 'sum(y[3600s])'
+    assert spec.count_expr == 'sum(increase(r[3600s]))'
