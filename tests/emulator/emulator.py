@@ -211,6 +211,15 @@ class Emulator:
             self.settle()
         return out
 
+    def load(self, objs: Iterable[dict]) -> int:
+        """Bulk seeding for large fleets: objects are taken over (not copied) and stored as given,
+        without events or simulator reactions; returns how many. `apply` is the normal way."""
+        n = 0
+        for obj in objs:
+            self.store.load(self._rt(obj.get('apiVersion', ''), obj.get('kind', '')), obj)
+            n += 1
+        return n
+
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
         rt = self._rt(api_version, kind)
         obj = self.store.get(rt, namespace or ('default' if rt.namespaced else None), name)

@@ -447,6 +447,11 @@ class Api:
             if rv_text in ('', '0') or q.get('sendInitialEvents') == 'true':
                 items, dummy = self.store.list(rt, namespace)
                 initial = [('ADDED', o) for o in items if matches(o)]
+                if q.get('sendInitialEvents') == 'true' and q.get('allowWatchBookmarks') == 'true':
+                    # WatchList (kubectl wait, informers): a bookmark marks the end of the initial state.
+                    initial.append(('BOOKMARK', {'kind': rt.kind, 'apiVersion': rt.api_version, 'metadata': {
+                        'resourceVersion': str(self.store.rv),
+                        'annotations': {'k8s.io/initial-events-end': 'true'}}}))
             else:
                 try:
                     since = int(rv_text)
@@ -469,7 +474,7 @@ class Api:
             deadline = loop.time() + timeout
 
             async def send(etype: str, obj: dict) -> None:
-                shown = obj if etype == 'ERROR' else self.present(rt, obj)
+                shown = obj if etype in ('ERROR', 'BOOKMARK') else self.present(rt, obj)
                 await resp.write(json.dumps({'type': etype, 'object': shown}, separators=(',', ':')).encode() + b'\n')
             for etype, obj in initial:
                 await send(etype, obj)
