@@ -201,12 +201,15 @@ class Emulator:
         a node are Running when this returns unless their status says otherwise)."""
         items = [objs] if isinstance(objs, dict) else list(objs)
         out = []
-        for obj in items:
-            if obj.get('kind', '').endswith('List') and 'items' in obj:
-                out.extend(self.apply(obj['items'], settle=False))
-                continue
-            rt = self._rt(obj.get('apiVersion', ''), obj.get('kind', ''))
-            out.append(clone(self.store.put(rt, obj)))
+        # One lock for the batch: the simulator's controllers see all of it or none of it (a VM and
+        # its VMI applied together must not race the VM controller starting a second VMI).
+        with self.store.lock:
+            for obj in items:
+                if obj.get('kind', '').endswith('List') and 'items' in obj:
+                    out.extend(self.apply(obj['items'], settle=False))
+                    continue
+                rt = self._rt(obj.get('apiVersion', ''), obj.get('kind', ''))
+                out.append(clone(self.store.put(rt, obj)))
         if settle:
             self.settle()
         return out

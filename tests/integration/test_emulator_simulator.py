@@ -167,3 +167,30 @@ spec:
     assert r.returncode == 0 and 'condition met' in r.stdout, r.stderr
     r = subprocess.run(base + ['logs', 'job/smoke'], capture_output=True, text=True, check=False)
     assert r.returncode == 0 and r.stdout == 'all GPUs healthy\n', r.stderr
+
+
+def test_virtual_machine_stop_and_start(emulator):
+    vm = f.virtual_machine('gpu-vm', running=True, gpus=[{'name': 'gpu0', 'deviceName': 'nvidia.com/GH100'}])
+    vmi = f.vmi('gpu-vm', 'gpu-1', vm=vm)
+    emulator.apply([f.gpu_node('gpu-1'), f.gpu_node('gpu-2'), vm, vmi, f.virt_launcher_pod(vmi)])
+    assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'gpu-vm')['status']['printableStatus'] == 'Running'
+    emulator.patch('kubevirt.io/v1', 'VirtualMachine', 'gpu-vm', {'spec': {'running': False}})
+    emulator.wait_for(lambda: emulator.get('kubevirt.io/v1', 'VirtualMachineInstance', 'gpu-vm') is None,
+                      message='VMI deleted')
+    emulator.wait_for(lambda: emulator.list('v1', 'Pod', label_selector='kubevirt.io=virt-launcher') == [],
+                      message='launcher pod deleted')
+    emulator.settle()
+    status = emulator.get('kubevirt.io/v1', 'VirtualMachine', 'gpu-vm')['status']
+    assert (status['printableStatus'], status['ready'], status['created']) == ('Stopped', False, False)
+    emulator.apply(f.node('gpu-1', unschedulable=True))   # gpu-1 cordoned: it starts on gpu-2
+    emulator.patch('kubevirt.io/v1', 'VirtualMachine', 'gpu-vm', {'spec': {'running': None,
+                                                                           'runStrategy': 'Always'}})
+    new = emulator.wait_for(lambda: emulator.get('kubevirt.io/v1', 'VirtualMachineInstance', 'gpu-vm'),
+                            message='VMI recreated')
+    assert new['status']['nodeName'] == 'gpu-2' and new['metadata']['uid'] != vmi['metadata']['uid']
+    assert new['spec']['domain']['devices']['gpus'][0]['deviceName'] == 'nvidia.com/GH100'
+    emulator.settle()
+    assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'gpu-vm')['status']['printableStatus'] == 'Running'
+    launchers = emulator.list('v1', 'Pod', label_selector='kubevirt.io=virt-launcher')
+    assert len(launchers) == 1 and launchers[0]['spec']['nodeName'] == 'gpu-2'
+    assert launchers[0]['status']['phase'] == 'Running'
