@@ -173,8 +173,8 @@ class Simulator:
                 pass
 
     def _listener(self, rt: ResourceType, etype: str, obj: dict) -> None:
-        if self._loop is None or not self.enabled or rt not in (self.pod_rt, self.node_rt, self.job_rt,
-                                                                                 self.vm_rt, self.vmi_rt):
+        watched = (self.pod_rt, self.node_rt, self.job_rt, self.vm_rt, self.vmi_rt)
+        if self._loop is None or not self.enabled or rt not in watched:
             return
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (rt, etype, obj))  # type: ignore[union-attr]
 
