@@ -21,9 +21,11 @@ from . import fixtures
 from .emulator import Emulator
 
 
-def load_fleet(path: str) -> list[dict[str, Any]]:
+def load_fleet(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(objects to apply, generated objects to bulk-load) from a --fleet YAML file."""
     text = pathlib.Path(path).read_text()
     objs: list[dict[str, Any]] = []
+    generated: list[dict[str, Any]] = []
     for doc in yaml.safe_load_all(text):
         if doc is None:
             continue
@@ -37,13 +39,13 @@ def load_fleet(path: str) -> list[dict[str, Any]]:
                 if unknown:
                     raise SystemExit('%s: unknown generate keys %s (allowed: %s)'
                                      % (path, sorted(unknown), sorted(allowed)))
-                objs.extend(fixtures.fleet(**gen))
+                generated.extend(fixtures.fleet(**gen))
             objs.extend(doc.get('objects') or [])
         elif isinstance(doc, dict):
             objs.append(doc)
         else:
             raise SystemExit('%s: a document must be an object or a list, not %r' % (path, type(doc).__name__))
-    return objs
+    return objs, generated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--quiet', action='store_true', help='do not print each request')
     args = parser.parse_args(argv)
 
-    objs = load_fleet(args.fleet) if args.fleet else []
+    objs, generated = load_fleet(args.fleet) if args.fleet else ([], [])
     kubeconfig = os.path.abspath(args.kubeconfig)
     emu = Emulator(port=args.port, kubeconfig_path=kubeconfig, host=args.host, simulate=not args.no_simulator,
                    log_requests=False)
@@ -70,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *args: stop.set())
     signal.signal(signal.SIGINT, lambda *args: stop.set())
     try:
+        count = emu.load(generated) + len(objs)
         if objs:
             emu.apply(objs)
         print('Kubernetes API emulator: %s' % emu.url, flush=True)
         print('kubeconfig: %s' % kubeconfig, flush=True)
-        if objs:
-            print('loaded %d objects from %s' % (len(objs), args.fleet), flush=True)
+        if count:
+            print('loaded %d objects from %s' % (count, args.fleet), flush=True)
         print('try: kubectl --kubeconfig %s get nodes   (Ctrl-C stops)' % kubeconfig, flush=True)
         while not stop.wait(0.5):
             pass

@@ -19,7 +19,7 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
-from . import policy, selectors
+from . import policy, selectors, tables
 from .resources import ResourceType
 from .store import ApiError, Store, not_found
 
@@ -182,7 +182,7 @@ class Api:
             if method == 'GET':
                 if route.watch or q.get('watch') in ('true', '1'):
                     return await self.watch(raw, rt, route.namespace, None)
-                return self.list(rt, route.namespace, q)
+                return self.list(rt, route.namespace, q, raw.headers.get('Accept', ''))
             if method == 'POST':
                 return self.create(rt, route.namespace, data, q)
             if method == 'DELETE':
@@ -210,6 +210,9 @@ class Api:
             obj = self.store.get(rt, route.namespace, name)
             if obj is None:
                 raise not_found(rt, name)
+            if tables.wants_table(raw.headers.get('Accept', '')):
+                return _json_response(tables.table(rt, [self.present(rt, obj)],
+                                                   {'resourceVersion': obj['metadata']['resourceVersion']}))
             return _json_response(self.present(rt, obj))
         if method == 'PUT':
             if not isinstance(data, dict):
@@ -322,11 +325,15 @@ class Api:
             obj['status'] = self.pdb_status(obj)
         return obj
 
-    def list(self, rt: ResourceType, namespace: str | None, q: Any) -> aiohttp.web.Response:
+    def list(self, rt: ResourceType, namespace: str | None, q: Any, accept: str = '') -> aiohttp.web.Response:
         try:
             limit = int(q.get('limit') or 0)
         except ValueError:
             raise ApiError(400, 'BadRequest', 'limit must be an integer') from None
+        if tables.wants_table(accept):
+            items, meta = self.store.list(rt, namespace, q.get('labelSelector'), q.get('fieldSelector'), limit,
+                                          q.get('continue'))
+            return _json_response(tables.table(rt, [self.present(rt, o) for o in items], meta))
         special = rt.kind == 'PodDisruptionBudget'
         items, meta = self.store.list(rt, namespace, q.get('labelSelector'), q.get('fieldSelector'), limit,
                                       q.get('continue'), encoded=not special)
@@ -447,6 +454,11 @@ class Api:
             if rv_text in ('', '0') or q.get('sendInitialEvents') == 'true':
                 items, dummy = self.store.list(rt, namespace)
                 initial = [('ADDED', o) for o in items if matches(o)]
+                if q.get('sendInitialEvents') == 'true' and q.get('allowWatchBookmarks') == 'true':
+                    # WatchList (kubectl wait, informers): a bookmark marks the end of the initial state.
+                    initial.append(('BOOKMARK', {'kind': rt.kind, 'apiVersion': rt.api_version, 'metadata': {
+                        'resourceVersion': str(self.store.rv),
+                        'annotations': {'k8s.io/initial-events-end': 'true'}}}))
             else:
                 try:
                     since = int(rv_text)
@@ -469,7 +481,7 @@ class Api:
             deadline = loop.time() + timeout
 
             async def send(etype: str, obj: dict) -> None:
-                shown = obj if etype == 'ERROR' else self.present(rt, obj)
+                shown = obj if etype in ('ERROR', 'BOOKMARK') else self.present(rt, obj)
                 await resp.write(json.dumps({'type': etype, 'object': shown}, separators=(',', ':')).encode() + b'\n')
             for etype, obj in initial:
                 await send(etype, obj)

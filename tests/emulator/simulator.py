@@ -12,6 +12,11 @@ deterministically.
   min(grace period, `max_grace_seconds`);
 - Job controller (batch/v1): creates `parallelism` pods from the template until `completions`
   succeeded (status Complete) or more than `backoffLimit` failed (status Failed);
+- KubeVirt: a VirtualMachine with `spec.running: false` or `runStrategy: Halted` has its
+  VirtualMachineInstance (and, through owner references, its virt-launcher pod) deleted; with
+  `running: true` or `runStrategy: Always|RerunOnFailure` a missing VMI is created from the
+  template on a fitting node, with a virt-launcher pod; VM `status.printableStatus`, `ready` and
+  `created` follow (`Manual` / `Once` are left alone);
 - optional: a pod deleted while its ReplicaSet/StatefulSet owner exists comes back with the same
   name and a new UID (`recreate_owned_pods = True`), so tests can prove wait-by-UID.
 
@@ -115,6 +120,8 @@ class Simulator:
         self.pod_rt = reg.by_kind('v1', 'Pod')
         self.node_rt = reg.by_kind('v1', 'Node')
         self.job_rt = reg.by_kind('batch/v1', 'Job')
+        self.vm_rt = reg.by_kind('kubevirt.io/v1', 'VirtualMachine')
+        self.vmi_rt = reg.by_kind('kubevirt.io/v1', 'VirtualMachineInstance')
         self.owner_kinds = {'ReplicaSet', 'StatefulSet', 'ReplicationController'}
 
     # ------------------------------------------------------------------ public configuration
@@ -166,7 +173,8 @@ class Simulator:
                 pass
 
     def _listener(self, rt: ResourceType, etype: str, obj: dict) -> None:
-        if self._loop is None or rt not in (self.pod_rt, self.node_rt, self.job_rt):
+        watched = (self.pod_rt, self.node_rt, self.job_rt, self.vm_rt, self.vmi_rt)
+        if self._loop is None or not self.enabled or rt not in watched:
             return
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (rt, etype, obj))  # type: ignore[union-attr]
 
@@ -242,6 +250,17 @@ class Simulator:
         if rt is self.job_rt:
             if etype != 'DELETED':
                 self._reconcile_job(obj)
+            return
+        if rt is self.vm_rt:
+            if etype != 'DELETED':
+                self._reconcile_vm(obj)
+            return
+        if rt is self.vmi_rt:
+            ref = self._owner(obj, 'VirtualMachine')
+            if ref is not None:
+                vm = self.store.get(self.vm_rt, obj['metadata'].get('namespace'), ref.get('name', ''))
+                if vm is not None and vm['metadata']['uid'] == ref.get('uid'):
+                    self._vm_status(vm)
             return
         # pods
         if etype == 'DELETED':
@@ -479,3 +498,78 @@ class Simulator:
                     'labels': dict(meta.get('labels') or {}), 'annotations': ann, 'ownerReferences': [owner]}
         pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': pod_meta, 'spec': tmpl.get('spec') or {}}
         self.store.create(self.pod_rt, pod, job['metadata']['namespace'])
+
+    # ------------------------------------------------------------------ KubeVirt VM controller
+    @staticmethod
+    def vm_wants_running(vm: dict) -> bool | None:
+        """True / False from spec.runStrategy or spec.running; None for Manual/Once (left alone)."""
+        spec = vm.get('spec') or {}
+        strategy = spec.get('runStrategy')
+        if strategy is not None:
+            return {'Always': True, 'RerunOnFailure': True, 'Halted': False}.get(strategy)
+        if 'running' in spec:
+            return bool(spec['running'])
+        return None
+
+    def _reconcile_vm(self, vm: dict) -> None:
+        vm = self._current(self.vm_rt, vm)
+        if vm is None:
+            return
+        want = self.vm_wants_running(vm)
+        ns, name = vm['metadata']['namespace'], vm['metadata']['name']
+        vmi = self.store.get(self.vmi_rt, ns, name)
+        if want is False and vmi is not None and not vmi['metadata'].get('deletionTimestamp'):
+            self.store.delete(self.vmi_rt, ns, name)
+        elif want is True and vmi is None:
+            self._start_vmi(vm)
+        self._vm_status(vm)
+
+    def _start_vmi(self, vm: dict) -> None:
+        from . import fixtures
+        tmpl = clone((vm.get('spec') or {}).get('template') or {})
+        tspec = tmpl.get('spec') or {}
+        probe = {'metadata': {}, 'spec': {'nodeSelector': tspec.get('nodeSelector') or {},
+                                          'tolerations': tspec.get('tolerations') or []}}
+        nodes, dummy = self.store.list(self.node_rt)
+        node = next((n for n in nodes if node_fits(n, probe)), None)
+        ns, name = vm['metadata']['namespace'], vm['metadata']['name']
+        labels = dict((tmpl.get('metadata') or {}).get('labels') or {})
+        labels['vm.kubevirt.io/name'] = name
+        status: dict[str, Any] = {'phase': 'Pending' if node is None else 'Running'}
+        if node is not None:
+            labels['kubevirt.io/nodeName'] = node['metadata']['name']
+            status.update({'nodeName': node['metadata']['name'], 'conditions': [
+                {'type': 'Ready', 'status': 'True'},
+                {'type': 'LiveMigratable', 'status': 'False', 'reason': 'HostDeviceNotLiveMigratable'}]})
+        vmi = {'apiVersion': 'kubevirt.io/v1', 'kind': 'VirtualMachineInstance',
+               'metadata': {'name': name, 'namespace': ns, 'labels': labels,
+                            'ownerReferences': [{'apiVersion': 'kubevirt.io/v1', 'kind': 'VirtualMachine',
+                                                 'name': name, 'uid': vm['metadata']['uid'], 'controller': True,
+                                                 'blockOwnerDeletion': True}]},
+               'spec': tspec, 'status': status}
+        made = self.store.create(self.vmi_rt, vmi, ns, keep_status=True)
+        if node is not None:
+            made = clone(made)
+            made['spec'].setdefault('domain', {}).setdefault('devices', {})
+            launcher = fixtures.virt_launcher_pod(made, phase=None)
+            launcher['metadata'].pop('uid', None)
+            self.store.create(self.pod_rt, launcher, ns)
+
+    def _vm_status(self, vm: dict) -> None:
+        vm = self._current(self.vm_rt, vm)
+        if vm is None:
+            return
+        vmi = self.store.get(self.vmi_rt, vm['metadata']['namespace'], vm['metadata']['name'])
+        want = self.vm_wants_running(vm)
+        if vmi is None:
+            printable = 'Stopped' if want is not True else 'Starting'
+        elif vmi['metadata'].get('deletionTimestamp'):
+            printable = 'Stopping'
+        else:
+            printable = {'Running': 'Running', 'Pending': 'Starting', 'Scheduling': 'Starting'}.get(
+                (vmi.get('status') or {}).get('phase', ''), 'Starting')
+        new = {'printableStatus': printable, 'created': vmi is not None,
+               'ready': printable == 'Running'}
+        old = vm.get('status') or {}
+        if any(old.get(k) != v for k, v in new.items()):
+            self._patch_status(self.vm_rt, vm, new)

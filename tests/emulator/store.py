@@ -131,6 +131,7 @@ class Store:
         # Called with (rt, obj, grace_seconds) when an object starts a graceful deletion.
         self.on_graceful_delete: Callable[[ResourceType, dict, float], None] | None = None
         self.clock = now_rfc3339
+        self._namespaces_seen: set[str] = set()
         ns_rt = self.registry.by_kind('v1', 'Namespace')
         for ns in SYSTEM_NAMESPACES:
             self.put(ns_rt, {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': ns}})
@@ -324,9 +325,10 @@ class Store:
 
     # ---------------------------------------------------------------- writes
     def create(self, rt: ResourceType, obj: dict, namespace: str | None = None, *, keep_status: bool = False,
-               dry_run: bool = False) -> dict:
+               dry_run: bool = False, owned: bool = False) -> dict:
         """POST semantics: 409 if it exists, server-filled metadata, status reset (unless keep_status)."""
-        obj = clone(obj)
+        if not owned:
+            obj = clone(obj)
         meta = obj.setdefault('metadata', {})
         for field in ('uid', 'resourceVersion', 'creationTimestamp', 'deletionTimestamp', 'generation'):
             if not keep_status:
@@ -373,7 +375,7 @@ class Store:
         with self.lock:
             existing = self.get(rt, meta.get('namespace'), meta.get('name', ''))
             if existing is None:
-                return self.create(rt, obj, meta.get('namespace'), keep_status=True)
+                return self.create(rt, obj, meta.get('namespace'), keep_status=True, owned=True)
             emeta = existing['metadata']
             meta.setdefault('uid', emeta['uid'])
             meta.setdefault('creationTimestamp', emeta['creationTimestamp'])
@@ -385,6 +387,29 @@ class Store:
             meta['resourceVersion'] = self._next_rv()
             self._defaults(rt, obj)
             return self._store(rt, self._key(rt, emeta.get('namespace'), emeta['name']), obj, 'MODIFIED')
+
+    def load(self, rt: ResourceType, obj: dict) -> None:
+        """Bulk seeding: store `obj` (taken over, not copied) as given, fill missing metadata; no
+        events, no watch history, no simulator reaction. Replaces an object with the same key."""
+        meta = obj.setdefault('metadata', {})
+        ns = (meta.get('namespace') or 'default') if rt.namespaced else None
+        with self.lock:
+            if ns is not None and ns not in self._namespaces_seen:
+                if self.get(self.registry.by_kind('v1', 'Namespace'), None, ns) is None:
+                    self.put(self.registry.by_kind('v1', 'Namespace'),
+                             {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': ns}})
+                self._namespaces_seen.add(ns)
+            obj['apiVersion'], obj['kind'] = rt.api_version, rt.kind
+            if ns is not None:
+                meta['namespace'] = ns
+            meta.setdefault('uid', str(uuid.uuid4()))
+            meta.setdefault('creationTimestamp', self.clock())
+            meta['resourceVersion'] = self._next_rv()
+            self._defaults(rt, obj)
+            key = (ns or '', meta['name'])
+            b = self.bucket(rt)
+            self._index_owners(rt, key, b.objects.get(key), obj)
+            b.put(key, obj)
 
     def _commit_update(self, rt: ResourceType, key: Key, old: dict, new: dict, subresource: str | None,
                        check_rv: bool = True) -> dict:
