@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: gpufleet.upgrade.node_drain vs `kubectl drain`, gpu_holders_info vs `kubectl get pods -A -o json`.
 
 Both run against the same Kubernetes API emulator (tests/emulator) in the same run and the
