@@ -66,7 +66,7 @@ class DrainOptions:
     def __init__(self, timeout: float = 300, grace_period: Optional[int] = None, pod_selector: Optional[str] = None,
                  ignore_daemonsets: bool = True, delete_local_data: bool = False, force: bool = False,
                  disable_eviction: bool = False, wait_for_jobs: Optional[WaitForJobs] = None,
-                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 5.0,
+                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 2.5,
                  poll_interval: float = 1.0) -> None:
         self.timeout = timeout
         self.grace_period = grace_period
@@ -106,7 +106,7 @@ def options_from_params(params: Dict[str, Any]) -> DrainOptions:
             raise DrainError('wait_for_jobs.selector must be a non-empty label selector, got %r' % wfj.get('selector'))
         wait = WaitForJobs(selector, positive('wait_for_jobs.timeout', wfj.get('timeout')))
     parallel = int(positive('parallel', params.get('parallel', 10)))
-    retry = positive('retry_interval', params.get('retry_interval', 5.0))
+    retry = positive('retry_interval', params.get('retry_interval', 2.5))
     if retry < 0.1:
         raise DrainError('retry_interval must be >= 0.1 seconds, got %r' % retry)
     return DrainOptions(timeout=float(timeout), grace_period=grace, pod_selector=params.get('pod_selector') or None,
@@ -458,6 +458,7 @@ class _Item:
         self.stage = stage        # 'evict' | 'wait' | 'done' | 'failed'
         self.next_at = 0.0
         self.attempts = 0
+        self.polls = 0
         self.last_reason = ''
 
 
@@ -676,9 +677,10 @@ class Drainer:
                         it.stage = 'wait'
                         it.next_at = now
                         it.last_reason = 'evicted, still terminating'
-                    else:
+                    else:   # still there: check again soon, backing off to poll_interval
                         it.last_reason = reason or it.last_reason
-                        it.next_at = now + opts.poll_interval
+                        it.polls += 1
+                        it.next_at = now + min(opts.poll_interval, 0.1 * (2 ** it.polls))
                 active = [it for it in items if it.stage in ('evict', 'wait')]
                 if not active:
                     return

@@ -462,3 +462,10 @@ def test_parallel_bound_is_respected():
     res = _drainer(c, clock, parallel=4).drain('n1')
     assert len(res['evicted']) == 30
     assert 1 < active['max'] <= 4
+
+
+def test_option_defaults():
+    o = D.options_from_params({})
+    assert (o.timeout, o.retry_interval, o.poll_interval, o.parallel, o.vmi_policy, o.ignore_daemonsets,
+            o.delete_local_data, o.force, o.disable_eviction, o.wait_for_jobs) == (
+        300.0, 2.5, 1.0, 10, 'refuse', True, False, False, False, None)
