@@ -16,3 +16,6 @@ VENV_BIN = REPO_ROOT / '.venv' / 'bin'
 if VENV_BIN.is_dir() and str(VENV_BIN) not in os.environ.get('PATH', '').split(os.pathsep):
     os.environ['PATH'] = str(VENV_BIN) + os.pathsep + os.environ.get('PATH', '')
 os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'collections'))
+
+# Fixtures of the test tools (additive: keeps whatever plugins are listed above).
+pytest_plugins = list(globals().get('pytest_plugins', [])) + ['tools.nvml_stub']
