@@ -33,13 +33,16 @@ except ImportError as _e:  # pragma: no cover - depends on the host
     PYNVML_IMPORT_ERROR = _e
 
 __all__ = ['collect_facts', 'collect_nvml', 'empty_gpu', 'pci_id', 'cuda_version_text',
-           'BackendError', 'MissingBackend', 'BACKENDS', 'HAS_PYNVML', 'PYNVML_IMPORT_ERROR']
+           'BackendError', 'MissingBackend', 'NO_BINDING', 'BACKENDS', 'HAS_PYNVML', 'PYNVML_IMPORT_ERROR']
 
 BACKENDS = ('auto', 'nvml', 'nvidia-smi')
 MIB = 1024 * 1024
 
 
 BackendError = _gpuhost.BackendError
+
+# Pass as `nvml=` to behave as if the binding were not installed.
+NO_BINDING = object()
 
 
 class MissingBackend(Exception):
@@ -192,7 +195,7 @@ def collect_facts(backend: str = 'auto', runner: Optional[_gpuhost.Runner] = Non
     in `errors.backend` with no GPUs instead of raising BackendError.
     """
     runner = runner or _gpuhost.SubprocessRunner()
-    nvml = nvml if nvml is not None else pynvml
+    nvml = None if nvml is NO_BINDING else (nvml if nvml is not None else pynvml)
     now = now or _dt.datetime.now(_dt.timezone.utc)
     booted = _gpuhost.boot_time(proc_stat)
     since_boot = isinstance(xid_since, str) and xid_since.strip() == 'boot'
