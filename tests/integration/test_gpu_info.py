@@ -171,3 +171,15 @@ def test_gpu_info_on_a_real_gpu_has_the_contract_shape(run_playbook, tmp_path):
     if out:
         import json
         pathlib.Path(out).write_text(json.dumps({k: v for k, v in res.items() if not k.startswith('_')}, indent=2))
+
+
+def test_driver_unload_check_mode_on_this_host_plans_nothing(run_playbook):
+    """The real module on the build host: no NVIDIA module is loaded, so nothing to do."""
+    if os.path.exists('/sys/module/nvidia'):
+        pytest.skip('an NVIDIA driver is loaded here')
+    run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'unload', 'gpufleet.upgrade.driver_unload': {'services': []}, 'check_mode': True}]}])
+    res = run.result('unload')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['changed'] is False
+    assert res['plan']['unload_modules'] == [] and res['modules_unloaded'] == []
