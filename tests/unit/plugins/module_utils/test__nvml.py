@@ -232,3 +232,9 @@ def test_pci_id_format(device, sub, expected):
 @pytest.mark.parametrize('value, text', [(12040, '12.4'), (13000, '13.0'), (11080, '11.8'), (None, None)])
 def test_cuda_version_text(value, text):
     assert _nvml.cuda_version_text(value) == text
+
+
+def test_pci_ids_are_in_the_gate_format():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _pci
+    value = _nvml.pci_id(0x233010de, 0x16c110de)
+    assert _pci.normalize(value) == value
