@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import shutil
-import subprocess
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-__all__ = ['BackendError', 'CommandResult', 'Runner', 'ModuleRunner', 'SubprocessRunner', 'HostError',
+__all__ = ['BackendError', 'CommandResult', 'Runner', 'ModuleRunner', 'NullRunner', 'HostError',
            'read_proc_modules', 'nvidia_modules', 'boot_time', 'installed_driver_packages',
            'read_kernel_log', 'NVIDIA_MODULE_NAMES', 'PACKAGE_PATTERNS']
 
@@ -82,22 +80,15 @@ class ModuleRunner(Runner):
         return CommandResult(rc, out, err)
 
 
-class SubprocessRunner(Runner):
-    """Runner over subprocess (for use outside Ansible)."""
+class NullRunner(Runner):
+    """Runs nothing and finds no program: for callers that only want NVML facts (no packages,
+    kernel log from a file or none, no nvidia-smi)."""
 
     def which(self, name: str) -> Optional[str]:
-        return shutil.which(name, path=os.environ.get('PATH', '') + ':/usr/sbin:/sbin:/usr/bin:/bin')
+        return None
 
     def run(self, argv: Sequence[str], timeout: Optional[int] = None) -> CommandResult:
-        env = dict(os.environ, LANG='C', LC_ALL='C')
-        try:
-            p = subprocess.run(list(argv), capture_output=True, text=True, env=env, check=False,
-                               timeout=(timeout + 10) if timeout else None)
-        except FileNotFoundError as e:
-            return CommandResult(127, '', str(e))
-        except subprocess.TimeoutExpired:
-            return CommandResult(124, '', '%s timed out after %s s' % (argv[0], timeout))
-        return CommandResult(p.returncode, p.stdout, p.stderr)
+        raise HostError('no command runner was given, so %s cannot run' % argv[0])
 
 
 def read_proc_modules(path: str = '/proc/modules') -> list[dict[str, Any]]:

@@ -190,11 +190,14 @@ def collect_facts(backend: str = 'auto', runner: Optional[_gpuhost.Runner] = Non
                   now: Optional[_dt.datetime] = None, nvml: Any = None) -> dict[str, Any]:
     """The gpu_info facts dict (CONTRACTS.md), plus `errors` for host-level failures.
 
+    `runner` runs the commands (nvidia-smi, journalctl, dmesg, dpkg-query, rpm); without one
+    nothing is run and no program is found (NVML facts only).
+
     `kernel_log` is `journal`, `dmesg`, a file path, or None to skip Xid events. With
     `require_driver` False an NVML/nvidia-smi failure (driver unloaded mid-upgrade) is reported
     in `errors.backend` with no GPUs instead of raising BackendError.
     """
-    runner = runner or _gpuhost.SubprocessRunner()
+    runner = runner or _gpuhost.NullRunner()
     nvml = None if nvml is NO_BINDING else (nvml if nvml is not None else pynvml)
     now = now or _dt.datetime.now(_dt.timezone.utc)
     booted = _gpuhost.boot_time(proc_stat)

@@ -136,8 +136,11 @@ def plan_unload(loaded: Iterable[str], states: dict[str, str], holders: list[dic
 
 
 def describe_holders(holders: Iterable[dict[str, Any]]) -> str:
-    return ', '.join('%s (pid %d%s: %s)' % (h['comm'] or '?', h['pid'], ', ' + h['unit'] if h['unit'] else '',
-                                           ' '.join(h['devices'])) for h in holders)
+    parts = []
+    for h in holders:
+        unit = ', ' + h['unit'] if h['unit'] else ''
+        parts.append('%s (pid %d%s: %s)' % (h['comm'] or '?', h['pid'], unit, ' '.join(h['devices'])))
+    return ', '.join(parts)
 
 
 def _loaded_modules(proc_root: str) -> list[str]:

@@ -12,7 +12,7 @@ module: driver_unload
 short_description: Stop host GPU clients and unload the NVIDIA kernel modules safely
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade contributors (@gpufleet)
 description:
   - Stops the host GPU client services that are active (O(services) plus O(extra_services)) with C(systemctl stop).
   - Finds every process that holds a C(/dev/nvidia*) device (by scanning C(/proc/*/fd)). A holder that does not

@@ -12,7 +12,7 @@ module: gpu_info
 short_description: Read NVIDIA GPU, driver, Xid and driver-package facts of a GPU node
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade contributors (@gpufleet)
 description:
   - Reads the driver and CUDA driver versions, the kernel release and loaded NVIDIA kernel modules with
     their reference counts, and per GPU its index, UUID, name, bus id, PCI identity
@@ -55,7 +55,7 @@ options:
   require_driver:
     description:
       - When V(true), fail if NVML or C(nvidia-smi) cannot talk to the driver (for example the driver is not
-        loaded). When V(false), return the other facts with no GPUs and the reason in RV(errors.backend).
+        loaded). When V(false), return the other facts with no GPUs and the reason in RV(errors).
     type: bool
     default: true
 requirements:

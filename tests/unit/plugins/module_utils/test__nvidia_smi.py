@@ -97,8 +97,6 @@ def test_collect_facts_falls_back_to_nvidia_smi_without_the_binding(tmp_path):
     modules.write_text('nvidia_uvm 1531904 0 - Live 0x0000000000000000 (POE)\n'
                        'nvidia 39067648 1 nvidia_uvm, Live 0x0000000000000000 (POE)\n')
     runner = RecordedRunner([{'argv': ['nvidia-smi', '-q', '-x'], 'out': xml}], programs={'nvidia-smi'})
-
-
     facts = _nvml.collect_facts(backend='auto', runner=runner, kernel_log=None, packages=False,
                                 proc_modules=str(modules), nvml=_NONE)
     assert facts['backend'] == 'nvidia-smi'
@@ -106,7 +104,6 @@ def test_collect_facts_falls_back_to_nvidia_smi_without_the_binding(tmp_path):
     assert facts['modules'] == [{'name': 'nvidia_uvm', 'refcount': 0, 'used_by': []},
                                 {'name': 'nvidia', 'refcount': 1, 'used_by': ['nvidia_uvm']}]
     runner.assert_done()
-
 
 
 def test_neither_backend_is_a_missing_backend_error():
