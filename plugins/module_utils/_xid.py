@@ -248,6 +248,9 @@ def parse_since(value: Any, now: Optional[_dt.datetime] = None,
     m = _DURATION_RE.match(text)
     if m:
         return now - _dt.timedelta(seconds=float(m.group('n')) * _UNITS[m.group('unit')])
+    if _ISO_RE.match(text + ' '):
+        # any fraction length and +0000 / +00:00 / Z, which fromisoformat on Python 3.9 rejects
+        return line_time(text + ' ', tz=_UTC)
     iso = text[:-1] + '+00:00' if text.endswith(('Z', 'z')) else text
     try:
         t = _dt.datetime.fromisoformat(iso)

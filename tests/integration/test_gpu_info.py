@@ -104,15 +104,37 @@ def _fake_nvidia_smi(bin_dir: pathlib.Path, xml: pathlib.Path) -> None:
     tool.chmod(0o755)
 
 
-def test_gpu_info_nvidia_smi_fallback(run_playbook, tmp_path):
+def _python39() -> str | None:
+    """A working Python 3.9 (the GPU nodes' floor), if this machine has one."""
+    import glob
+    for cand in sorted(glob.glob(os.path.expanduser('~/.pyenv/versions/3.9*/bin/python3.9'))) + ['/usr/bin/python3.9']:
+        if os.access(cand, os.X_OK) and subprocess.run([cand, '-c', 'import sys; assert sys.version_info[:2] == (3, 9)'],
+                                                       capture_output=True, check=False).returncode == 0:
+            return cand
+    return None
+
+
+@pytest.mark.parametrize('python', ['controller', 'python3.9'])
+def test_gpu_info_nvidia_smi_fallback(run_playbook, tmp_path, python):
+    inventory = None
+    if python == 'python3.9':
+        interpreter = _python39()
+        if not interpreter:
+            pytest.skip('no Python 3.9 on this machine')
+        inventory = {'all': {'hosts': {'localhost': {'ansible_connection': 'local',
+                                                     'ansible_python_interpreter': interpreter}}}}
     _fake_nvidia_smi(tmp_path / 'bin', FIX / 'nvidia_smi' / 'h100x2_r580.xml')
-    run = run_playbook(play({'backend': 'nvidia-smi', 'kernel_log': 'none', 'packages': False}),
-                       envvars={'PATH': '%s:%s' % (tmp_path / 'bin', os.environ['PATH'])})
+    log = tmp_path / 'kern.log'
+    log.write_text((FIX / 'kernel_log' / 'dmesg_iso.txt').read_text())
+    run = run_playbook(play({'backend': 'nvidia-smi', 'kernel_log': str(log), 'xid_since': '2026-08-10T00:00:00Z',
+                             'packages': False}),
+                       envvars={'PATH': '%s:%s' % (tmp_path / 'bin', os.environ['PATH'])}, inventory=inventory)
     assert run.rc == 0, run.stdout
     res = run.result('facts')
     assert res['backend'] == 'nvidia-smi'
     assert res['driver_version'] == '580.126.20'
     assert [(g['index'], g['pci_id'], g['mig_mode']['current']) for g in res['gpus']] == [(0, H100, True), (1, H100, False)]
+    assert [(e['code'], e['gpu_index'], e['severity']) for e in res['xid_events']] == [(94, 0, 'medium'), (95, 1, 'critical')]
 
 
 @pytest.mark.skipif(not os.path.exists('/usr/bin/python3'), reason='needs a system Python without nvidia-ml-py')

@@ -121,6 +121,8 @@ def test_since_is_inclusive():
     ('2026-08-10T14:00:00Z', dt.datetime(2026, 8, 10, 14, 0, tzinfo=UTC)),
     ('2026-08-10T16:00:00+02:00', dt.datetime(2026, 8, 10, 14, 0, tzinfo=UTC)),
     ('2026-08-10 14:00:00', dt.datetime(2026, 8, 10, 14, 0, tzinfo=UTC)),
+    ('2026-08-10T14:00:00.5+0000', dt.datetime(2026, 8, 10, 14, 0, 0, 500000, tzinfo=UTC)),
+    ('2026-08-10', dt.datetime(2026, 8, 10, 0, 0, tzinfo=UTC)),
     ('@1786456800', dt.datetime(2026, 8, 11, 14, 0, tzinfo=UTC)),
     ('24h', dt.datetime(2026, 8, 9, 18, 0, tzinfo=UTC)),
     ('30m', dt.datetime(2026, 8, 10, 17, 30, tzinfo=UTC)),
