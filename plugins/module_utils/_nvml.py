@@ -153,7 +153,7 @@ def _collect_gpu(nvml: Any, index: int) -> dict[str, Any]:
         gpu['remapped_rows'] = {'correctable': int(rows[0]), 'uncorrectable': int(rows[1]),
                                 'pending': bool(rows[2]), 'failure': bool(rows[3])}
     gpu['temperature_c'] = call('temperature_c', nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
-    procs = call('processes', nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    procs = call('processes', _running_processes, nvml, handle)
     for p in procs or []:
         try:
             name = _text(nvml.nvmlSystemGetProcessName(p.pid))
@@ -163,6 +163,19 @@ def _collect_gpu(nvml: Any, index: int) -> dict[str, Any]:
         gpu['processes'].append({'pid': int(p.pid), 'name': name,
                                  'used_memory_mib': None if used is None else int(used) // MIB})
     return gpu
+
+
+def _running_processes(nvml: Any, handle: Any) -> Any:
+    """Compute processes through the newest call the driver has (_v3, else _v2 on older drivers)."""
+    mismatch = getattr(nvml, 'NVMLLibraryMismatchError', None)
+    not_found = getattr(nvml, 'NVMLError_FunctionNotFound', None)
+    older = tuple(e for e in (mismatch, not_found) if e is not None)
+    try:
+        return nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except older:
+        if not hasattr(nvml, 'nvmlDeviceGetComputeRunningProcesses_v2'):
+            raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
 
 def _choose_backend(backend: str, runner: _gpuhost.Runner, nvml: Any) -> str:

@@ -159,6 +159,15 @@ def test_process_listing_failure_is_a_field_error(fake_nvml, tmp_path):
     assert g['errors'] == {'processes': 'Insufficient Permissions'}
 
 
+def test_older_driver_without_v3_process_call_falls_back_to_v2(fake_nvml, tmp_path):
+    state = {'driver_version': '470.256.02', 'cuda_version': 11040,
+             'gpus': [{'pci': '10de:1db6/10de:124a', 'processes': [{'pid': 77, 'used_bytes': 3 * 1024 ** 2, 'name': 'a'}],
+                       'fail': {'nvmlDeviceGetComputeRunningProcesses_v3': 'FUNCTION_NOT_FOUND'}}]}
+    g = collect(fake_nvml, state, tmp_path)['gpus'][0]
+    assert g['processes'] == [{'pid': 77, 'name': 'a', 'used_memory_mib': 3}]
+    assert g['errors'] == {}
+
+
 def test_driver_not_loaded_raises_or_reports(fake_nvml, tmp_path):
     state = {'init_error': 'DRIVER_NOT_LOADED'}
     assert collect(fake_nvml, state, tmp_path) == {
