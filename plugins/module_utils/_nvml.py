@@ -172,7 +172,9 @@ def _running_processes(nvml: Any, handle: Any) -> Any:
     older = tuple(e for e in (mismatch, not_found) if e is not None)
     try:
         return nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except older:
+    except Exception as e:  # pylint: disable=broad-exception-caught
+        if not isinstance(e, older):
+            raise
         if not hasattr(nvml, 'nvmlDeviceGetComputeRunningProcesses_v2'):
             raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
