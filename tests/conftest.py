@@ -19,3 +19,5 @@ os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'col
 
 # The Kubernetes API emulator's pytest fixture `emulator` (tests/emulator/pytest_plugin.py).
 pytest_plugins = ['emulator.pytest_plugin']
+# Fixtures of the test tools (additive: keeps whatever plugins are listed above).
+pytest_plugins = list(globals().get('pytest_plugins', [])) + ['tools.nvml_stub']
