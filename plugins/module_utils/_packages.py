@@ -644,6 +644,18 @@ class DnfBackend:
     def update_cache(self) -> None:
         self.runner(dnf_base(self.runner.installroot) + ['makecache'], env=self.env())
 
+    # Used by snapshot restore (driver_pin runs the generated commands instead).
+    def install(self, versions: Dict[str, str]) -> None:
+        if versions:
+            self.runner(dnf_base(self.runner.installroot) + ['install', '--allowerasing']
+                        + ['%s-%s' % kv for kv in sorted(versions.items())], env=self.env())
+
+    def set_holds(self, hold: Sequence[str], unhold: Sequence[str]) -> None:
+        return None
+
+    def write_pins(self, text: Optional[str]) -> None:
+        write_text(self.pin_path, text)
+
 
 # --------------------------------------------------------------------------------------------
 # Planning and applying a pin (backend-neutral for apt; dnf runs generated commands)
@@ -734,7 +746,7 @@ def _versionlock_text(pins: Dict[str, str]) -> Optional[str]:
 
 def apply_pin(backend, plan: PinPlan) -> PinState:
     """Carry out `plan`; on a failed transaction put the pin file and holds back, then re-raise."""
-    if backend.name == 'dnf':
+    if backend.name == 'dnf' and plan.commands:
         for argv in plan.commands:
             backend.runner(argv, env=backend.env())
         return backend.read_state(list(plan.after.installed) + list(plan.resolved))
@@ -751,7 +763,7 @@ def apply_pin(backend, plan: PinPlan) -> PinState:
             backend.install(plan.install)
             # apt drops the hold of a package it changed: hold from what is there now.
             held = backend.read_state(names).holds if plan.install else before.holds
-            backend.set_holds([h for h in after.holds if h not in held], [])
+            backend.set_holds([h for h in after.holds if h not in held], [h for h in held if h not in after.holds])
     except PackageError:
         backend.write_pins(before.pin_text)
         now = backend.read_state(names)
