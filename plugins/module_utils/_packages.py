@@ -183,7 +183,7 @@ def preset_backend(preset: str) -> str:
 def preset_packages(preset: str, branch: str) -> PackageSet:
     preset_backend(preset)
     b = check_branch(branch)
-    _, req, opt = PRESETS[preset]
+    req, opt = PRESETS[preset][1], PRESETS[preset][2]
     if preset == 'cuda-repo' and int(b) >= 590:
         req, opt = _CUDA_REPO_590
     return PackageSet(tuple(t.format(b=b) for t in req), tuple(t.format(b=b) for t in opt))

@@ -11,7 +11,7 @@ module: driver_pin
 short_description: Freeze the NVIDIA driver package set at one exact version
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Pins every package of the NVIDIA driver set (an explicit list, or a named O(preset) for a distribution and
     driver branch) to one exact version, and optionally installs, upgrades or downgrades them to it.

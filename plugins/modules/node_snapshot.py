@@ -11,7 +11,7 @@ module: node_snapshot
 short_description: Capture and restore what a GPU node's driver rollback needs
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - "O(state=captured) reads, without changing anything, the installed driver, Fabric Manager and kernel
     package versions, the driver pin file, every apt preferences file (or the dnf versionlock list), the

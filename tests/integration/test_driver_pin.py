@@ -11,7 +11,8 @@ import pathlib
 
 import pytest
 
-from tools.debrepo import NEW, OLD, AptRoot, apt_root, deb_repo, host_dpkg_digest  # noqa: F401 (fixtures)
+from tools import debrepo
+from tools.debrepo import NEW, OLD, AptRoot, host_dpkg_digest
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +20,10 @@ DRIVER_SET = ['nvidia-driver-580-server', 'libnvidia-compute-580-server', 'nvidi
               'nvidia-dkms-580-server', 'nvidia-utils-580-server', 'nvidia-compute-utils-580-server']
 FM_SET = ['nvidia-fabricmanager-580', 'libnvidia-nscq-580']
 PIN_FILE = 'etc/apt/preferences.d/gpufleet-nvidia-driver.pref'
+
+# Fixtures from the test support module.
+deb_repo = debrepo.deb_repo
+apt_root = debrepo.apt_root
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +50,7 @@ def play(*tasks, check: bool = False, diff: bool = False):
     return [p]
 
 
-def expect(root: AptRoot, upstream: str, names=DRIVER_SET + FM_SET) -> None:
+def expect(root: AptRoot, upstream: str, names: tuple[str, ...] | list[str] = tuple(DRIVER_SET + FM_SET)) -> None:
     inst = root.installed()
     want = {n: ('%s-1' % upstream if n in FM_SET else '%s-0ubuntu1' % upstream) for n in names}
     assert {n: inst.get(n) for n in names} == want

@@ -195,7 +195,7 @@ class AptRoot:
         return env
 
     def run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=300, check=False)
         if check and proc.returncode != 0:
             raise AssertionError('%s failed (rc=%d):\n%s\n%s' % (argv, proc.returncode, proc.stdout, proc.stderr))
         return proc
