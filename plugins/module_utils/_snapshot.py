@@ -177,6 +177,16 @@ def _matching(names: Sequence[str], patterns: Sequence[str]) -> List[str]:
     return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
 
+RESULT_KEYS = ('changed', 'failed', 'invocation', 'warnings', 'deprecations', 'msg', 'skipped')
+
+
+def clean_facts(gpu_facts: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """GPU facts without the task-result keys of a registered gpu_info result."""
+    if gpu_facts is None:
+        return None
+    return {k: v for k, v in gpu_facts.items() if k not in RESULT_KEYS and not k.startswith('_ansible')}
+
+
 def mig_from_facts(gpu_facts: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
     out = []
     for g in (gpu_facts or {}).get('gpus') or []:
@@ -192,6 +202,7 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
     """Read everything a rollback needs from the node (nothing is changed)."""
     runner = backend.runner
     path_of = runner.path
+    gpu_facts = clean_facts(gpu_facts)
     if backend.name == 'apt':
         entries = backend.dpkg_entries()
         installed = {n: e.version for n, e in entries.items() if e.installed}

@@ -69,7 +69,8 @@ options:
     type: dict
   gpu_facts:
     description:
-      - The node's GPU facts (the return of M(gpufleet.upgrade.gpu_info)); MIG mode per GPU is taken from them.
+      - The node's GPU facts (the registered result of M(gpufleet.upgrade.gpu_info)); MIG mode per GPU is taken
+        from them. Task result keys (C(changed), C(failed), C(invocation), ...) are dropped.
     type: dict
   installroot:
     description:
@@ -107,11 +108,15 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Read GPU facts
+  gpufleet.upgrade.gpu_info:
+  register: gpu
+
 - name: Snapshot the node before the driver upgrade
   gpufleet.upgrade.node_snapshot:
     state: captured
     path: "snapshots/{{ inventory_hostname }}.json"
-    gpu_facts: "{{ gpu.gpu_info | default(omit) }}"
+    gpu_facts: "{{ gpu }}"
   register: snap
 
 - name: Roll the node back to the snapshot

@@ -71,7 +71,8 @@ def fake_node(root: AptRoot, tmp_path: pathlib.Path, kernel: str = '6.8.0-134-ge
     return proc
 
 
-GPU_FACTS = {'backend': 'nvml', 'driver_version': OLD, 'gpus': [
+# As registered from gpufleet.upgrade.gpu_info: task-result keys included.
+GPU_FACTS = {'changed': False, 'backend': 'nvml', 'driver_version': OLD, 'gpus': [
     {'index': 0, 'uuid': 'GPU-0', 'name': 'NVIDIA H100 80GB HBM3', 'bus_id': '00000000:17:00.0',
      'pci_id': '10de:2330/10de:16c1', 'mig_mode': {'current': True, 'pending': True}}]}
 
@@ -115,6 +116,7 @@ def test_pin_install_snapshot_upgrade_restore(apt_root, run_playbook, tmp_path):
                          'saved_entry': 'gnulinux-6.8.0-134-generic-advanced'}
     assert s['modprobe'] == {'etc/modprobe.d/nvidia.conf': 'options nvidia NVreg_EnableGpuFirmware=1\n'}
     assert s['mig']['gpus'][0]['mig_mode'] == {'current': True, 'pending': True}
+    assert s['gpu_facts']['driver_version'] == OLD and 'changed' not in s['gpu_facts']
     assert (snap_path.stat().st_mode & 0o777) == 0o600
 
     # A second capture keeps the rollback point.

@@ -88,6 +88,8 @@ def test_mig_from_facts():
     assert sn.mig_from_facts(facts) == [{'index': 0, 'uuid': 'GPU-a', 'pci_id': '10de:2330/10de:16c1',
                                          'bus_id': '00000000:17:00.0', 'mig_mode': {'current': True, 'pending': False}}]
     assert sn.mig_from_facts(None) == []
+    registered = dict(facts, changed=False, failed=False, invocation={'module_args': {}}, _ansible_no_log=False)
+    assert sn.clean_facts(registered) == facts
 
 
 def test_modprobe_files_selects_nvidia(tmp_path):
