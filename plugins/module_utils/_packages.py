@@ -221,7 +221,9 @@ class Runner:
         self.commands.append(list(argv))
         rc, out, err = self._run(list(argv), dict(env or {}))
         if check and rc not in ok_rcs:
-            raise PackageError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), (err or out).strip()[-2000:]))
+            # apt explains on stdout (unmet dependencies) and concludes on stderr: keep both tails.
+            detail = ' | '.join(x.strip()[-1500:] for x in (out or '', err or '') if x.strip())
+            raise PackageError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), detail))
         return CommandResult(rc, out, err)
 
 

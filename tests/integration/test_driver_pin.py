@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from tools import debrepo
-from tools.debrepo import NEW, OLD, AptRoot, host_dpkg_digest
+from tools.debrepo import BROKEN, NEW, OLD, AptRoot, host_dpkg_digest
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +24,7 @@ PIN_FILE = 'etc/apt/preferences.d/gpufleet-nvidia-driver.pref'
 # Fixtures from the test support module.
 deb_repo = debrepo.deb_repo
 apt_root = debrepo.apt_root
+deb_repo_with_broken = debrepo.deb_repo_with_broken
 
 
 @pytest.fixture(autouse=True)
@@ -265,3 +266,30 @@ def test_tampered_snapshot_is_rejected(apt_root, run_playbook, tmp_path):
         'state': 'restored', 'path': str(path), 'installroot': str(root.path), 'sha256': '0' * 64}}))
     assert r.rc != 0 and 'does not match the expected sha256 ' + '0' * 64 in r.result('restore')['msg']
     assert root.state_digest() == before
+
+
+def test_failed_transaction_puts_pins_and_holds_back(tmp_path, deb_repo_with_broken, run_playbook):
+    root = AptRoot.create(tmp_path / 'root', deb_repo_with_broken)
+    assert run_playbook(play(pin_task(root, OLD, install=True))).rc == 0
+    pin_before = (root.path / PIN_FILE).read_text()
+    before = root.state_digest()
+    r = run_playbook(play(pin_task(root, BROKEN, install=True)))
+    assert r.rc != 0
+    msg = r.result('pin')['msg']
+    assert msg.startswith('command failed (rc=100): apt-get -q -y install --allow-downgrades')
+    assert 'nvidia-firmware-580-server-%s' % BROKEN in msg
+    assert (root.path / PIN_FILE).read_text() == pin_before
+    assert root.holds() == set(DRIVER_SET)
+    assert root.state_digest() == before
+    expect(root, OLD, DRIVER_SET)
+
+
+def test_capture_in_check_mode_writes_nothing(apt_root, run_playbook, tmp_path):
+    path = tmp_path / 'snap.json'
+    r = run_playbook(play({'name': 'snap', 'gpufleet.upgrade.node_snapshot': {
+        'path': str(path), 'installroot': str(apt_root.path), 'proc_path': str(tmp_path)}}, check=True, diff=True))
+    assert r.rc == 0, r.stdout
+    res = r.result('snap')
+    assert res['changed'] is True and not path.exists()
+    assert json.loads(res['diff']['after'])['sha256'] == res['sha256']
+    assert res['snapshot']['packages'] == {} and res['snapshot']['boot']['running_kernel'] is None

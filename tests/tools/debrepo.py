@@ -31,6 +31,8 @@ import pytest
 BRANCH = '580'
 OLD = '580.126.20'
 NEW = '580.130.00'
+# Offered, but not installable (see broken_specs).
+BROKEN = '580.142.00'
 REVISION = '0ubuntu1'
 # Fabric Manager and NSCQ come from another source package with another Debian revision, as in
 # NVIDIA's CUDA repository: only the upstream version matches the driver's.
@@ -78,6 +80,17 @@ def driver_specs(versions: Sequence[str] = (OLD, NEW), branch: str = BRANCH) -> 
         specs.append(DebSpec('nvidia-fabricmanager-%s' % branch, fv, depends='%s-%s' % (common, up)))
         specs.append(DebSpec('libnvidia-nscq-%s' % branch, fv, depends='%s-%s' % (common, up)))
     return specs
+
+
+def broken_specs(upstream: str = BROKEN, branch: str = BRANCH) -> list[DebSpec]:
+    """A driver set whose driver package depends on a package no repository has: the version is
+    offered (the availability check passes) but the apt transaction fails."""
+    out = []
+    for s in driver_specs((upstream,), branch):
+        if s.name == 'nvidia-driver-%s-server' % branch:
+            s = dataclasses.replace(s, depends=s.depends + ', nvidia-firmware-%s-server-%s' % (branch, upstream))
+        out.append(s)
+    return out
 
 
 def _control(spec: DebSpec) -> str:
@@ -252,6 +265,13 @@ def require_tools() -> None:
 def deb_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     require_tools()
     return cached_repo(tmp_path_factory.getbasetemp(), driver_specs())
+
+
+@pytest.fixture(scope='session')
+def deb_repo_with_broken(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The driver repository plus a version (BROKEN) whose transaction fails."""
+    require_tools()
+    return cached_repo(tmp_path_factory.getbasetemp(), driver_specs() + broken_specs())
 
 
 @pytest.fixture
