@@ -561,11 +561,12 @@ def dnf_base(installroot: Optional[str]) -> List[str]:
 
 
 def dnf_pin_commands(pins: Dict[str, str], previous: Dict[str, str], mode: str, branch: Optional[str],
-                     stream_suffix: str, install: Dict[str, str], installroot: Optional[str]) -> List[List[str]]:
+                     stream_suffix: str, install: Dict[str, str], installroot: Optional[str],
+                     enable_stream: bool = True) -> List[List[str]]:
     """The dnf commands that pin (and optionally install) exact versions."""
     base = dnf_base(installroot)
     cmds: List[List[str]] = []
-    if mode == 'module':
+    if mode == 'module' and enable_stream:
         if not branch:
             raise PackageError('the dnf module stream needs a branch (e.g. branch: 580)')
         cmds.append(base + ['module', 'reset', 'nvidia-driver'])
@@ -580,6 +581,15 @@ def dnf_pin_commands(pins: Dict[str, str], previous: Dict[str, str], mode: str, 
         if new:
             cmds.append(base + ['versionlock', 'add'] + ['%s-%s' % (n, pins[n]) for n in new])
     return cmds
+
+
+def parse_module_list(out: str, module: str = 'nvidia-driver') -> Optional[str]:
+    """The enabled stream of `module` in `dnf module list` output (`[e]` marks it), or None."""
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == module and '[e]' in line:
+            return parts[1]
+    return None
 
 
 def dnf_unpin_commands(names: Sequence[str], previous: Dict[str, str], installroot: Optional[str]) -> List[List[str]]:
@@ -629,14 +639,26 @@ class DnfBackend:
     def close(self) -> None:
         pass
 
+    def target_stream(self) -> str:
+        if not self.branch:
+            raise PackageError('the dnf module stream needs a branch (e.g. branch: 580)')
+        return 'nvidia-driver:%s%s' % (self.branch, self.stream_suffix)
+
     def read_state(self, names: Sequence[str]) -> PinState:
-        text = read_text(self.pin_path)
         root = ['--root=%s' % self.runner.installroot] if self.runner.installroot else []
         r = self.runner(['rpm'] + root + ['-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n'], env=self.env())
         inst = parse_rpm_query(r.stdout)
         wanted = set(names)
-        return PinState(pin_file=self.pin_path, pin_text=text, pins=parse_versionlock(text), holds=[],
-                        installed={n: v for n, v in inst.items() if n in wanted})
+        installed = {n: v for n, v in inst.items() if n in wanted}
+        if self.mode == 'module':
+            # The pin is the enabled module stream.
+            m = self.runner(dnf_base(self.runner.installroot) + ['module', 'list', '--enabled', 'nvidia-driver'],
+                            env=self.env(), ok_rcs=(0, 1))
+            stream = parse_module_list(m.stdout)
+            return PinState(pin_file='dnf module nvidia-driver', pin_text='nvidia-driver:%s\n' % stream if stream else None,
+                            pins={}, holds=[], installed=installed)
+        text = read_text(self.pin_path)
+        return PinState(pin_file=self.pin_path, pin_text=text, pins=parse_versionlock(text), holds=[], installed=installed)
 
     def available(self, names: Sequence[str]) -> Dict[str, PolicyEntry]:
         r = self.runner(dnf_base(self.runner.installroot) + ['list', '--showduplicates', '--available'] + list(names),
@@ -704,8 +726,12 @@ def plan_pin(backend, pkgs: PackageSet, version: Optional[str], state: str, inst
         if backend.name == 'apt':
             after.pin_text = render_preferences(pins)
         else:
-            plan.commands = dnf_unpin_commands(names, before.pins, backend.runner.installroot)
-            after.pin_text = before.pin_text if not plan.commands else _versionlock_text(pins)
+            if backend.mode == 'module':
+                plan.commands = [dnf_base(backend.runner.installroot) + ['module', 'reset', 'nvidia-driver']] \
+                    if before.pin_text else []
+            else:
+                plan.commands = dnf_unpin_commands(names, before.pins, backend.runner.installroot)
+                after.pin_text = before.pin_text if not plan.commands else _versionlock_text(pins)
         return plan
     if not version:
         raise PackageError('version is required when state is pinned')
@@ -731,12 +757,14 @@ def plan_pin(backend, pkgs: PackageSet, version: Optional[str], state: str, inst
             plan.install = {n: v for n, v in resolved.items() if n in to_install or n in before.installed}
     else:
         plan.install = to_install
-        plan.commands = dnf_pin_commands(resolved, before.pins, backend.mode, getattr(backend, 'branch', None),
-                                         backend.stream_suffix, to_install, backend.runner.installroot)
-        after.pin_text = _versionlock_text(pins) if backend.mode == 'versionlock' else before.pin_text
-        if backend.mode == 'module' and not to_install:
-            # The stream enable is only a change when the transaction or lock changes.
-            plan.commands = []
+        if backend.mode == 'module':
+            after.pin_text = backend.target_stream() + '\n'
+            after.pins = {}
+        else:
+            after.pin_text = _versionlock_text(pins)
+        plan.commands = dnf_pin_commands(resolved, before.pins, backend.mode, backend.branch, backend.stream_suffix,
+                                         to_install, backend.runner.installroot,
+                                         enable_stream=before.pin_text != after.pin_text)
     return plan
 
 

@@ -315,3 +315,50 @@ def test_detect_backend():
     assert pk.detect_backend(lambda n: '/usr/bin/dnf' if n == 'dnf' else None) == 'dnf'
     with pytest.raises(pk.PackageError, match='neither apt-get'):
         pk.detect_backend(lambda n: None)
+
+
+MODULE_LIST = """\
+Red Hat Enterprise Linux 9 for x86_64 - AppStream
+Name            Stream         Profiles                     Summary
+nvidia-driver   580-dkms [e]   default [d], fm, ks, src      Nvidia driver for 580-dkms branch
+
+Hint: [d]efault, [e]nabled, [x]disabled, [i]nstalled
+"""
+
+
+def _rhel9(tmp_path, enabled_out):
+    (tmp_path / 'etc').mkdir(exist_ok=True)
+    (tmp_path / 'etc/os-release').write_text('ID="rhel"\nVERSION_ID="9.4"\n')
+    return FakeRunner([
+        (['rpm'], (0, 'nvidia-driver\t3:580.126.20-1.el9\n', '')),
+        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'module', 'list'], (0, enabled_out, '')),
+        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'list'],
+         (0, 'nvidia-driver.x86_64  3:580.126.20-1.el9  cuda\nnvidia-driver.x86_64  3:580.130.00-1.el9  cuda\n', '')),
+    ], installroot=str(tmp_path))
+
+
+def test_parse_module_list():
+    assert pk.parse_module_list(MODULE_LIST) == '580-dkms'
+    assert pk.parse_module_list(MODULE_LIST.replace(' [e]', '')) is None
+
+
+def test_dnf_module_stream_plan(tmp_path):
+    # Stream already enabled and version installed: nothing to do.
+    b = pk.DnfBackend(_rhel9(tmp_path, MODULE_LIST), branch='580')
+    assert b.mode == 'module'
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', True)
+    assert not plan.changed and plan.commands == []
+    # Another version: install only (the stream stays).
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.130.00', 'pinned', True)
+    assert plan.commands == [['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'install', '--allowerasing',
+                              'nvidia-driver-3:580.130.00-1.el9']]
+    # No stream enabled: reset + enable, shown in the diff.
+    b = pk.DnfBackend(_rhel9(tmp_path, ''), branch='580')
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', False)
+    assert [c[4:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver'], ['module', 'enable', 'nvidia-driver:580-dkms']]
+    assert plan.diff()[0] == {'before_header': 'dnf module nvidia-driver', 'after_header': 'dnf module nvidia-driver',
+                              'before': '', 'after': 'nvidia-driver:580-dkms\n'}
+    # Unpinned resets the module when a stream is enabled.
+    b = pk.DnfBackend(_rhel9(tmp_path, MODULE_LIST), branch='580')
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), None, 'unpinned', False)
+    assert [c[4:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver']]
