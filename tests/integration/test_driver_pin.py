@@ -293,3 +293,26 @@ def test_capture_in_check_mode_writes_nothing(apt_root, run_playbook, tmp_path):
     assert res['changed'] is True and not path.exists()
     assert json.loads(res['diff']['after'])['sha256'] == res['sha256']
     assert res['snapshot']['packages'] == {} and res['snapshot']['boot']['running_kernel'] is None
+
+
+def test_restore_to_a_node_that_had_no_pins(apt_root, run_playbook, tmp_path):
+    """The first rollout on a node: the snapshot has no pin file and no holds; restore removes both."""
+    root = apt_root
+    root.apt_get('install', '-y', *['%s=%s-0ubuntu1' % (n, OLD) for n in DRIVER_SET])
+    proc = fake_node(root, tmp_path)
+    path = tmp_path / 'snap.json'
+    snap = {'name': 'snap', 'gpufleet.upgrade.node_snapshot': {
+        'path': str(path), 'installroot': str(root.path), 'proc_path': str(proc)}}
+    assert run_playbook(play(snap)).rc == 0
+    s = json.loads(path.read_text())['snapshot']
+    assert s['pins']['content'] is None and s['holds'] == []
+    assert run_playbook(play(pin_task(root, NEW, install=True))).rc == 0
+    expect(root, NEW, DRIVER_SET)
+    r = run_playbook(play({'name': 'restore', 'gpufleet.upgrade.node_snapshot': {
+        'state': 'restored', 'path': str(path), 'installroot': str(root.path)}}, diff=True))
+    assert r.rc == 0, r.stdout
+    res = r.result('restore')
+    assert res['changed'] is True and res['extra_packages'] == {}
+    expect(root, OLD, DRIVER_SET)
+    assert not (root.path / PIN_FILE).exists() and root.holds() == set()
+    assert res['diff'][0]['after'] == '' and 'Pin-Priority: 1001' in res['diff'][0]['before']
