@@ -12,7 +12,7 @@ module: cuda_compat
 short_description: Gate - declared CUDA applications against a target NVIDIA driver
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Checks each declared application, in this order, for backward compatibility (the driver is at or
     above the driver its CUDA toolkit shipped with), minor-version compatibility within its CUDA major

@@ -12,7 +12,7 @@ module: upgrade_plan
 short_description: Plan a GPU-node upgrade - matrix, canaries, batches and the availability budget
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Groups the nodes into material combinations (GPU PCI identity, server platform, kernel line,
     partition/MIG mode, driver install method by default) and writes the upgrade matrix, each
@@ -281,7 +281,7 @@ def main() -> None:
             batch_size=dict(type='raw', default='10%'),
             max_unavailable=dict(type='raw', default='25%'),
             failure_allowance=dict(type='dict', options=dict(nodes=dict(type='raw'), gpus=dict(type='raw'))),
-            combination_keys=dict(type='list', elements='str', default=list(DEFAULT_COMBINATION_KEYS)),
+            combination_keys=dict(type='list', elements='str', default=list(DEFAULT_COMBINATION_KEYS), no_log=False),
             exclude=dict(type='list', elements='str', default=[]),
             omitted_block=dict(type='bool', default=True),
             single_node_pool_acknowledged=dict(type='bool', default=False),
