@@ -28,6 +28,7 @@ same plan, byte for byte, and the same digest (sha256 of the canonical JSON).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import re
@@ -74,6 +75,7 @@ def natural_key(name: str) -> Tuple[Any, ...]:
     return tuple((0, int(p), p) if i % 2 else (1, 0, p) for i, p in enumerate(parts))
 
 
+@functools.lru_cache(maxsize=1024)
 def kernel_line(kernel: str) -> str:
     """The kernel line: the release's major.minor, e.g. '6.8' for '6.8.0-134-generic'.
 
@@ -135,6 +137,16 @@ def resolve_count(value: Any, base: int, field: str, round_up: bool = False) -> 
 
 def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(',', ':'), ensure_ascii=True)
+
+
+def _tuple_key(current: Dict[str, Any]) -> Any:
+    """A hashable key for a tuple dict (its canonical JSON when a value is not hashable)."""
+    try:
+        key = tuple(sorted(current.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return _canonical(current)
 
 
 def digest_of(plan: Dict[str, Any]) -> str:
@@ -332,7 +344,10 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
         eligible.sort(key=lambda n: (n.unschedulable, (n.holders or 0) > 0, n.holders or 0, n.sort_key))
         chosen = eligible[:canaries_per_combination]
         chosen_names = sorted((n.name for n in chosen), key=natural_key)
-        sources = sorted({_canonical(n.current): n.current for n in members}.items())
+        distinct: Dict[Any, Dict[str, Any]] = {}
+        for n in members:
+            distinct.setdefault(_tuple_key(n.current), n.current)
+        sources = sorted((_canonical(cur), cur) for cur in distinct.values())
         combo = {
             'id': cid, 'key': key, 'nodes': [n.name for n in members], 'count': len(members),
             'gpus': sum(n.gpus for n in members), 'canaries': chosen_names,

@@ -153,8 +153,11 @@ def test_mixed_platforms_kernels_and_mig_modes_make_combinations():
 def test_source_tuples_listed_per_combination():
     nodes = fleet(3)
     nodes[2]['current'] = dict(CURRENT, driver='570.133.20')
+    nodes[1]['current'] = dict(CURRENT, extra=['unhashable'])
     plan = P.build_plan(nodes, target=TARGET, max_unavailable=2)
-    assert [s['driver'] for s in plan['combinations'][0]['source_tuples']] == ['570.133.20', '570.172.08']
+    assert [s['driver'] for s in plan['combinations'][0]['source_tuples']] == ['570.133.20', '570.172.08',
+                                                                               '570.172.08']
+    assert [s.get('extra') for s in plan['combinations'][0]['source_tuples']] == [None, ['unhashable'], None]
     assert plan['combinations'][0]['target'] == TARGET
 
 
