@@ -38,8 +38,8 @@ options:
     required: true
   expected_gpus:
     description:
-      - Expected allocatable count per GPU resource, for example C({"nvidia.com/gpu": 8}) or, with the MIG
-        mixed strategy, C({"nvidia.com/mig-1g.10gb": 56}).
+      - Expected allocatable count per GPU resource, for example C(nvidia.com/gpu=8) or, with the MIG
+        mixed strategy, C(nvidia.com/mig-1g.10gb=56) (a dict of resource name to count).
     type: dict
     required: true
   device_plugin_selector:
