@@ -33,6 +33,8 @@ __all__ = ['DEFAULT_TOLERATION', 'WorkloadGateError', 'build_job', 'compare', 'e
            'pod_failure', 'run_gate']
 
 DEFAULT_TOLERATION = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
+# The gate runs before the node is uncordoned: its Jobs tolerate the cordon.
+CORDON_TOLERATION = {'key': 'node.kubernetes.io/unschedulable', 'operator': 'Exists', 'effect': 'NoSchedule'}
 LABEL_RUN = 'gpufleet.io/workload-gate'
 LABEL_CASE = 'gpufleet.io/workload-case'
 LABEL_NODE = 'gpufleet.io/node'
@@ -102,7 +104,8 @@ def normalize_cases(cases: Any) -> List[Dict[str, Any]]:
 
 
 def build_job(case: Dict[str, Any], node: str, attempt: int, run_id: str, namespace: str,
-              node_selector: Dict[str, str], toleration: Dict[str, Any], timeout: int) -> Dict[str, Any]:
+              node_selector: Dict[str, str], toleration: Dict[str, Any], timeout: int,
+              tolerate_cordon: bool = True) -> Dict[str, Any]:
     """The Job to create: the user's manifest, renamed, labelled, pinned and bounded."""
     job = copy.deepcopy(case['manifest'])
     meta = job.setdefault('metadata', {})
@@ -124,8 +127,9 @@ def build_job(case: Dict[str, Any], node: str, attempt: int, run_id: str, namesp
     pspec.pop('nodeName', None)
     pspec['nodeSelector'] = dict(pspec.get('nodeSelector') or {}, **node_selector)
     tols = list(pspec.get('tolerations') or [])
-    if toleration and toleration not in tols:
-        tols.append(dict(toleration))
+    for tol in (toleration, CORDON_TOLERATION if tolerate_cordon else None):
+        if tol and tol not in tols:
+            tols.append(dict(tol))
     pspec['tolerations'] = tols
     pspec.setdefault('restartPolicy', 'Never')
     return job
@@ -254,7 +258,7 @@ def read_log(k8s: Any, namespace: str, pod: str, container: Optional[str]) -> st
 
 def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 'default', repeat: int = 3,
              node_selector: Optional[Dict[str, str]] = None, toleration: Optional[Dict[str, Any]] = None,
-             timeout: int = 600, poll_interval: float = 2.0, cleanup: bool = True,
+             timeout: int = 600, poll_interval: float = 2.0, cleanup: bool = True, tolerate_cordon: bool = True,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
              log_reader: Callable[..., str] = read_log) -> Dict[str, Any]:
     """Run every case `repeat` times on the node; return {passed, msg, problems, checks, jobs}."""
@@ -272,7 +276,8 @@ def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 
         runs: List[Dict[str, Any]] = []
         problems: List[str] = []
         for attempt in range(repeat):
-            job = build_job(case, node, attempt, run_id, namespace, node_selector, toleration, timeout)
+            job = build_job(case, node, attempt, run_id, namespace, node_selector, toleration, timeout,
+                            tolerate_cordon)
             jname = job['metadata']['name']
             run: Dict[str, Any] = {'attempt': attempt + 1, 'job': jname, 'pod': None, 'node': None, 'outcome': None,
                                    'value': None, 'expected': case['expected'], 'ok': False}

@@ -17,7 +17,7 @@ description:
   - The application-compatibility gate of an upgrade (seed 000, gate 2). Each case is a user-supplied
     Job manifest with known inputs. The gate pins it to the node with a nodeSelector (by default
     C(kubernetes.io/hostname=<node>)) and the canary toleration, and runs it O(repeat) times, one Job
-    after another.
+    after another. By default the Jobs also tolerate the cordon (O(tolerate_cordon)).
   - From each run it reads the result from the pod's log. The result is the last non-empty line, a
     regex match (C(result.regex)) or a JSON value (C(result.json_path), read from the last JSON line).
     It is compared with the expected value, within C(tolerance) or C(tolerance_percent) for numbers.
@@ -100,6 +100,12 @@ options:
   toleration:
     description: The toleration added to each Job (the canary taint's); default C(gpufleet.io/canary) C(Exists) C(NoSchedule).
     type: dict
+  tolerate_cordon:
+    description:
+      - Add a toleration of C(node.kubernetes.io/unschedulable) so that the Jobs run on the node while it is
+        still cordoned (the gates run before the uncordon).
+    type: bool
+    default: true
   timeout:
     description: Seconds one run may take, from creation to completion (also its C(activeDeadlineSeconds)).
     type: int
@@ -207,6 +213,7 @@ def main() -> None:
         timeout={'type': 'int', 'default': 600},
         poll_interval={'type': 'float', 'default': 2},
         cleanup={'type': 'bool', 'default': True},
+        tolerate_cordon={'type': 'bool', 'default': True},
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     if not HAS_KUBERNETES:
@@ -231,7 +238,8 @@ def main() -> None:
         k8s = K8sClient.from_params(p)
         result = W.run_gate(k8s, p['node'], cases, namespace=p['namespace'], repeat=p['repeat'],
                             node_selector=p['node_selector'], toleration=p['toleration'], timeout=p['timeout'],
-                            poll_interval=p['poll_interval'], cleanup=p['cleanup'])
+                            poll_interval=p['poll_interval'], cleanup=p['cleanup'],
+                            tolerate_cordon=p['tolerate_cordon'])
     except K8sError as exc:
         module.fail_json(msg=str(exc), passed=False)
     except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv

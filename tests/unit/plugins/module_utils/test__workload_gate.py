@@ -32,7 +32,8 @@ def test_build_job_pins_labels_and_bounds():
     assert (spec['backoffLimit'], spec['activeDeadlineSeconds'], spec['ttlSecondsAfterFinished']) == (0, 300, 3600)
     pspec = spec['template']['spec']
     assert pspec['nodeSelector'] == {'nvidia.com/gpu.present': 'true', 'kubernetes.io/hostname': 'gpu-07'}
-    assert pspec['tolerations'] == [{'key': 'nvidia.com/gpu', 'operator': 'Exists'}, W.DEFAULT_TOLERATION]
+    assert pspec['tolerations'] == [{'key': 'nvidia.com/gpu', 'operator': 'Exists'}, W.DEFAULT_TOLERATION,
+                                    W.CORDON_TOLERATION]
     assert pspec['restartPolicy'] == 'Never'
     assert spec['template']['metadata']['labels']['gpufleet.io/workload-case'] == 'matmul'
     # the user's manifest is untouched
@@ -43,8 +44,10 @@ def test_build_job_pins_labels_and_bounds():
 def test_build_job_keeps_a_shorter_deadline():
     c = case()
     c['manifest']['spec']['activeDeadlineSeconds'] = 60
-    job = W.build_job(c, 'gpu-07', 0, 'r', 'ns', {}, W.DEFAULT_TOLERATION, 300)
+    job = W.build_job(c, 'gpu-07', 0, 'r', 'ns', {}, W.DEFAULT_TOLERATION, 300, tolerate_cordon=False)
     assert job['spec']['activeDeadlineSeconds'] == 60
+    assert job['spec']['template']['spec']['tolerations'][-1] == W.DEFAULT_TOLERATION
+    assert W.CORDON_TOLERATION not in job['spec']['template']['spec']['tolerations']
 
 
 @pytest.mark.parametrize('log, result, value', [
