@@ -38,7 +38,7 @@ _TOOLKIT_RE = re.compile(r'^\s*(\d+)\.(\d+)(?:\.(\d+)|\s*(?:u|update)\s*(\d+))?\
 _DRIVER_RE = re.compile(r'^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*$')
 
 _TABLE = sorted((k, tuple(int(x) for x in v.split('.')), v) for k, v in D.TOOLKIT_DRIVERS)
-_TABLE_KEYS = [k for k, _, _ in _TABLE]
+_TABLE_KEYS = [row[0] for row in _TABLE]
 _TABLE_DRIVERS = dict((k, v) for k, v in D.TOOLKIT_DRIVERS)
 _FAMILIES = dict((major, (branch, floor, upper)) for major, branch, floor, upper in D.FAMILIES)
 
@@ -78,7 +78,7 @@ def driver_cuda_version(driver: Any) -> Optional[str]:
     """
     d = parse_driver(driver)
     best = None
-    for key, drv, _ in _TABLE:
+    for key, drv, dummy in _TABLE:
         if key[2] == 0 and d >= drv:
             best = key
     return None if best is None else '%d.%d' % best[:2]

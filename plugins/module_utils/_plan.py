@@ -351,7 +351,7 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
         combo = {
             'id': cid, 'key': key, 'nodes': [n.name for n in members], 'count': len(members),
             'gpus': sum(n.gpus for n in members), 'canaries': chosen_names,
-            'source_tuples': [s for _, s in sources], 'target': target,
+            'source_tuples': [s for dummy, s in sources], 'target': target,
         }
         combinations.append(combo)
         if not chosen:
@@ -506,9 +506,9 @@ def _stuck_reason(why: str, n: _Node, state: Dict[str, Any], mu: Dict[str, Any],
     if why == 'failure_allowance.nodes':
         return ('cannot proceed at node %s: taking it out leaves %d node(s) in service, below failure_allowance.nodes '
                 '%d (%s)' % (n.name, pool_nodes - len(out) - 1, min_nodes, fa_nodes['rule'] if fa_nodes else ''))
+    left = pool_gpus - state['out_gpus'] - n.gpus
     return ('cannot proceed at node %s: taking its %d GPU(s) out leaves %d GPU(s) in service, below '
-            'failure_allowance.gpus %d (%s)' % (n.name, n.gpus, pool_gpus - state['out_gpus'] - n.gpus, min_gpus,
-                                               fa_gpus['rule'] if fa_gpus else ''))
+            'failure_allowance.gpus %d (%s)' % (n.name, n.gpus, left, min_gpus, fa_gpus['rule'] if fa_gpus else ''))
 
 
 # --------------------------------------------------------------------------------------------

@@ -210,8 +210,8 @@ def pod_failure(pod: Dict[str, Any]) -> Optional[str]:
                                                                    term.get('reason') or 'Error')
         wait = state.get('waiting') or {}
         if wait.get('reason') in _INIT_WAIT_REASONS:
-            return 'init container %s of pod %s: %s%s' % (cs.get('name'), name, wait['reason'],
-                                                           (': ' + wait['message']) if wait.get('message') else '')
+            detail = (': ' + wait['message']) if wait.get('message') else ''
+            return 'init container %s of pod %s: %s%s' % (cs.get('name'), name, wait['reason'], detail)
     for cs in status.get('containerStatuses') or []:
         wait = (cs.get('state') or {}).get('waiting') or {}
         if wait.get('reason') in _INIT_WAIT_REASONS:

@@ -20,7 +20,7 @@ def status(*args, **kw):
 
 def test_table_drivers_never_decrease_with_the_toolkit():
     rows = sorted((k, tuple(int(x) for x in v.split('.'))) for k, v in D.TOOLKIT_DRIVERS)
-    assert len(rows) == len(D.TOOLKIT_DRIVERS) == len({k for k, _ in rows})
+    assert len(rows) == len(D.TOOLKIT_DRIVERS) == len({row[0] for row in rows})
     for (ka, da), (kb, db) in zip(rows, rows[1:]):
         assert da <= db, (ka, kb)
 
@@ -76,7 +76,7 @@ def test_driver_cuda_version(driver, cuda):
 @pytest.mark.parametrize('toolkit, driver, expected', [
     ('12.4', '550.54.14', 'backward'),        # exactly the driver 12.4 shipped with
     ('12.4', '550.54.13', 'minor_version'),   # one below: 12.x minor-version floor still met
-    ('12.4.1', '550.54.14', 'minor_version'), # 12.4 Update 1 shipped with 550.54.15
+    ('12.4.1', '550.54.14', 'minor_version'),  # 12.4 Update 1 shipped with 550.54.15
     ('12.4.1', '550.54.15', 'backward'),
     ('12.9.1', '580.65.06', 'backward'),      # every 12.x toolkit on an R580 driver
     ('11.8', '525.60.13', 'backward'),
