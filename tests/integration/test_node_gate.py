@@ -7,8 +7,6 @@ import pytest
 
 import rbac_check
 
-emulator_pkg = pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not here yet')
-
 pytestmark = pytest.mark.slow
 
 NODE = 'gpu-1'
@@ -17,9 +15,8 @@ VAL_LABELS = {'app': 'nvidia-operator-validator'}
 
 
 @pytest.fixture
-def emu():
-    with emulator_pkg.Emulator() as e:
-        yield e
+def emu(emulator):
+    return emulator
 
 
 def node(name=NODE, ready=True, alloc=None, taints=None, unschedulable=True):

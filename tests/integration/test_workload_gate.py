@@ -9,8 +9,6 @@ import pytest
 
 import rbac_check
 
-emulator_pkg = pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not here yet')
-
 pytestmark = pytest.mark.slow
 
 NODE = 'gpu-1'
@@ -19,15 +17,14 @@ ANN = 'emulator.gpufleet.io/'
 
 
 @pytest.fixture
-def emu():
-    with emulator_pkg.Emulator() as e:
-        e.apply([
-            # gpu-0 sorts first and takes anything not pinned elsewhere: pinning is what puts the pods on gpu-1
-            node('gpu-0', cordoned=False, taints=[]),
-            node(NODE, cordoned=True, taints=[{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}]),
-            {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': NS}},
-        ])
-        yield e
+def emu(emulator):
+    emulator.apply([
+        # gpu-0 sorts first and takes anything not pinned elsewhere: pinning is what puts the pods on gpu-1
+        node('gpu-0', cordoned=False, taints=[]),
+        node(NODE, cordoned=True, taints=[{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}]),
+        {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': NS}},
+    ])
+    return emulator
 
 
 def node(name, cordoned, taints):
