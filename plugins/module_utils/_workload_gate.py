@@ -114,7 +114,8 @@ def build_job(case: Dict[str, Any], node: str, attempt: int, run_id: str, namesp
     job.pop('status', None)
     meta['name'] = '%s-%s-%d' % (case['name'], run_id, attempt + 1)
     meta['namespace'] = namespace
-    labels = {LABEL_RUN: run_id, LABEL_CASE: case['name'], LABEL_NODE: node[:63]}
+    # A label value is at most 63 characters and ends alphanumeric (node names may be longer).
+    labels = {LABEL_RUN: run_id, LABEL_CASE: case['name'], LABEL_NODE: re.sub(r'[^A-Za-z0-9]+$', '', node[:63])}
     meta['labels'] = dict(meta.get('labels') or {}, **labels)
     spec = job.setdefault('spec', {})
     spec.setdefault('backoffLimit', 0)

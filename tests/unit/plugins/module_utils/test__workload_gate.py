@@ -41,6 +41,13 @@ def test_build_job_pins_labels_and_bounds():
     assert 'kubernetes.io/hostname' not in JOB['spec']['template']['spec']['nodeSelector']
 
 
+def test_build_job_node_label_is_a_valid_label_value():
+    node = 'gpu-' + 'x' * 58 + '.rack-1.example.com'
+    job = W.build_job(case(), node, 0, 'r', 'ns', {}, W.DEFAULT_TOLERATION, 300)
+    value = job['metadata']['labels']['gpufleet.io/node']
+    assert value == node[:62] and len(value) <= 63 and value[-1].isalnum()
+
+
 def test_build_job_keeps_a_shorter_deadline():
     c = case()
     c['manifest']['spec']['activeDeadlineSeconds'] = 60
