@@ -14,7 +14,7 @@ author:
   - gpufleet.upgrade maintainers
 description:
   - Renders the C(upgrade.cattle.io/v1) C(Plan) objects that upgrade RKE2 on the nodes of a reviewed,
-    serialized upgrade plan. It does not contact the cluster and never changes anything: apply the
+    serialized upgrade plan. It does not contact the cluster and never changes anything. Apply the
     returned objects with M(kubernetes.core.k8s), one at a time, waiting for each Plan to complete.
   - One Plan per node, in the order given. Each Plan has C(concurrency=1), C(exclusive=true),
     C(cordon=true), a fixed C(version) (the target RKE2 release; channel polling is off), and a node
