@@ -92,8 +92,8 @@ def _tuple(value: Any, what: str) -> Dict[str, Optional[str]]:
         raise RollbackPolicyError('%s: %r is not a mapping of %s' % (what, value, ', '.join(COMPONENTS)))
     unknown = sorted(set(value) - set(COMPONENTS))
     if unknown:
-        raise RollbackPolicyError('%s: unknown component(s) %s; expected %s' % (what, ', '.join(unknown),
-                                                                              ', '.join(COMPONENTS)))
+        raise RollbackPolicyError('%s: unknown component(s) %s; expected %s'
+                                  % (what, ', '.join(unknown), ', '.join(COMPONENTS)))
     out: Dict[str, Optional[str]] = {}
     for comp in COMPONENTS:
         v = value.get(comp)
@@ -157,8 +157,8 @@ def decide_rollback(node: str, previous: Any, current: Any, qualification: Any =
     for comp in ('gpu_operator', 'dcgm_exporter'):
         if comp in changed:
             refusals.append(Refusal(comp, '%s is a cluster-wide operand, not rolled back per node (%s → %s): revert it '
-                                    'through its reviewed release change' % (comp, changed[comp]['from'],
-                                                                              changed[comp]['to'])))
+                                    'through its reviewed release change'
+                                    % (comp, changed[comp]['from'], changed[comp]['to'])))
 
     node_comps = [c for c in ('driver', 'kernel') if c in changed]
     restores: List[Step] = []

@@ -67,11 +67,10 @@ class Rke2Version:
 
 def parse_rke2_version(value: Any, field_name: str = 'version') -> Rke2Version:
     """Parse an RKE2 release tag; raise ``SucPlanError`` naming the field and the value."""
-    if not isinstance(value, str) or not _RKE2_RE.match(value.strip()):
+    m = _RKE2_RE.match(value.strip()) if isinstance(value, str) else None
+    if m is None:
         raise SucPlanError(['%s: %r is not an RKE2 version of the form v1.MINOR.PATCH+rke2rREV '
                             '(e.g. v1.36.1+rke2r1)' % (field_name, value)])
-    m = _RKE2_RE.match(value.strip())
-    assert m is not None
     return Rke2Version(*(int(g) for g in m.groups()))
 
 
@@ -154,10 +153,7 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     problems: List[str] = []
     notes: List[str] = []
 
-    try:
-        target = parse_rke2_version(target_rke2, 'target_rke2')
-    except SucPlanError as exc:
-        raise SucPlanError(exc.problems)
+    target = parse_rke2_version(target_rke2, 'target_rke2')
     default_current: Optional[Rke2Version] = None
     if current_rke2 is not None:
         try:
@@ -241,7 +237,8 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     out_nodes: List[NodePlan] = []
     last_server_plan: Optional[str] = None
     for _i, name, role, cur in parsed:
-        assert cur is not None
+        if cur is None:  # unreachable: nodes without a version were refused above
+            raise SucPlanError(['node %r: no current RKE2 version' % name])
         if cur.key == target.key:
             out_nodes.append(NodePlan(name, role, str(cur), str(target), 'up_to_date'))
             continue

@@ -11,7 +11,7 @@ module: dra_recovery_plan
 short_description: Read-only stale DRA driver Pod recovery planner
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - After a DRA postflight failure, tells whether an old, unready GPU DRA driver Pod on a node is a
     candidate for manual recovery, and explains why or why not. It never deletes anything.

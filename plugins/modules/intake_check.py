@@ -11,7 +11,7 @@ module: intake_check
 short_description: Assert that GPU intake is closed as the operator declares it
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Read-only gate for step 1 of the GPU upgrade sequence - GPU billing and tenant Pod/VM creation
     stay closed during the upgrade. What "closed" means differs per platform, so the operator

@@ -11,7 +11,7 @@ module: suc_plan
 short_description: Render serialized RKE2 System Upgrade Controller Plans, one per node
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade maintainers
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Renders the C(upgrade.cattle.io/v1) C(Plan) objects that upgrade RKE2 on the nodes of a reviewed,
     serialized upgrade plan. It does not contact the cluster and never changes anything. Apply the

@@ -63,8 +63,8 @@ def test_unproven_rollback_refuses_driver_and_kernel(rec, needle):
 
 
 def test_holders_block_driver_and_kernel():
-    holders = [{'kind': 'Pod', 'namespace': 'ml', 'name': 'train-0'}, {'kind': 'VirtualMachineInstance',
-                                                                         'namespace': 'vms', 'name': 'vm-1'}]
+    holders = [{'kind': 'Pod', 'namespace': 'ml', 'name': 'train-0'},
+               {'kind': 'VirtualMachineInstance', 'namespace': 'vms', 'name': 'vm-1'}]
     d = decide_rollback('gpu-1', PREV, CUR, record(), holders=holders)
     assert d.outcome == 'refused'
     assert d.refusals[0].reason == ('driver rollback 580.130.00 → 580.126.20 refused: 2 GPU holder(s) still on node '
