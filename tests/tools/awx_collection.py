@@ -33,7 +33,7 @@ def ensure(dest: pathlib.Path = DEFAULT_DEST, timeout: int = 300) -> pathlib.Pat
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary', ':all:',
                '--disable-pip-version-check', '-q', '-d', tmp, ANSIBLE_PACKAGE]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         wheels = glob.glob(os.path.join(tmp, 'ansible-*.whl'))
         if proc.returncode != 0 or not wheels:
             raise RuntimeError('could not download %s from PyPI to get awx.awx: %s'
