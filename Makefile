@@ -8,6 +8,10 @@ SHELL := /bin/bash
 PYTHON ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 python3; do \
 	  "$$p" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
+# Modules run on GPU nodes with Python >= 3.9: sanity also compiles them there when one runs.
+PY39 ?= $(shell for p in python3.9 $$HOME/.pyenv/versions/3.9*/bin/python3.9 /usr/bin/python3.9; do \
+	  "$$p" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 9) else 1)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
+
 VENV        ?= .venv
 VPY         := $(VENV)/bin/python
 COLL_ROOT   := $(VENV)/collections
@@ -57,6 +61,9 @@ sanity: collection
 	@cd $(SANITY_TREE) && git init -q && git add -A
 	cd $(SANITY_TREE) && $(CURDIR)/$(VENV)/bin/ansible-test sanity --local --color no \
 	  --python $$($(CURDIR)/$(VPY) -c 'import sys;print("%d.%d"%sys.version_info[:2])') $(SANITY_ARGS)
+	@if [ -n "$(PY39)" ]; then cd $(SANITY_TREE) && $(CURDIR)/$(VENV)/bin/ansible-test sanity --local --color no \
+	  --test compile --python 3.9 --python-interpreter $$(command -v $(PY39) || echo $(PY39)); \
+	else echo "note: no Python 3.9 here; node-side code compiled on the controller Python only"; fi
 
 test: collection
 	$(PYTEST) tests/unit tests/integration

@@ -1,0 +1,86 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    """Kubernetes connection options, with kubernetes.core's names (AUTH_ARG_SPEC in _k8s.py)."""
+
+    DOCUMENTATION = r"""
+options:
+  kubeconfig:
+    description:
+      - Path to a kubeconfig file, or the kubeconfig as a dictionary.
+      - Without it and without O(host), the file named by E(KUBECONFIG) or C(~/.kube/config) is read, and
+        without that file the in-cluster service account is used.
+      - Can also be set with E(K8S_AUTH_KUBECONFIG).
+    type: raw
+  context:
+    description:
+      - The kubeconfig context to use. Can also be set with E(K8S_AUTH_CONTEXT).
+    type: str
+  host:
+    description:
+      - URL of the Kubernetes API server; overrides the kubeconfig's server. Can also be set with E(K8S_AUTH_HOST).
+    type: str
+  api_key:
+    description:
+      - Bearer token for the API server. Can also be set with E(K8S_AUTH_API_KEY).
+    type: str
+  username:
+    description:
+      - Username for basic authentication (with O(password)). Can also be set with E(K8S_AUTH_USERNAME).
+    type: str
+  password:
+    description:
+      - Password for basic authentication. Can also be set with E(K8S_AUTH_PASSWORD).
+    type: str
+  validate_certs:
+    description:
+      - Whether to verify the API server's TLS certificate. Without it the kubeconfig decides.
+    type: bool
+    aliases: [verify_ssl]
+  ca_cert:
+    description:
+      - Path to a CA bundle that signs the API server's certificate. Can also be set with E(K8S_AUTH_SSL_CA_CERT).
+    type: path
+    aliases: [ssl_ca_cert]
+  client_cert:
+    description:
+      - Path to a client certificate. Can also be set with E(K8S_AUTH_CERT_FILE).
+    type: path
+    aliases: [cert_file]
+  client_key:
+    description:
+      - Path to the client certificate's key. Can also be set with E(K8S_AUTH_KEY_FILE).
+    type: path
+    aliases: [key_file]
+  proxy:
+    description:
+      - HTTP proxy URL for the API connection. Can also be set with E(K8S_AUTH_PROXY).
+    type: str
+  impersonate_user:
+    description:
+      - Username to impersonate (C(Impersonate-User) header).
+    type: str
+  impersonate_groups:
+    description:
+      - Groups to impersonate (C(Impersonate-Group) header).
+    type: list
+    elements: str
+  request_timeout:
+    description:
+      - Seconds one API request may take before it counts as failed.
+      - Reads that time out, or are answered 500, 502, 503 or 504, are retried a bounded number of
+        times; writes are never re-sent blindly (a Node patch answered 409 is re-read and re-computed).
+    type: float
+    default: 30
+requirements:
+  - kubernetes >= 31.0.0 (Python library)
+notes:
+  - All Kubernetes modules of the collection belong to the C(gpufleet.upgrade.k8s) action group, so
+    C(module_defaults) with C(group/gpufleet.upgrade.k8s) sets these options once.
+"""

@@ -1,0 +1,666 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise.
+"""Cordon, drain and uncordon a node with kubectl-drain semantics, GPU VMs and job waits.
+
+Decision functions are pure (`cordon_patch`, `uncordon_patch`, `classify_pod`, `plan_drain`,
+`vm_stop_patch`); `Drainer` runs them over a small client interface (`DrainClient`, with a
+Kubernetes implementation `KubeDrainClient`) and an injectable clock, so the loop is unit-tested
+without a server.
+
+Semantics (kubectl drain, not kubernetes.core k8s_drain):
+- the node is cordoned first; its initial `spec.unschedulable` is kept in the annotation
+  `gpufleet.io/initial-unschedulable` (written once) and progress in `gpufleet.io/upgrade-state`
+  (cordoned, draining, drained, drain-failed);
+- every pod is classified before anything is evicted; if any pod blocks (emptyDir without
+  delete_local_data, no controller without force, a DaemonSet pod without ignore_daemonsets, a VMI
+  under vmi_policy=refuse or a VMI without VirtualMachine under stop) the drain fails and evicts
+  nothing; mirror and DaemonSet pods are skipped; finished pods are evicted without checks;
+- wait_for_jobs: matching pods must finish before its timeout, else the drain fails and evicts
+  nothing;
+- evictions run in parallel with a bound; 429 (a PodDisruptionBudget) and transient errors are
+  retried every `retry_interval` seconds until the deadline, each eviction carrying the pod's UID
+  as precondition; deletion is awaited by UID (a new pod with the same name is not the old one);
+- on failure the node stays cordoned and the result lists what remains and why;
+- uncordon lifts only a cordon this collection made (initial-unschedulable "false"), unless force.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
+from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
+
+ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
+ANN_STATE = 'gpufleet.io/upgrade-state'
+ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
+OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS)
+VMI_POLICIES = ('refuse', 'stop', 'evict')
+STATES = ('cordon', 'drain', 'uncordon')
+FINISHED = ('Succeeded', 'Failed')
+
+KUBEVIRT = 'kubevirt.io/v1'
+
+
+class DrainError(Exception):
+    """Bad options or an unrecoverable situation (message names the field and the value)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------------------------
+class WaitForJobs:
+    def __init__(self, selector: str, timeout: float) -> None:
+        self.selector = selector
+        self.timeout = timeout
+
+
+class DrainOptions:
+    def __init__(self, timeout: float = 300, grace_period: Optional[int] = None, pod_selector: Optional[str] = None,
+                 ignore_daemonsets: bool = True, delete_local_data: bool = False, force: bool = False,
+                 disable_eviction: bool = False, wait_for_jobs: Optional[WaitForJobs] = None,
+                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 5.0,
+                 poll_interval: float = 1.0) -> None:
+        self.timeout = timeout
+        self.grace_period = grace_period
+        self.pod_selector = pod_selector
+        self.ignore_daemonsets = ignore_daemonsets
+        self.delete_local_data = delete_local_data
+        self.force = force
+        self.disable_eviction = disable_eviction
+        self.wait_for_jobs = wait_for_jobs
+        self.vmi_policy = vmi_policy
+        self.parallel = parallel
+        self.retry_interval = retry_interval
+        self.poll_interval = poll_interval
+
+
+def options_from_params(params: Dict[str, Any]) -> DrainOptions:
+    """Validate the module parameters; DrainError names the field and the value."""
+    def positive(name: str, value: Any, allow_zero: bool = False) -> float:
+        if value is None:
+            raise DrainError('%s must be set' % name)
+        if value < 0 or (value == 0 and not allow_zero):
+            raise DrainError('%s must be %s, got %r' % (name, '>= 0' if allow_zero else '> 0', value))
+        return value
+
+    timeout = positive('timeout', params.get('timeout', 300))
+    grace = params.get('grace_period')
+    if grace is not None:
+        positive('grace_period', grace, allow_zero=True)
+    policy = params.get('vmi_policy') or 'refuse'
+    if policy not in VMI_POLICIES:
+        raise DrainError('vmi_policy must be one of %s, got %r' % (', '.join(VMI_POLICIES), policy))
+    wfj = params.get('wait_for_jobs')
+    wait = None
+    if wfj:
+        selector = (wfj.get('selector') or '').strip()
+        if not selector:
+            raise DrainError('wait_for_jobs.selector must be a non-empty label selector, got %r' % wfj.get('selector'))
+        wait = WaitForJobs(selector, positive('wait_for_jobs.timeout', wfj.get('timeout')))
+    parallel = int(positive('parallel', params.get('parallel', 10)))
+    retry = positive('retry_interval', params.get('retry_interval', 5.0))
+    if retry < 0.1:
+        raise DrainError('retry_interval must be >= 0.1 seconds, got %r' % retry)
+    return DrainOptions(timeout=float(timeout), grace_period=grace, pod_selector=params.get('pod_selector') or None,
+                        ignore_daemonsets=params.get('ignore_daemonsets', True),
+                        delete_local_data=params.get('delete_local_data', False), force=params.get('force', False),
+                        disable_eviction=params.get('disable_eviction', False), wait_for_jobs=wait,
+                        vmi_policy=policy, parallel=parallel, retry_interval=float(retry),
+                        poll_interval=min(1.0, float(retry)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Node decisions (pure)
+# ---------------------------------------------------------------------------------------------
+def _annotations(node: Dict[str, Any]) -> Dict[str, str]:
+    return dict((node.get('metadata') or {}).get('annotations') or {})
+
+
+def is_unschedulable(node: Dict[str, Any]) -> bool:
+    return bool((node.get('spec') or {}).get('unschedulable'))
+
+
+def node_view(node: Dict[str, Any]) -> Dict[str, Any]:
+    """What the module shows of a Node in diff mode."""
+    ann = _annotations(node)
+    return {'unschedulable': is_unschedulable(node),
+            'annotations': {k: ann[k] for k in sorted(ann) if k.startswith('gpufleet.io/')}}
+
+
+def initially_unschedulable(node: Dict[str, Any]) -> bool:
+    value = _annotations(node).get(ANN_INITIAL)
+    if value is None:
+        return is_unschedulable(node)
+    return value == 'true'
+
+
+def cordon_patch(node: Dict[str, Any], state: str = 'cordoned') -> Optional[Dict[str, Any]]:
+    """Merge patch that cordons the node and records its initial state, or None if nothing to do.
+
+    The initial-unschedulable annotation is written only when absent (a rerun keeps the first
+    value). `state` is written unless the node already records that progress or a later one.
+    """
+    ann = _annotations(node)
+    patch_ann: Dict[str, Any] = {}
+    if ANN_INITIAL not in ann:
+        patch_ann[ANN_INITIAL] = 'true' if is_unschedulable(node) else 'false'
+    order = ['cordoned', 'draining', 'drain-failed', 'drained']
+    current = ann.get(ANN_STATE)
+    if current != state and not (state == 'cordoned' and current in order):
+        patch_ann[ANN_STATE] = state
+    patch: Dict[str, Any] = {}
+    if not is_unschedulable(node):
+        patch['spec'] = {'unschedulable': True}
+    if patch_ann:
+        patch['metadata'] = {'annotations': patch_ann}
+    return patch or None
+
+
+def state_patch(node: Dict[str, Any], state: str, stopped_vms: Optional[List[Dict[str, Any]]] = None
+                ) -> Optional[Dict[str, Any]]:
+    ann = _annotations(node)
+    patch_ann: Dict[str, Any] = {}
+    if ann.get(ANN_STATE) != state:
+        patch_ann[ANN_STATE] = state
+    if stopped_vms is not None:
+        merged = merge_stopped_vms(ann.get(ANN_STOPPED_VMS), stopped_vms)
+        if merged != ann.get(ANN_STOPPED_VMS):
+            patch_ann[ANN_STOPPED_VMS] = merged
+    return {'metadata': {'annotations': patch_ann}} if patch_ann else None
+
+
+def uncordon_patch(node: Dict[str, Any], force: bool = False) -> Tuple[Optional[Dict[str, Any]], bool]:
+    """(merge patch or None, cordon kept).
+
+    The cordon is lifted only when this collection made it (initial-unschedulable "false") or
+    with force. Our initial-state and progress annotations are removed either way; the record of
+    stopped VMs stays for the orchestration that restarts them.
+    """
+    ann = _annotations(node)
+    ours = ann.get(ANN_INITIAL) == 'false'
+    lift = is_unschedulable(node) and (ours or force)
+    kept = is_unschedulable(node) and not lift
+    patch: Dict[str, Any] = {}
+    if lift:
+        patch['spec'] = {'unschedulable': None}
+    remove = {k: None for k in (ANN_INITIAL, ANN_STATE) if k in ann}
+    if remove:
+        patch['metadata'] = {'annotations': remove}
+    return (patch or None), kept
+
+
+def apply_merge_patch(obj: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """RFC 7386 merge patch applied to a copy (for check-mode predictions and diffs)."""
+    if patch is None:
+        return json.loads(json.dumps(obj))
+    if not isinstance(patch, dict):
+        return patch
+    out = json.loads(json.dumps(obj)) if isinstance(obj, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = apply_merge_patch(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def merge_stopped_vms(existing: Optional[str], new: List[Dict[str, Any]]) -> str:
+    """The stopped-VMs annotation: a JSON list of {namespace, name, runStrategy|running} sorted by
+    namespace/name; entries already recorded keep their first (pre-stop) value."""
+    try:
+        current = json.loads(existing) if existing else []
+        if not isinstance(current, list):
+            current = []
+    except ValueError:
+        current = []
+    seen = {(e.get('namespace'), e.get('name')) for e in current if isinstance(e, dict)}
+    merged = [e for e in current if isinstance(e, dict)]
+    for e in new:
+        if (e['namespace'], e['name']) not in seen:
+            merged.append(e)
+            seen.add((e['namespace'], e['name']))
+    merged.sort(key=lambda e: (str(e.get('namespace')), str(e.get('name'))))
+    return json.dumps(merged, sort_keys=True, separators=(',', ':'))
+
+
+def vm_stop_patch(vm: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+    """(merge patch halting the VirtualMachine or None if already halted, record of its run state)."""
+    spec = vm.get('spec') or {}
+    meta = vm.get('metadata') or {}
+    record: Dict[str, Any] = {'namespace': meta.get('namespace'), 'name': meta.get('name')}
+    if 'running' in spec and 'runStrategy' not in spec:
+        record['running'] = spec.get('running')
+        return ({'spec': {'running': False}} if spec.get('running') else None), record
+    record['runStrategy'] = spec.get('runStrategy')
+    if spec.get('runStrategy') == 'Halted':
+        return None, record
+    return {'spec': {'runStrategy': 'Halted'}}, record
+
+
+# ---------------------------------------------------------------------------------------------
+# Pod decisions (pure)
+# ---------------------------------------------------------------------------------------------
+def ref(obj: Dict[str, Any], kind: str = 'Pod') -> Dict[str, Any]:
+    meta = obj.get('metadata') or {}
+    return {'kind': kind, 'namespace': meta.get('namespace'), 'name': meta.get('name'), 'uid': meta.get('uid')}
+
+
+def classify_pod(pod: Dict[str, Any], opts: DrainOptions) -> Tuple[str, str]:
+    """(action, reason): action is 'skip', 'evict', 'block', 'vmi' (decided by vmi_policy) or
+    'wait' (already terminating: only wait for it to go)."""
+    if is_mirror_pod(pod):
+        return 'skip', 'mirror pod'
+    if is_daemonset_pod(pod):
+        if opts.ignore_daemonsets:
+            return 'skip', 'DaemonSet-managed pod'
+        return 'block', 'DaemonSet-managed pod (set ignore_daemonsets)'
+    if (pod.get('metadata') or {}).get('deletionTimestamp'):
+        return 'wait', 'already terminating'
+    if (pod.get('status') or {}).get('phase') in FINISHED:
+        return 'evict', 'finished pod'
+    if vmi_owner_of_pod(pod) is not None:
+        return 'vmi', 'virt-launcher pod of a VirtualMachineInstance'
+    problems = []
+    if has_empty_dir(pod) and not opts.delete_local_data:
+        problems.append('uses local storage (emptyDir; set delete_local_data)')
+    if controller_of(pod) is None and not opts.force:
+        problems.append('not managed by a controller (set force)')
+    if problems:
+        return 'block', '; '.join(problems)
+    return 'evict', 'managed by %s' % ('%s/%s' % (controller_of(pod)['kind'], controller_of(pod)['name'])
+                                       if controller_of(pod) else 'no controller (force)')
+
+
+class DrainPlan:
+    def __init__(self) -> None:
+        self.evict: List[Dict[str, Any]] = []      # pods to evict
+        self.wait: List[Dict[str, Any]] = []       # pods already terminating
+        self.skipped: List[Dict[str, Any]] = []    # {kind, namespace, name, uid, reason}
+        self.blocked: List[Dict[str, Any]] = []
+        self.vm_stops: List[Tuple[Dict[str, Any], Dict[str, Any]]] = []  # (vmi, vm) for policy stop
+        self.vmis_to_leave: List[Dict[str, Any]] = []  # VMIs that must leave the node (stop/evict)
+
+    def would_change(self) -> bool:
+        return bool(self.evict or self.wait or self.vm_stops or self.vmis_to_leave)
+
+
+def plan_drain(pods: Sequence[Dict[str, Any]], vmis: Sequence[Dict[str, Any]],
+               vms: Dict[Tuple[str, str], Optional[Dict[str, Any]]], opts: DrainOptions) -> DrainPlan:
+    """Classify every pod and VMI on the node. `vms` maps (namespace, name) of each VMI's
+    VirtualMachine (from its controller ownerReference) to the VM object, None if absent."""
+    plan = DrainPlan()
+    vmi_keys = set()
+    for vmi in vmis:
+        meta = vmi.get('metadata') or {}
+        key = (meta.get('namespace'), meta.get('name'))
+        vmi_keys.add(key)
+        entry = ref(vmi, 'VirtualMachineInstance')
+        if opts.vmi_policy == 'refuse':
+            entry['reason'] = ('VirtualMachineInstance on the node (vmi_policy=refuse: GPU passthrough VMs cannot '
+                               'live-migrate; use vmi_policy=stop or evict)')
+            plan.blocked.append(entry)
+        elif opts.vmi_policy == 'stop':
+            owner = controller_of(vmi)
+            vm = vms.get((meta.get('namespace'), owner.get('name'))) if owner and owner.get('kind') == 'VirtualMachine' else None
+            if vm is None:
+                entry['reason'] = 'VirtualMachineInstance without a VirtualMachine cannot be stopped and restarted (vmi_policy=stop)'
+                plan.blocked.append(entry)
+            else:
+                plan.vm_stops.append((vmi, vm))
+                plan.vmis_to_leave.append(vmi)
+        else:
+            plan.vmis_to_leave.append(vmi)
+    for pod in pods:
+        action, reason = classify_pod(pod, opts)
+        entry = ref(pod)
+        entry['reason'] = reason
+        if action == 'skip':
+            plan.skipped.append(entry)
+        elif action == 'block':
+            plan.blocked.append(entry)
+        elif action == 'wait':
+            plan.wait.append(pod)
+        elif action == 'vmi':
+            key = vmi_owner_of_pod(pod)
+            if key in vmi_keys:
+                if opts.vmi_policy == 'evict':
+                    plan.evict.append(pod)
+                # refuse: the VMI is blocked; stop: the launcher goes with its VMI.
+            else:
+                # a launcher whose VMI is gone: an ordinary controlled pod
+                plan.evict.append(pod)
+        else:
+            plan.evict.append(pod)
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Client interface
+# ---------------------------------------------------------------------------------------------
+class DrainClient:
+    """What the drain needs from Kubernetes. Errors are _k8s errors (NotFoundError, ...)."""
+
+    def get_node(self, name: str) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def update_node(self, name: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        raise NotImplementedError
+
+    def list_pods(self, node: str, label_selector: Optional[str] = None) -> List[Dict[str, Any]]:
+        raise NotImplementedError
+
+    def list_vmis(self, node: str) -> List[Dict[str, Any]]:
+        raise NotImplementedError
+
+    def get_vm(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
+        raise NotImplementedError
+
+    def patch_vm(self, namespace: str, name: str, patch: Dict[str, Any]) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def evict(self, pod: Dict[str, Any], grace_period: Optional[int]) -> None:
+        raise NotImplementedError
+
+    def delete_pod(self, pod: Dict[str, Any], grace_period: Optional[int]) -> None:
+        raise NotImplementedError
+
+    def pod_gone(self, pod: Dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def vmi_gone(self, vmi: Dict[str, Any], node: str) -> bool:
+        raise NotImplementedError
+
+
+def _delete_options(pod: Dict[str, Any], grace_period: Optional[int]) -> Dict[str, Any]:
+    opts: Dict[str, Any] = {'apiVersion': 'v1', 'kind': 'DeleteOptions',
+                            'preconditions': {'uid': (pod.get('metadata') or {}).get('uid')}}
+    if grace_period is not None:
+        opts['gracePeriodSeconds'] = int(grace_period)
+    return opts
+
+
+class KubeDrainClient(DrainClient):
+    """DrainClient over the Kubernetes API (K8sClient)."""
+
+    def __init__(self, k8s: K8sClient) -> None:
+        self.k8s = k8s
+
+    def get_node(self, name: str) -> Dict[str, Any]:
+        return self.k8s.get(path_for('v1', 'nodes', name))
+
+    def update_node(self, name, compute):
+        return self.k8s.update(path_for('v1', 'nodes', name), compute)
+
+    def list_pods(self, node, label_selector=None):
+        query: Dict[str, Any] = {'fieldSelector': 'spec.nodeName=%s' % node}
+        if label_selector:
+            query['labelSelector'] = label_selector
+        return self.k8s.list_all(path_for('v1', 'pods'), query)
+
+    def list_vmis(self, node):
+        return [v for v in self.k8s.list_optional(path_for(KUBEVIRT, 'virtualmachineinstances'))
+                if vmi_node(v) == node]
+
+    def get_vm(self, namespace, name):
+        return self.k8s.get_or_none(path_for(KUBEVIRT, 'virtualmachines', name, namespace))
+
+    def patch_vm(self, namespace, name, patch):
+        return self.k8s.patch(path_for(KUBEVIRT, 'virtualmachines', name, namespace), patch)
+
+    def evict(self, pod, grace_period):
+        meta = pod['metadata']
+        body = {'apiVersion': 'policy/v1', 'kind': 'Eviction',
+                'metadata': {'name': meta['name'], 'namespace': meta.get('namespace')},
+                'deleteOptions': _delete_options(pod, grace_period)}
+        self.k8s.post(path_for('v1', 'pods', meta['name'], meta.get('namespace'), 'eviction'), body)
+
+    def delete_pod(self, pod, grace_period):
+        meta = pod['metadata']
+        self.k8s.delete(path_for('v1', 'pods', meta['name'], meta.get('namespace')),
+                        _delete_options(pod, grace_period))
+
+    def pod_gone(self, pod):
+        meta = pod['metadata']
+        current = self.k8s.get_or_none(path_for('v1', 'pods', meta['name'], meta.get('namespace')))
+        return current is None or (current.get('metadata') or {}).get('uid') != meta.get('uid')
+
+    def vmi_gone(self, vmi, node):
+        meta = vmi['metadata']
+        current = self.k8s.get_or_none(path_for(KUBEVIRT, 'virtualmachineinstances', meta['name'],
+                                                meta.get('namespace')))
+        return (current is None or (current.get('metadata') or {}).get('uid') != meta.get('uid')
+                or vmi_node(current) != node)
+
+
+# ---------------------------------------------------------------------------------------------
+# The drain loop
+# ---------------------------------------------------------------------------------------------
+class _Item:
+    def __init__(self, obj: Dict[str, Any], kind: str, stage: str) -> None:
+        self.obj = obj
+        self.kind = kind          # 'Pod' | 'VirtualMachineInstance'
+        self.stage = stage        # 'evict' | 'wait' | 'done' | 'failed'
+        self.next_at = 0.0
+        self.attempts = 0
+        self.last_reason = ''
+
+
+class Drainer:
+    def __init__(self, client: DrainClient, opts: DrainOptions, check_mode: bool = False,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.client = client
+        self.opts = opts
+        self.check_mode = check_mode
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- node state --------------------------------------------------------------------------
+    def _update_node(self, name: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]],
+                     node: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], Dict[str, Any], bool]:
+        """(before, after, changed). In check mode nothing is written: the after is predicted from
+        `node` (a predicted state) or a fresh read."""
+        if self.check_mode:
+            current = node if node is not None else self.client.get_node(name)
+            after = apply_merge_patch(current, compute(current))
+        else:
+            current, after = self.client.update_node(name, compute)
+        return current, after, node_view(current) != node_view(after)
+
+    def cordon(self, name: str) -> Dict[str, Any]:
+        before, after, changed = self._update_node(name, cordon_patch)
+        return {'changed': changed, 'before': node_view(before), 'after': node_view(after), 'node_after': after,
+                'initially_unschedulable': initially_unschedulable(before), 'cordoned': not is_unschedulable(before)}
+
+    def uncordon(self, name: str, force: bool = False) -> Dict[str, Any]:
+        kept = {'value': False}
+
+        def compute(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+            patch, kept['value'] = uncordon_patch(node, force)
+            return patch
+
+        before, after, changed = self._update_node(name, compute)
+        return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
+                'initially_unschedulable': initially_unschedulable(before), 'kept_cordon': kept['value']}
+
+    # -- drain -------------------------------------------------------------------------------
+    def drain(self, name: str) -> Dict[str, Any]:
+        """Returns a result dict; `failed` True with `msg` when the drain did not complete."""
+        opts = self.opts
+        res: Dict[str, Any] = {'evicted': [], 'remaining': [], 'blocked': [], 'skipped': [], 'stopped_vms': [],
+                               'failed': False, 'msg': ''}
+        cordon = self.cordon(name)
+        res.update(initially_unschedulable=cordon['initially_unschedulable'], cordoned=cordon['cordoned'])
+        predicted = cordon['node_after'] if self.check_mode else None
+
+        pods = self.client.list_pods(name, opts.pod_selector)
+        vmis = self.client.list_vmis(name)
+        vms: Dict[Tuple[str, str], Optional[Dict[str, Any]]] = {}
+        if opts.vmi_policy == 'stop':
+            for vmi in vmis:
+                owner = controller_of(vmi)
+                if owner and owner.get('kind') == 'VirtualMachine':
+                    key = ((vmi.get('metadata') or {}).get('namespace'), owner.get('name'))
+                    vms[key] = self.client.get_vm(key[0], key[1])
+        plan = plan_drain(pods, vmis, vms, opts)
+        res['skipped'] = plan.skipped
+        res['blocked'] = plan.blocked
+        pending = [ref(p) for p in plan.evict + plan.wait] + [ref(v, 'VirtualMachineInstance') for v in plan.vmis_to_leave]
+
+        def finish(state: str, changed: bool) -> Dict[str, Any]:
+            _, after, ch = self._update_node(name, lambda n: state_patch(n, state), predicted)
+            res['changed'] = bool(cordon['changed'] or changed or ch)
+            res['diff'] = {'before': cordon['before'], 'after': node_view(after)}
+            res['state'] = state
+            return res
+
+        if plan.blocked:
+            res['remaining'] = [dict(p, reason='not evicted: the drain is blocked') for p in pending]
+            res['failed'] = True
+            res['msg'] = 'drain of node %s blocked before any eviction (the node stays cordoned): %s' % (
+                name, '; '.join('%s %s/%s: %s' % (b['kind'], b['namespace'], b['name'], b['reason'])
+                                for b in plan.blocked))
+            return finish('drain-failed', False)
+
+        if self.check_mode:
+            res['evicted'] = [ref(p) for p in plan.evict]
+            res['stopped_vms'] = [vm_stop_patch(vm)[1] for _, vm in plan.vm_stops]
+            return finish('drained', plan.would_change())
+
+        if not plan.would_change():
+            return finish('drained', False)
+
+        if not self._wait_for_jobs(name, res):
+            res['remaining'] = [dict(p, reason='not evicted: wait_for_jobs timed out') for p in pending]
+            return finish('drain-failed', True)
+
+        # Record the VMs before halting them, so a crash cannot lose which ones to restart.
+        records = [vm_stop_patch(vm)[1] for _, vm in plan.vm_stops]
+        self._update_node(name, lambda n: state_patch(n, 'draining', records if records else None))
+        items: List[_Item] = []
+        for vmi, vm in plan.vm_stops:
+            patch, record = vm_stop_patch(vm)
+            meta = vm.get('metadata') or {}
+            try:
+                if patch:
+                    self.client.patch_vm(meta.get('namespace'), meta.get('name'), patch)
+                res['stopped_vms'].append(record)
+            except K8sError as exc:
+                it = _Item(vmi, 'VirtualMachineInstance', 'failed')
+                it.last_reason = 'stopping VirtualMachine %s/%s failed: %s' % (meta.get('namespace'), meta.get('name'), exc)
+                items.append(it)
+        failed_vmis = {id(i.obj) for i in items}
+        items += [_Item(p, 'Pod', 'evict') for p in plan.evict]
+        items += [_Item(p, 'Pod', 'wait') for p in plan.wait]
+        items += [_Item(v, 'VirtualMachineInstance', 'wait') for v in plan.vmis_to_leave if id(v) not in failed_vmis]
+        self._run(name, items)
+
+        for it in items:
+            entry = ref(it.obj, it.kind)
+            if it.stage == 'done':
+                if it.kind == 'Pod' and it.attempts:
+                    res['evicted'].append(entry)
+                elif it.kind == 'VirtualMachineInstance' and opts.vmi_policy == 'evict':
+                    res['evicted'].append(entry)
+            else:
+                entry['reason'] = it.last_reason or 'still on the node at the deadline'
+                res['remaining'].append(entry)
+        if res['remaining']:
+            res['failed'] = True
+            res['msg'] = ('drain of node %s did not complete within the timeout of %gs; the node stays cordoned; '
+                          'remaining: %s' % (name, opts.timeout, '; '.join(
+                              '%s %s/%s: %s' % (r['kind'], r['namespace'], r['name'], r['reason'])
+                              for r in res['remaining'])))
+            return finish('drain-failed', True)
+        return finish('drained', True)
+
+    def _wait_for_jobs(self, name: str, res: Dict[str, Any]) -> bool:
+        wfj = self.opts.wait_for_jobs
+        if wfj is None:
+            return True
+        deadline = self.clock() + wfj.timeout
+        while True:
+            running = [p for p in self.client.list_pods(name, wfj.selector)
+                       if (p.get('status') or {}).get('phase') not in FINISHED]
+            if not running:
+                return True
+            if self.clock() >= deadline:
+                res['failed'] = True
+                res['waiting_for_jobs'] = [ref(p) for p in running]
+                res['msg'] = ('wait_for_jobs: %d pod(s) matching %r on node %s did not finish within %gs; nothing was '
+                              'evicted, the node stays cordoned: %s' % (
+                                  len(running), wfj.selector, name, wfj.timeout,
+                                  ', '.join('%s/%s' % (r['namespace'], r['name']) for r in res['waiting_for_jobs'])))
+                return False
+            self.sleep(max(0.0, min(self.opts.retry_interval, deadline - self.clock())))
+
+    def _attempt(self, it: _Item) -> Tuple[str, str]:
+        """One step for one item: ('done'|'wait'|'retry'|'failed', reason)."""
+        node_name = self._node
+        try:
+            if it.stage == 'evict':
+                it.attempts += 1
+                if self.opts.disable_eviction:
+                    self.client.delete_pod(it.obj, self.opts.grace_period)
+                else:
+                    self.client.evict(it.obj, self.opts.grace_period)
+                return 'wait', ''
+            if it.kind == 'Pod':
+                return ('done', '') if self.client.pod_gone(it.obj) else ('wait', 'terminating')
+            return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')
+        except NotFoundError:
+            return 'done', ''
+        except ConflictError:
+            # the UID precondition failed: the pod we classified is gone (a new one took its name)
+            return 'done', ''
+        except TooManyRequestsError as exc:
+            return 'retry', 'eviction refused by a PodDisruptionBudget (429): %s' % (exc.reason or exc.msg)
+        except K8sError as exc:
+            if exc.status is None or exc.status >= 500:
+                return 'retry', 'transient API error: %s' % exc.msg
+            return 'failed', str(exc)
+
+    def _run(self, name: str, items: List[_Item]) -> None:
+        self._node = name
+        opts = self.opts
+        deadline = self.clock() + opts.timeout
+        with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
+            while True:
+                now = self.clock()
+                due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
+                if due:
+                    for it, (outcome, reason) in zip(due, pool.map(self._attempt, due)):
+                        now = self.clock()
+                        if outcome == 'done':
+                            it.stage = 'done'
+                        elif outcome == 'failed':
+                            it.stage = 'failed'
+                            it.last_reason = reason
+                        elif outcome == 'retry':
+                            it.last_reason = reason
+                            it.next_at = now + opts.retry_interval
+                        else:  # accepted or still terminating: poll for the deletion
+                            if it.stage == 'evict':
+                                it.stage = 'wait'
+                                it.next_at = now  # kubectl polls at once, then every second
+                                it.last_reason = 'evicted, still terminating'
+                            else:
+                                it.last_reason = reason or it.last_reason
+                                it.next_at = now + opts.poll_interval
+                active = [it for it in items if it.stage in ('evict', 'wait')]
+                if not active:
+                    return
+                now = self.clock()
+                if now >= deadline:
+                    return
+                nxt = min(it.next_at for it in active)
+                if nxt > now:
+                    self.sleep(min(nxt, deadline) - now)

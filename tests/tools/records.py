@@ -1,0 +1,82 @@
+"""Sample GPUUpgradeQualification records and gate tuples (seed 004) for tests and the lab."""
+from __future__ import annotations
+
+import copy
+import datetime
+import typing as t
+
+import yaml
+
+# The record exactly as seed 004 prints it.
+SEED_TEXT = """\
+apiVersion: kube-dc.io/v1alpha1
+kind: GPUUpgradeQualification
+id: v100-kernel-canary-1
+state: qualified
+approvedBy: platform-review
+sourceRevision: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+hardware:
+  - 10de:1db6/10de:124a
+target:
+  kernel: 6.8.0-135-generic
+  rke2: v1.36.1+rke2r1
+  driver: 580.130.00
+  gpuOperator: v26.3.4
+  dcgmExporter: 4.4.1-4.6.0-ubuntu22.04
+canary:
+  completedAt: 2026-07-14T12:00:00Z
+  allocationPassed: true
+  monitoringPassed: true
+  rollbackPassed: true
+  evidence: change-record-42
+"""
+
+SEED_COMPLETED_AT = datetime.datetime(2026, 7, 14, 12, 0, 0, tzinfo=datetime.timezone.utc)
+# One day after the seed's canary: inside the default 720h window.
+NOW = SEED_COMPLETED_AT + datetime.timedelta(days=1)
+
+PCI_IDS = ['10de:1db6/10de:124a']
+
+# The seed's gate invocation (module-side snake_case keys).
+CURRENT = {
+    'kernel': '6.8.0-134-generic',
+    'rke2': 'v1.35.3+rke2r3',
+    'driver': '580.126.20',
+    'gpu_operator': 'v26.3.3',
+    'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04',
+}
+TARGET = {
+    'kernel': '6.8.0-135-generic',
+    'rke2': 'v1.36.1+rke2r1',
+    'driver': '580.130.00',
+    'gpu_operator': 'v26.3.4',
+    'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04',
+}
+
+SEED = yaml.safe_load(SEED_TEXT.replace('completedAt: 2026-07-14T12:00:00Z', "completedAt: '2026-07-14T12:00:00Z'"))
+
+
+def seed_dict(**top: t.Any) -> t.Dict[str, t.Any]:
+    """A deep copy of the seed record with top-level fields replaced."""
+    data = copy.deepcopy(SEED)
+    data.update(top)
+    return data
+
+
+def with_target(data: t.Dict[str, t.Any], **values: t.Any) -> t.Dict[str, t.Any]:
+    data['target'].update(values)
+    return data
+
+
+def with_canary(data: t.Dict[str, t.Any], **values: t.Any) -> t.Dict[str, t.Any]:
+    data['canary'].update(values)
+    return data
+
+
+def text(data: t.Any) -> str:
+    """Plain YAML for a record dict (no validation: tests build broken records with it)."""
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=4096)
+
+
+def timestamp(value: datetime.datetime) -> str:
+    return value.astimezone(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')

@@ -1,0 +1,461 @@
+"""Unit tests of the drain decisions and loop (plugins/module_utils/_drain.py), over an in-memory
+client and a fake clock."""
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
+    K8sError, NotFoundError, TooManyRequestsError)
+
+import k8s_scenario as S
+
+
+# -- node decisions ---------------------------------------------------------------------------
+def test_cordon_records_initial_state_once():
+    n = S.node('n')
+    patch = D.cordon_patch(n)
+    assert patch == {'spec': {'unschedulable': True},
+                     'metadata': {'annotations': {D.ANN_INITIAL: 'false', D.ANN_STATE: 'cordoned'}}}
+    after = D.apply_merge_patch(n, patch)
+    assert D.cordon_patch(after) is None
+    assert D.initially_unschedulable(after) is False
+
+
+def test_cordon_of_admin_cordoned_node_records_true_and_keeps_later_progress():
+    n = S.node('n', unschedulable=True)
+    assert D.cordon_patch(n) == {'metadata': {'annotations': {D.ANN_INITIAL: 'true', D.ANN_STATE: 'cordoned'}}}
+    drained = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'})
+    assert D.cordon_patch(drained) is None
+    assert D.cordon_patch(drained, 'draining') == {'metadata': {'annotations': {D.ANN_STATE: 'draining'}}}
+
+
+def test_uncordon_lifts_only_our_cordon():
+    ours = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'})
+    assert D.uncordon_patch(ours) == ({'spec': {'unschedulable': None},
+                                       'metadata': {'annotations': {D.ANN_INITIAL: None, D.ANN_STATE: None}}}, False)
+    admin = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'true', D.ANN_STATE: 'drained'})
+    patch, kept = D.uncordon_patch(admin)
+    assert kept is True and 'spec' not in patch
+    after = D.apply_merge_patch(admin, patch)
+    assert after['spec']['unschedulable'] is True
+    assert D.uncordon_patch(after) == (None, True)          # idempotent, still kept
+    assert D.uncordon_patch(after, force=True) == ({'spec': {'unschedulable': None}}, False)
+
+
+def test_uncordon_of_a_node_cordoned_by_someone_else_without_record_keeps_it():
+    assert D.uncordon_patch(S.node('n', unschedulable=True)) == (None, True)
+    assert D.uncordon_patch(S.node('n')) == (None, False)
+
+
+def test_stopped_vms_annotation_merges_and_keeps_first_record():
+    first = D.merge_stopped_vms(None, [{'namespace': 'b', 'name': 'x', 'runStrategy': 'Always'}])
+    second = D.merge_stopped_vms(first, [{'namespace': 'b', 'name': 'x', 'runStrategy': 'Halted'},
+                                         {'namespace': 'a', 'name': 'y', 'running': True}])
+    assert json.loads(second) == [{'namespace': 'a', 'name': 'y', 'running': True},
+                                  {'namespace': 'b', 'name': 'x', 'runStrategy': 'Always'}]
+
+
+@pytest.mark.parametrize('vm,patch,record', [
+    (S.vm('v'), {'spec': {'runStrategy': 'Halted'}}, {'namespace': 'vms', 'name': 'v', 'runStrategy': 'Always'}),
+    (S.vm('v', run_strategy=None), {'spec': {'running': False}}, {'namespace': 'vms', 'name': 'v', 'running': True}),
+    (S.vm('v', run_strategy='Halted'), None, {'namespace': 'vms', 'name': 'v', 'runStrategy': 'Halted'}),
+])
+def test_vm_stop_patch(vm, patch, record):
+    assert D.vm_stop_patch(vm) == (patch, record)
+
+
+# -- pod decisions ----------------------------------------------------------------------------
+OPTS = D.DrainOptions()
+
+
+@pytest.mark.parametrize('pod,opts,expected', [
+    (S.pod('m', owner_ref=S.owner('Node', 'n'), annotations={'kubernetes.io/config.mirror': 'x'}), OPTS,
+     ('skip', 'mirror pod')),
+    (S.pod('ds', owner_ref=S.owner('DaemonSet', 'd')), OPTS, ('skip', 'DaemonSet-managed pod')),
+    (S.pod('ds', owner_ref=S.owner('DaemonSet', 'd')), D.DrainOptions(ignore_daemonsets=False),
+     ('block', 'DaemonSet-managed pod (set ignore_daemonsets)')),
+    (S.pod('rs', owner_ref=S.owner('ReplicaSet', 'r')), OPTS, ('evict', 'managed by ReplicaSet/r')),
+    (S.pod('ed', owner_ref=S.owner('ReplicaSet', 'r'), volumes=S.EMPTY_DIR), OPTS,
+     ('block', 'uses local storage (emptyDir; set delete_local_data)')),
+    (S.pod('ed', owner_ref=S.owner('ReplicaSet', 'r'), volumes=S.EMPTY_DIR), D.DrainOptions(delete_local_data=True),
+     ('evict', 'managed by ReplicaSet/r')),
+    (S.pod('hp', owner_ref=S.owner('ReplicaSet', 'r'), volumes=S.HOST_PATH), OPTS, ('evict', 'managed by ReplicaSet/r')),
+    (S.pod('bare'), OPTS, ('block', 'not managed by a controller (set force)')),
+    (S.pod('bare', volumes=S.EMPTY_DIR), OPTS,
+     ('block', 'uses local storage (emptyDir; set delete_local_data); not managed by a controller (set force)')),
+    (S.pod('bare', volumes=S.EMPTY_DIR), D.DrainOptions(delete_local_data=True),
+     ('block', 'not managed by a controller (set force)')),
+    (S.pod('bare'), D.DrainOptions(force=True), ('evict', 'managed by no controller (force)')),
+    (S.pod('done', phase='Succeeded', volumes=S.EMPTY_DIR), OPTS, ('evict', 'finished pod')),
+    (S.launcher_pod('v'), OPTS, ('vmi', 'virt-launcher pod of a VirtualMachineInstance')),
+])
+def test_classify_pod(pod, opts, expected):
+    assert D.classify_pod(pod, opts) == expected
+
+
+def test_terminating_pod_is_only_waited_for():
+    p = S.pod('t', owner_ref=S.owner('ReplicaSet', 'r'))
+    p['metadata']['deletionTimestamp'] = '2026-01-01T00:00:00Z'
+    assert D.classify_pod(p, OPTS) == ('wait', 'already terminating')
+
+
+def _scenario_node_objects():
+    objs = S.scenario()
+    pods = [o for o in objs if o['kind'] == 'Pod' and o['spec']['nodeName'] == S.NODE]
+    vmis = [o for o in objs if o['kind'] == 'VirtualMachineInstance']
+    vms = {('vms', 'vm-gpu'): [o for o in objs if o['kind'] == 'VirtualMachine'][0]}
+    return pods, vmis, vms
+
+
+def test_plan_blocks_on_local_data_bare_pod_and_vmi_by_default():
+    pods, vmis, vms = _scenario_node_objects()
+    plan = D.plan_drain(pods, vmis, vms, D.DrainOptions())
+    assert sorted((b['kind'], b['name']) for b in plan.blocked) == [
+        ('Pod', 'bare-debug'), ('Pod', 'cache-gpu'), ('VirtualMachineInstance', 'vm-gpu')]
+    assert sorted(s['name'] for s in plan.skipped) == ['dcgm-exporter-abcde', 'kube-proxy-gpu-1']
+
+
+def test_plan_with_everything_allowed_and_stop_policy():
+    pods, vmis, vms = _scenario_node_objects()
+    plan = D.plan_drain(pods, vmis, vms, D.DrainOptions(force=True, delete_local_data=True, vmi_policy='stop'))
+    assert plan.blocked == []
+    assert sorted(p['metadata']['name'] for p in plan.evict) == [
+        'bare-debug', 'cache-gpu', 'dra-pod', 'infer-mig', 'rt-only-0', 'train-gpu', 'web-1']
+    assert [(vmi['metadata']['name'], vm['metadata']['name']) for vmi, vm in plan.vm_stops] == [('vm-gpu', 'vm-gpu')]
+
+
+def test_plan_evict_policy_evicts_the_launcher_pod():
+    pods, vmis, vms = _scenario_node_objects()
+    plan = D.plan_drain(pods, vmis, vms, D.DrainOptions(force=True, delete_local_data=True, vmi_policy='evict'))
+    assert 'virt-launcher-vm-gpu-x7k2p' in [p['metadata']['name'] for p in plan.evict]
+    assert [v['metadata']['name'] for v in plan.vmis_to_leave] == ['vm-gpu']
+
+
+def test_plan_stop_refuses_vmi_without_vm():
+    plan = D.plan_drain([], [S.vmi('lonely', vm_owner=False)], {}, D.DrainOptions(vmi_policy='stop'))
+    assert [(b['name'], b['reason']) for b in plan.blocked] == [
+        ('lonely', 'VirtualMachineInstance without a VirtualMachine cannot be stopped and restarted (vmi_policy=stop)')]
+
+
+@pytest.mark.parametrize('params,err', [
+    ({'timeout': 0}, 'timeout must be > 0, got 0'),
+    ({'grace_period': -1}, 'grace_period must be >= 0, got -1'),
+    ({'vmi_policy': 'migrate'}, "vmi_policy must be one of refuse, stop, evict, got 'migrate'"),
+    ({'wait_for_jobs': {'selector': ' ', 'timeout': 10}}, "wait_for_jobs.selector must be a non-empty label selector, got ' '"),
+    ({'wait_for_jobs': {'selector': 'a=b', 'timeout': None}}, 'wait_for_jobs.timeout must be set'),
+    ({'parallel': 0}, 'parallel must be > 0, got 0'),
+    ({'retry_interval': 0.01}, 'retry_interval must be >= 0.1 seconds, got 0.01'),
+])
+def test_options_errors_name_field_and_value(params, err):
+    with pytest.raises(D.DrainError) as exc:
+        D.options_from_params(params)
+    assert str(exc.value) == err
+
+
+# -- the loop over an in-memory client --------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+        self.lock = threading.Lock()
+
+    def now(self):
+        return self.t
+
+    def sleep(self, s):
+        assert s >= 0
+        with self.lock:
+            self.t += max(s, 0.001)
+
+
+class FakeClient(D.DrainClient):
+    """An in-memory cluster: pods vanish when evicted; `pdb_until[name]` answers 429 until then."""
+
+    def __init__(self, clock, objs, pdb_until=None, errors=None):
+        self.clock = clock
+        self.nodes = {o['metadata']['name']: o for o in objs if o['kind'] == 'Node'}
+        self.pods = {}
+        for i, o in enumerate(o for o in objs if o['kind'] == 'Pod'):
+            o['metadata'].setdefault('uid', 'uid-%d' % i)
+            self.pods[(o['metadata']['namespace'], o['metadata']['name'])] = o
+        self.vmis = [o for o in objs if o['kind'] == 'VirtualMachineInstance']
+        for i, v in enumerate(self.vmis):
+            v['metadata'].setdefault('uid', 'vmi-%d' % i)
+        self.vms = {(o['metadata']['namespace'], o['metadata']['name']): o for o in objs if o['kind'] == 'VirtualMachine'}
+        self.pdb_until = pdb_until or {}
+        self.errors = errors or {}   # name -> list of exceptions raised by evict, in turn
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def log(self, *call):
+        with self.lock:
+            self.calls.append(call)
+
+    def get_node(self, name):
+        self.log('get_node', name)
+        if name not in self.nodes:
+            raise NotFoundError('GET node: HTTP 404', status=404)
+        return copy.deepcopy(self.nodes[name])
+
+    def update_node(self, name, compute):
+        before = self.get_node(name)
+        patch = compute(copy.deepcopy(before))
+        if not patch:
+            return before, before
+        self.log('patch_node', name, json.dumps(patch, sort_keys=True))
+        self.nodes[name] = D.apply_merge_patch(before, patch)
+        return before, copy.deepcopy(self.nodes[name])
+
+    def list_pods(self, node, label_selector=None):
+        self.log('list_pods', node, label_selector)
+        out = []
+        for p in self.pods.values():
+            if p['spec']['nodeName'] != node:
+                continue
+            if label_selector:
+                k, v = label_selector.split('=')
+                if p['metadata']['labels'].get(k) != v:
+                    continue
+            out.append(copy.deepcopy(p))
+        return out
+
+    def list_vmis(self, node):
+        return [copy.deepcopy(v) for v in self.vmis if v['status']['nodeName'] == node]
+
+    def get_vm(self, namespace, name):
+        return copy.deepcopy(self.vms.get((namespace, name)))
+
+    def patch_vm(self, namespace, name, patch):
+        self.log('patch_vm', namespace, name, json.dumps(patch, sort_keys=True))
+        vm = self.vms[(namespace, name)]
+        vm.update(D.apply_merge_patch(vm, patch))
+        # the KubeVirt controller: a halted VM's VMI and launcher go away
+        self.vmis = [v for v in self.vmis if v['metadata']['name'] != name]
+        self.pods = {k: p for k, p in self.pods.items() if D.vmi_owner_of_pod(p) != (namespace, name)}
+        return vm
+
+    def evict(self, pod, grace_period):
+        name = pod['metadata']['name']
+        self.log('evict', name)
+        errs = self.errors.get(name)
+        if errs:
+            raise errs.pop(0)
+        if self.clock.now() < self.pdb_until.get(name, 0):
+            raise TooManyRequestsError('POST eviction: HTTP 429', status=429, reason='Cannot evict pod as it would '
+                                       'violate the pod\'s disruption budget.')
+        key = (pod['metadata']['namespace'], name)
+        if key not in self.pods:
+            raise NotFoundError('404', status=404)
+        del self.pods[key]
+
+    def delete_pod(self, pod, grace_period):
+        self.log('delete', pod['metadata']['name'])
+        self.pods.pop((pod['metadata']['namespace'], pod['metadata']['name']), None)
+
+    def pod_gone(self, pod):
+        cur = self.pods.get((pod['metadata']['namespace'], pod['metadata']['name']))
+        return cur is None or cur['metadata']['uid'] != pod['metadata']['uid']
+
+    def vmi_gone(self, vmi, node):
+        return not any(v['metadata']['name'] == vmi['metadata']['name'] for v in self.vmis)
+
+    def mutations(self):
+        return [c for c in self.calls if c[0] in ('patch_node', 'evict', 'delete', 'patch_vm')]
+
+
+def _simple(extra=()):
+    objs = [S.node('n1'), S.node('n2'),
+            S.pod('a', node_name='n1', owner_ref=S.owner('ReplicaSet', 'r')),
+            S.pod('b', node_name='n1', owner_ref=S.owner('ReplicaSet', 'r')),
+            S.pod('ds', node_name='n1', owner_ref=S.owner('DaemonSet', 'd')),
+            S.pod('elsewhere', node_name='n2', owner_ref=S.owner('ReplicaSet', 'r'))]
+    return objs + list(extra)
+
+
+def _drainer(client, clock, check_mode=False, **kw):
+    kw.setdefault('retry_interval', 5.0)
+    return D.Drainer(client, D.DrainOptions(**kw), check_mode=check_mode, clock=clock.now, sleep=clock.sleep)
+
+
+def test_drain_evicts_skips_daemonsets_and_records_state():
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert sorted(e['name'] for e in res['evicted']) == ['a', 'b']
+    assert [s['name'] for s in res['skipped']] == ['ds']
+    assert res['changed'] is True and res['initially_unschedulable'] is False
+    assert c.nodes['n1']['spec']['unschedulable'] is True
+    assert c.nodes['n1']['metadata']['annotations'] == {D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'}
+    assert ('default', 'elsewhere') not in c.pods and ('ml', 'elsewhere') in c.pods
+    assert res['diff'] == {'before': {'unschedulable': False, 'annotations': {}},
+                           'after': {'unschedulable': True,
+                                     'annotations': {D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'}}}
+    again = _drainer(c, clock).drain('n1')
+    assert again['changed'] is False and again['evicted'] == [] and not again['failed']
+
+
+def test_drain_retries_429_until_the_budget_allows():
+    clock = Clock()
+    c = FakeClient(clock, _simple(), pdb_until={'a': 1012.0})
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert sorted(e['name'] for e in res['evicted']) == ['a', 'b']
+    tries = [call for call in c.calls if call == ('evict', 'a')]
+    assert len(tries) == 4          # t=1000, 1005, 1010 refused; 1015 accepted
+    assert clock.now() < 1000 + 300
+
+
+def test_drain_fails_at_the_deadline_node_stays_cordoned():
+    clock = Clock()
+    c = FakeClient(clock, _simple(), pdb_until={'a': 10 ** 9})
+    res = _drainer(c, clock, timeout=30).drain('n1')
+    assert res['failed'] is True
+    assert [(r['name'], r['reason'].split(':')[0]) for r in res['remaining']] == [
+        ('a', 'eviction refused by a PodDisruptionBudget (429)')]
+    assert [e['name'] for e in res['evicted']] == ['b']
+    assert 'did not complete within the timeout of 30s' in res['msg']
+    assert c.nodes['n1']['spec']['unschedulable'] is True
+    assert c.nodes['n1']['metadata']['annotations'][D.ANN_STATE] == 'drain-failed'
+    assert 1030 <= clock.now() <= 1036
+
+
+def test_blocked_drain_evicts_nothing_and_lists_blockers():
+    clock = Clock()
+    objs = S.scenario()
+    c = FakeClient(clock, objs)
+    res = _drainer(c, clock).drain(S.NODE)
+    assert res['failed'] is True
+    assert [m for m in c.mutations() if m[0] != 'patch_node'] == []
+    assert sorted(b['name'] for b in res['blocked']) == ['bare-debug', 'cache-gpu', 'vm-gpu']
+    assert res['msg'].startswith('drain of node gpu-1 blocked before any eviction (the node stays cordoned): ')
+    assert 'Pod ml/bare-debug: not managed by a controller (set force)' in res['msg']
+    assert c.nodes[S.NODE]['spec']['unschedulable'] is True
+
+
+def test_stop_policy_records_vms_before_halting_them():
+    clock = Clock()
+    c = FakeClient(clock, S.scenario())
+    res = _drainer(c, clock, force=True, delete_local_data=True, vmi_policy='stop').drain(S.NODE)
+    assert not res['failed'], res['msg']
+    assert res['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
+    muts = c.mutations()
+    record_at = next(i for i, m in enumerate(muts) if m[0] == 'patch_node' and D.ANN_STOPPED_VMS in m[2])
+    halt_at = next(i for i, m in enumerate(muts) if m[0] == 'patch_vm')
+    assert record_at < halt_at
+    assert json.loads(c.nodes[S.NODE]['metadata']['annotations'][D.ANN_STOPPED_VMS]) == res['stopped_vms']
+    assert c.vms[('vms', 'vm-gpu')]['spec']['runStrategy'] == 'Halted'
+    assert ('ml', 'other-gpu') in c.pods
+
+
+def test_evict_policy_fails_when_the_vmi_stays():
+    clock = Clock()
+    c = FakeClient(clock, S.scenario())
+    res = _drainer(c, clock, force=True, delete_local_data=True, vmi_policy='evict', timeout=20).drain(S.NODE)
+    assert res['failed'] is True
+    assert [(r['kind'], r['name'], r['reason']) for r in res['remaining']] == [
+        ('VirtualMachineInstance', 'vm-gpu', 'VMI still on the node')]
+    assert ('vms', 'virt-launcher-vm-gpu-x7k2p') not in c.pods
+
+
+def test_wait_for_jobs_times_out_and_evicts_nothing():
+    clock = Clock()
+    job = S.pod('ckpt', node_name='n1', owner_ref=S.owner('Job', 'ckpt'), labels={'role': 'checkpoint'})
+    c = FakeClient(clock, _simple([job]))
+    res = _drainer(c, clock, wait_for_jobs=D.WaitForJobs('role=checkpoint', 60)).drain('n1')
+    assert res['failed'] is True
+    assert res['msg'].startswith("wait_for_jobs: 1 pod(s) matching 'role=checkpoint' on node n1 did not finish "
+                                 'within 60s; nothing was evicted')
+    assert [m for m in c.mutations() if m[0] == 'evict'] == []
+    assert {r['name'] for r in res['remaining']} == {'a', 'b', 'ckpt'}
+
+
+def test_wait_for_jobs_proceeds_once_the_jobs_finish():
+    clock = Clock()
+    job = S.pod('ckpt', node_name='n1', owner_ref=S.owner('Job', 'ckpt'), labels={'role': 'checkpoint'})
+    c = FakeClient(clock, _simple([job]))
+    orig = c.list_pods
+
+    def list_pods(node, sel=None):
+        if clock.now() > 1020:
+            c.pods[('ml', 'ckpt')]['status']['phase'] = 'Succeeded'
+        return orig(node, sel)
+    c.list_pods = list_pods
+    res = _drainer(c, clock, wait_for_jobs=D.WaitForJobs('role=checkpoint', 60)).drain('n1')
+    assert not res['failed'], res['msg']
+    assert sorted(e['name'] for e in res['evicted']) == ['a', 'b', 'ckpt']
+
+
+def test_transient_errors_are_retried_other_errors_fail_the_pod():
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={
+        'a': [K8sError('POST eviction: HTTP 503', status=503), K8sError('timeout', status=None)],
+        'b': [K8sError('POST eviction: HTTP 403 forbidden', status=403)]})
+    res = _drainer(c, clock, timeout=60).drain('n1')
+    assert [e['name'] for e in res['evicted']] == ['a']
+    assert [(r['name'], r['reason']) for r in res['remaining']] == [('b', 'POST eviction: HTTP 403 forbidden')]
+    assert res['failed'] is True
+
+
+def test_recreated_pod_with_same_name_is_not_the_old_one():
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+    orig = c.evict
+
+    def evict(pod, grace):
+        orig(pod, grace)
+        if pod['metadata']['name'] == 'a':   # a controller recreates it at once, new UID
+            new = S.pod('a', node_name='n1', owner_ref=S.owner('ReplicaSet', 'r'), uid='new-uid')
+            c.pods[('ml', 'a')] = new
+    c.evict = evict
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'] and sorted(e['name'] for e in res['evicted']) == ['a', 'b']
+
+
+def test_check_mode_changes_nothing_and_predicts():
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+    before = copy.deepcopy(c.nodes)
+    res = _drainer(c, clock, check_mode=True).drain('n1')
+    assert c.mutations() == [] and c.nodes == before
+    assert res['changed'] is True and sorted(e['name'] for e in res['evicted']) == ['a', 'b']
+    assert res['diff']['after'] == {'unschedulable': True,
+                                    'annotations': {D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'}}
+
+
+def test_disable_eviction_deletes():
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+    res = _drainer(c, clock, disable_eviction=True).drain('n1')
+    assert sorted(m[1] for m in c.mutations() if m[0] == 'delete') == ['a', 'b']
+    assert not res['failed']
+
+
+def test_parallel_bound_is_respected():
+    clock = Clock()
+    objs = [S.node('n1')] + [S.pod('p%02d' % i, node_name='n1', owner_ref=S.owner('ReplicaSet', 'r'))
+                             for i in range(30)]
+    c = FakeClient(clock, objs)
+    active = {'now': 0, 'max': 0}
+    lock = threading.Lock()
+    orig = c.evict
+
+    def evict(pod, grace):
+        with lock:
+            active['now'] += 1
+            active['max'] = max(active['max'], active['now'])
+        import time
+        time.sleep(0.01)
+        try:
+            orig(pod, grace)
+        finally:
+            with lock:
+                active['now'] -= 1
+    c.evict = evict
+    res = _drainer(c, clock, parallel=4).drain('n1')
+    assert len(res['evicted']) == 30
+    assert 1 < active['max'] <= 4

@@ -1,0 +1,211 @@
+"""Unit tests of the Kubernetes client layer (plugins/module_utils/_k8s.py) against a tiny
+scripted HTTP server on loopback (one function under test: the retry policy and errors)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K
+
+
+class Scripted:
+    """Answers from a script: {(method, path): [(status, body, delay), ...]} consumed in turn;
+    the last answer repeats."""
+
+    def __init__(self):
+        self.script = {}
+        self.log = []
+        handler = self._handler()
+        self.httpd = ThreadingHTTPServer(('127.0.0.1', 0), handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = 'http://127.0.0.1:%d' % self.httpd.server_address[1]
+
+    def _handler(self):
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _do(self):
+                length = int(self.headers.get('Content-Length') or 0)
+                body = self.rfile.read(length) if length else b''
+                path = self.path.split('?')[0]
+                outer.log.append((self.command, self.path, body.decode(), self.headers))
+                answers = outer.script.get((self.command, path)) or [(404, {'message': 'not found'}, 0)]
+                status, data, delay = answers.pop(0) if len(answers) > 1 else answers[0]
+                if delay:
+                    time.sleep(delay)
+                raw = json.dumps(data).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header('Content-Type', 'application/json')
+                    self.send_header('Content-Length', str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _do
+        return H
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = Scripted()
+    yield s
+    s.close()
+
+
+def client(server, **kw):
+    api = K.get_api_client({'host': server.url, 'api_key': 'sekret', 'request_timeout': kw.pop('timeout', 2)})
+    kw.setdefault('sleep', lambda s: None)
+    return K.K8sClient(api, request_timeout=kw.pop('request_timeout', 2), **kw)
+
+
+NODE = {'kind': 'Node', 'metadata': {'name': 'n', 'resourceVersion': '7'}, 'spec': {}}
+
+
+def test_get_sends_bearer_token_and_decodes(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    assert client(server).get('/api/v1/nodes/n') == NODE
+    assert server.log[0][3].get('Authorization') == 'Bearer sekret'
+
+
+@pytest.mark.parametrize('status', [500, 503])
+def test_get_is_retried_on_5xx(server, status):
+    server.script[('GET', '/api/v1/nodes/n')] = [(status, {'message': 'boom'}, 0), (status, {}, 0), (200, NODE, 0)]
+    c = client(server)
+    assert c.get('/api/v1/nodes/n') == NODE
+    assert len(server.log) == 3 and c.retries_made == 2
+
+
+def test_get_gives_up_after_bounded_attempts(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(503, {'message': 'etcd leader changed'}, 0)]
+    with pytest.raises(K.K8sError) as exc:
+        client(server, get_attempts=3).get('/api/v1/nodes/n')
+    assert str(exc.value) == 'GET /api/v1/nodes/n: HTTP 503 etcd leader changed (gave up after 3 attempts)'
+    assert len(server.log) == 3
+
+
+def test_slow_answer_beyond_the_timeout_is_retried_then_fails_clearly(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 1.5)]
+    with pytest.raises(K.K8sError) as exc:
+        client(server, request_timeout=0.3, get_attempts=2).get('/api/v1/nodes/n')
+    assert str(exc.value) == ('GET /api/v1/nodes/n: no answer within the request timeout of 0.3s '
+                              '(gave up after 2 attempts)')
+
+
+def test_slow_then_fast_succeeds(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 1.0), (200, NODE, 0)]
+    assert client(server, request_timeout=0.3).get('/api/v1/nodes/n') == NODE
+
+
+def test_404_is_not_retried(server):
+    with pytest.raises(K.NotFoundError):
+        client(server).get('/api/v1/nodes/missing')
+    assert len(server.log) == 1
+
+
+def test_writes_are_never_retried_blindly(server):
+    server.script[('POST', '/api/v1/namespaces/a/pods/p/eviction')] = [(500, {'message': 'internal'}, 0)]
+    with pytest.raises(K.K8sError) as exc:
+        client(server).post('/api/v1/namespaces/a/pods/p/eviction', {'kind': 'Eviction'})
+    assert exc.value.status == 500
+    assert len(server.log) == 1
+
+
+def test_update_reapplies_on_conflict_from_a_fresh_read(server):
+    fresh = dict(NODE, metadata={'name': 'n', 'resourceVersion': '8'})
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0), (200, fresh, 0)]
+    server.script[('PATCH', '/api/v1/nodes/n')] = [(409, {'message': 'the object has been modified'}, 0),
+                                                   (200, dict(fresh, spec={'unschedulable': True}), 0)]
+    c = client(server)
+    before, after = c.update('/api/v1/nodes/n', lambda n: {'spec': {'unschedulable': True}})
+    assert before['metadata']['resourceVersion'] == '8' and after['spec'] == {'unschedulable': True}
+    patches = [json.loads(b) for m, _, b, _ in server.log if m == 'PATCH']
+    assert [p['metadata']['resourceVersion'] for p in patches] == ['7', '8']
+    assert [h.get('Content-Type') for m, _, _, h in server.log if m == 'PATCH'] == ['application/merge-patch+json'] * 2
+
+
+def test_update_gives_up_on_a_persistent_conflict(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    server.script[('PATCH', '/api/v1/nodes/n')] = [(409, {'message': 'conflict'}, 0)]
+    with pytest.raises(K.ConflictError) as exc:
+        client(server, update_attempts=3).update('/api/v1/nodes/n', lambda n: {'spec': {'unschedulable': True}})
+    assert 'kept changing (409 Conflict on 3 attempts); nothing was changed by this call' in str(exc.value)
+
+
+def test_update_without_change_writes_nothing(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    before, after = client(server).update('/api/v1/nodes/n', lambda n: None)
+    assert before is after and [m for m, *_ in server.log] == ['GET']
+
+
+def test_list_pages_follows_continue(server):
+    server.script[('GET', '/api/v1/pods')] = [
+        (200, {'items': [{'n': 1}], 'metadata': {'continue': 'tok'}}, 0),
+        (200, {'items': [{'n': 2}], 'metadata': {}}, 0)]
+    assert client(server).list_all('/api/v1/pods', {'fieldSelector': 'spec.nodeName=x'}, limit=1) == [{'n': 1}, {'n': 2}]
+    assert [p for _, p, _, _ in server.log] == [
+        '/api/v1/pods?fieldSelector=spec.nodeName%3Dx&limit=1',
+        '/api/v1/pods?fieldSelector=spec.nodeName%3Dx&limit=1&continue=tok']
+
+
+def test_unreachable_server_is_a_clear_error():
+    api = K.get_api_client({'host': 'http://127.0.0.1:9'})
+    with pytest.raises(K.K8sError) as exc:
+        K.K8sClient(api, get_attempts=1).get('/api/v1/nodes')
+    assert str(exc.value).startswith('GET /api/v1/nodes: cannot reach the Kubernetes API at http://127.0.0.1:9')
+
+
+def test_missing_kubeconfig_is_named(tmp_path):
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': str(tmp_path / 'nope')})
+    assert str(exc.value) == "kubeconfig '%s' does not exist" % (tmp_path / 'nope')
+
+
+def test_kubeconfig_context_and_impersonation(tmp_path):
+    cfg = {'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'a',
+           'clusters': [{'name': 'a', 'cluster': {'server': 'http://127.0.0.1:1'}},
+                        {'name': 'b', 'cluster': {'server': 'http://127.0.0.1:2'}}],
+           'users': [{'name': 'u', 'user': {'token': 't0k'}}],
+           'contexts': [{'name': 'a', 'context': {'cluster': 'a', 'user': 'u'}},
+                        {'name': 'b', 'context': {'cluster': 'b', 'user': 'u'}}]}
+    path = tmp_path / 'kubeconfig'
+    path.write_text(json.dumps(cfg))
+    api = K.get_api_client({'kubeconfig': str(path), 'context': 'b', 'impersonate_user': 'bob',
+                            'impersonate_groups': ['g1', 'g2']})
+    assert api.configuration.host == 'http://127.0.0.1:2'
+    assert api.default_headers['Impersonate-User'] == 'bob'
+    assert K.K8sClient(api)._headers(None)['authorization'] == 'Bearer t0k'
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': str(path), 'context': 'zzz'})
+    assert "cannot load the Kubernetes configuration (kubeconfig='%s', context='zzz')" % path in str(exc.value)
+
+
+def test_request_timeout_must_be_positive(server):
+    with pytest.raises(K.K8sError) as exc:
+        K.K8sClient(K.get_api_client({'host': server.url}), request_timeout=0)
+    assert str(exc.value) == 'request_timeout must be a positive number of seconds, got 0'
+
+
+def test_auth_spec_is_copied():
+    spec = K.auth_argument_spec()
+    spec['kubeconfig']['type'] = 'str'
+    assert K.AUTH_ARG_SPEC['kubeconfig']['type'] == 'raw'
+    assert K.AUTH_ARG_SPEC['api_key']['no_log'] is True and K.AUTH_ARG_SPEC['password']['no_log'] is True
+
+
+def test_path_for():
+    assert K.path_for('v1', 'pods', 'p', 'ns', 'eviction') == '/api/v1/namespaces/ns/pods/p/eviction'
+    assert K.path_for('kubevirt.io/v1', 'virtualmachineinstances') == '/apis/kubevirt.io/v1/virtualmachineinstances'
