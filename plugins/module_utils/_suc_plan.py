@@ -12,8 +12,9 @@ matches exactly one hostname, and a fixed ``version`` (which disables channel po
 Plan that selects a group of nodes, and exclusive Plans never run their Jobs side by side, so the
 System Upgrade Controller cannot upgrade two nodes in parallel.
 
-Refuses an RKE2 downgrade and a Kubernetes-minor skip for every node, whatever else claims it
-passed (seed 004), and an agent newer than the control plane (Kubernetes version-skew policy).
+Refuses an RKE2 downgrade and a Kubernetes-minor skip for every node (the rules of ``_rke2``),
+whatever else claims it passed (seed 004), and an agent newer than the control plane (Kubernetes
+version-skew policy).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
 
 PLAN_API_VERSION = 'upgrade.cattle.io/v1'
 PLAN_KIND = 'Plan'
@@ -36,7 +40,6 @@ ROLES = ('server', 'agent')
 # Plan names become label keys (plan.upgrade.cattle.io/<name>) on the nodes: at most 63 characters.
 MAX_NAME = 63
 
-_RKE2_RE = re.compile(r'^v(\d+)\.(\d+)\.(\d+)\+rke2r(\d+)$')
 _DNS_LABEL_RE = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
 
 
@@ -48,45 +51,25 @@ class SucPlanError(Exception):
         super().__init__('; '.join(self.problems))
 
 
-@dataclass(frozen=True)
-class Rke2Version:
-    """``v1.MINOR.PATCH+rke2rREV``, ordered by (major, minor, patch, rev)."""
-
-    major: int
-    minor: int
-    patch: int
-    rev: int
-
-    @property
-    def key(self) -> Tuple[int, int, int, int]:
-        return (self.major, self.minor, self.patch, self.rev)
-
-    def __str__(self) -> str:
-        return 'v%d.%d.%d+rke2r%d' % self.key
-
-
 def parse_rke2_version(value: Any, field_name: str = 'version') -> Rke2Version:
-    """Parse an RKE2 release tag; raise ``SucPlanError`` naming the field and the value."""
-    m = _RKE2_RE.match(value.strip()) if isinstance(value, str) else None
-    if m is None:
-        raise SucPlanError(['%s: %r is not an RKE2 version of the form v1.MINOR.PATCH+rke2rREV '
-                            '(e.g. v1.36.1+rke2r1)' % (field_name, value)])
-    return Rke2Version(*(int(g) for g in m.groups()))
+    """Parse an RKE2 release tag (``_rke2.parse``); raise ``SucPlanError`` naming the field and the value."""
+    try:
+        return _rke2.parse(value)
+    except ValueError as exc:
+        raise SucPlanError(['%s: %s' % (field_name, exc)])
 
 
 def check_hop(current: Rke2Version, target: Rke2Version, what: str) -> Optional[str]:
-    """The refusal for one node's current → target hop, or None when the hop is allowed."""
-    if target.major != current.major:
-        return ('%s: %s → %s changes the major version; RKE2 hops are one Kubernetes minor at a time'
-                % (what, current, target))
-    if target.key < current.key:
-        return ('%s: %s → %s is an RKE2 downgrade; RKE2 is never downgraded (restore through the '
-                'platform recovery procedure instead)' % (what, current, target))
-    if target.minor > current.minor + 1:
-        return ('%s: %s → %s skips Kubernetes minor version(s) %s; upgrade one minor at a time'
-                % (what, current, target,
-                   ', '.join('1.%d' % m for m in range(current.minor + 1, target.minor))))
-    return None
+    """The refusal for one node's current → target hop (``_rke2.transition_problems``), or None."""
+    problems = _rke2.transition_problems(current, target)
+    if not problems:
+        return None
+    if problems[0] == _rke2.DOWNGRADE:
+        return ('%s: %s → %s: %s (restore through the platform recovery procedure instead)'
+                % (what, current, target, _rke2.DOWNGRADE))
+    return ('%s: %s → %s: %s (skips %s; upgrade one minor at a time)'
+            % (what, current, target, '; '.join(problems),
+               ', '.join('1.%d' % m for m in range(current.minor + 1, target.minor))))
 
 
 @dataclass
@@ -221,12 +204,12 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
         parsed.append((i, name, role, cur))
 
     servers_in_plan = [p for p in parsed if p[2] == 'server']
-    agents_to_upgrade = [p for p in parsed if p[2] == 'agent' and p[3] is not None and p[3].key < target.key]
+    agents_to_upgrade = [p for p in parsed if p[2] == 'agent' and p[3] is not None and p[3] < target]
     if agents_to_upgrade and not servers_in_plan:
         if control_plane is None:
             notes.append('no server node in this plan and control_plane_rke2 not given: make sure the '
-                         'control plane already runs %s or newer before applying the agent Plans' % target)
-        elif control_plane.key < target.key:
+                         'control plane already runs %s or newer before applying the agent Plans' % (target,))
+        elif control_plane < target:
             problems.append('control_plane_rke2: the control plane runs %s, older than target %s; agents '
                             'may not be newer than the control plane: upgrade the servers first'
                             % (control_plane, target))
@@ -239,7 +222,7 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     for _i, name, role, cur in parsed:
         if cur is None:  # unreachable: nodes without a version were refused above
             raise SucPlanError(['node %r: no current RKE2 version' % name])
-        if cur.key == target.key:
+        if cur == target:
             out_nodes.append(NodePlan(name, role, str(cur), str(target), 'up_to_date'))
             continue
         pname = plan_name(name_prefix, role, name)
@@ -288,5 +271,5 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     if agents_planned and not last_server_plan and not server_plan:
         notes.append('agent Plans have no prepare step: no server Plan in this set and server_plan not given')
     if not plans:
-        notes.append('every node already runs %s: no Plan to apply' % target)
+        notes.append('every node already runs %s: no Plan to apply' % (target,))
     return SucPlanResult(plans=plans, nodes=out_nodes, notes=notes)

@@ -24,7 +24,7 @@ description:
   - Server Plans tolerate C(CriticalAddonsOnly); agent Plans wait for the last server Plan with the
     upgrade image's C(prepare) step, as the RKE2 automated-upgrade documentation describes.
   - Refuses, for every node, an RKE2 downgrade, a change of major version and a Kubernetes minor skip
-    (versions compare as (minor, patch, rev) of C(v1.MINOR.PATCH+rke2rREV)); refuses servers listed
+    (versions compare as (minor, patch, rev) of C(v1.MINOR.PATCH+rke2rREV), the rules of the gate); refuses servers listed
     after agents; refuses agents newer than the control plane when I(control_plane_rke2) is given and
     no server is in the plan. Nodes already at the target get no Plan.
 extends_documentation_fragment:

@@ -36,9 +36,10 @@ def test_refuses_downgrade_and_minor_skip(run_playbook):
         {'name': 'gpu-2', 'role': 'agent', 'current_rke2': 'v1.34.2+rke2r1'}]}))
     res = run.result('render')
     assert res['_event'] == 'runner_on_failed'
-    assert res['msg'].startswith("refusing to render RKE2 Plans: node 'gpu-1': v1.36.2+rke2r1 → v1.36.1+rke2r1 is an "
-                                 "RKE2 downgrade")
-    assert "node 'gpu-2': v1.34.2+rke2r1 → v1.36.1+rke2r1 skips Kubernetes minor version(s) 1.35" in res['msg']
+    assert res['msg'].startswith("refusing to render RKE2 Plans: node 'gpu-1': v1.36.2+rke2r1 → v1.36.1+rke2r1: "
+                                 "RKE2 downgrade is not allowed")
+    assert ("node 'gpu-2': v1.34.2+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor (skips 1.35;"
+            in res['msg'])
     assert len(res['problems']) == 2 and 'plans' not in res
 
 

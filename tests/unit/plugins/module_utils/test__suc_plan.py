@@ -20,25 +20,37 @@ def _problems(**kw):
 
 
 def test_parse_rke2_version_orders_minor_patch_rev():
-    assert parse_rke2_version('v1.36.1+rke2r2').key > parse_rke2_version('v1.36.1+rke2r1').key
-    assert parse_rke2_version('v1.36.10+rke2r1').key > parse_rke2_version('v1.36.9+rke2r9').key
+    assert parse_rke2_version('v1.36.1+rke2r2') > parse_rke2_version('v1.36.1+rke2r1')
+    assert parse_rke2_version('v1.36.10+rke2r1') > parse_rke2_version('v1.36.9+rke2r9')
     assert str(parse_rke2_version('v1.36.1+rke2r1')) == 'v1.36.1+rke2r1'
+    # the shared rule (_rke2) accepts the tag without its leading v; Plans always carry it
+    assert str(parse_rke2_version('1.36.1+rke2r1')) == 'v1.36.1+rke2r1'
 
 
-@pytest.mark.parametrize('bad', ['1.36.1+rke2r1', 'v1.36.1', 'v1.36.1-rke2r1', 'v1.36+rke2r1', '', None, 136])
-def test_parse_rejects_other_forms_naming_field(bad):
+@pytest.mark.parametrize('bad,why', [
+    ('v1.36.1', 'expected v1.MINOR.PATCH+rke2rREV'), ('v1.36.1-rke2r1', 'pre-release versions are not allowed'),
+    ('v1.36+rke2r1', 'expected v1.MINOR.PATCH+rke2rREV'), ('v2.1.1+rke2r1', 'the major version must be 1'),
+    ('', 'expected v1.MINOR.PATCH+rke2rREV')])
+def test_parse_rejects_other_forms_naming_field(bad, why):
     with pytest.raises(SucPlanError) as exc:
         parse_rke2_version(bad, 'target_rke2')
-    assert exc.value.problems == ['target_rke2: %r is not an RKE2 version of the form v1.MINOR.PATCH+rke2rREV '
-                                  '(e.g. v1.36.1+rke2r1)' % (bad,)]
+    assert exc.value.problems == ['target_rke2: "%s" is not a valid RKE2 version: %s' % (bad, why)]
+
+
+@pytest.mark.parametrize('bad', [None, 136])
+def test_parse_rejects_non_strings(bad):
+    with pytest.raises(SucPlanError) as exc:
+        parse_rke2_version(bad, 'current_rke2')
+    assert exc.value.problems == ['current_rke2: %r is not an RKE2 version string (expected '
+                                  'v1.MINOR.PATCH+rke2rREV)' % (bad,)]
 
 
 @pytest.mark.parametrize('cur,tgt,word', [
-    ('v1.36.1+rke2r2', 'v1.36.1+rke2r1', 'downgrade'),
-    ('v1.36.2+rke2r1', 'v1.36.1+rke2r9', 'downgrade'),
-    ('v1.36.1+rke2r1', 'v1.35.9+rke2r9', 'downgrade'),
-    ('v1.34.1+rke2r1', 'v1.36.1+rke2r1', 'skips Kubernetes minor version(s) 1.35'),
-    ('v1.33.1+rke2r1', 'v1.36.1+rke2r1', 'skips Kubernetes minor version(s) 1.34, 1.35'),
+    ('v1.36.1+rke2r2', 'v1.36.1+rke2r1', 'RKE2 downgrade is not allowed'),
+    ('v1.36.2+rke2r1', 'v1.36.1+rke2r9', 'RKE2 downgrade is not allowed'),
+    ('v1.36.1+rke2r1', 'v1.35.9+rke2r9', 'RKE2 downgrade is not allowed'),
+    ('v1.34.1+rke2r1', 'v1.36.1+rke2r1', 'cannot skip a Kubernetes minor (skips 1.35;'),
+    ('v1.33.1+rke2r1', 'v1.36.1+rke2r1', 'cannot skip a Kubernetes minor (skips 1.34, 1.35;'),
 ])
 def test_check_hop_refuses(cur, tgt, word):
     msg = check_hop(parse_rke2_version(cur), parse_rke2_version(tgt), 'node x')
@@ -133,9 +145,10 @@ def test_refuses_downgrade_and_skip_for_each_node_listing_all():
                              {'name': 'c', 'role': 'agent'}],
                       target_rke2=TGT, current_rke2=CUR)
     assert len(probs) == 2
-    assert probs[0].startswith("node 'a': v1.36.2+rke2r1 → v1.36.1+rke2r1 is an RKE2 downgrade")
-    assert probs[1] == "node 'b': v1.34.9+rke2r1 → v1.36.1+rke2r1 skips Kubernetes minor version(s) 1.35; " \
-                       "upgrade one minor at a time"
+    assert probs[0] == ("node 'a': v1.36.2+rke2r1 → v1.36.1+rke2r1: RKE2 downgrade is not allowed (restore through "
+                        "the platform recovery procedure instead)")
+    assert probs[1] == ("node 'b': v1.34.9+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor "
+                        "(skips 1.35; upgrade one minor at a time)")
 
 
 def test_refuses_missing_current_version():
@@ -162,8 +175,8 @@ def test_refuses_agents_newer_than_control_plane():
 
 
 @pytest.mark.parametrize('kw,expected', [
-    ({'target_rke2': 'latest'}, "target_rke2: 'latest' is not an RKE2 version"),
-    ({'current_rke2': 'v1.35'}, "current_rke2: 'v1.35' is not an RKE2 version"),
+    ({'target_rke2': 'latest'}, 'target_rke2: "latest" is not a valid RKE2 version'),
+    ({'current_rke2': 'v1.35'}, 'current_rke2: "v1.35" is not a valid RKE2 version'),
     ({'namespace': 'System_Upgrade'}, "namespace: 'System_Upgrade' is not a DNS-1123 label"),
     ({'image': 'rancher/rke2-upgrade:v1.36.1-rke2r1'}, 'image: ' + repr('rancher/rke2-upgrade:v1.36.1-rke2r1')),
     ({'nodes': []}, 'nodes: [] must be a non-empty list'),
