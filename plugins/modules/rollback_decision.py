@@ -142,7 +142,8 @@ def main() -> None:
     result = decision.as_dict()
     # `changed` is reserved by Ansible for "this task changed something": never for a decision.
     result['changed_components'] = result.pop('changed')
-    module.exit_json(changed=False, **result)
+    result['changed'] = False
+    module.exit_json(**result)
 
 
 if __name__ == '__main__':
