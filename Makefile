@@ -72,5 +72,12 @@ test: collection
 lab: collection
 	$(VPY) tests/tools/lab.py
 
+# The Kubernetes API emulator in the foreground (Ctrl-C stops it); EMULATOR_FLEET=file.yml seeds it.
+EMULATOR_PORT       ?= 16443
+EMULATOR_KUBECONFIG ?= .lab/kubeconfig
+emulator: collection
+	PYTHONPATH=$(CURDIR)/tests $(VPY) -m emulator --port $(EMULATOR_PORT) --kubeconfig $(EMULATOR_KUBECONFIG) \
+	  $(if $(EMULATOR_FLEET),--fleet $(EMULATOR_FLEET))
+
 clean:
 	rm -rf $(VENV) tests/output .lab

@@ -16,3 +16,6 @@ VENV_BIN = REPO_ROOT / '.venv' / 'bin'
 if VENV_BIN.is_dir() and str(VENV_BIN) not in os.environ.get('PATH', '').split(os.pathsep):
     os.environ['PATH'] = str(VENV_BIN) + os.pathsep + os.environ.get('PATH', '')
 os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'collections'))
+
+# The Kubernetes API emulator's pytest fixture `emulator` (tests/emulator/pytest_plugin.py).
+pytest_plugins = ['emulator.pytest_plugin']

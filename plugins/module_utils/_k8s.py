@@ -300,7 +300,8 @@ class K8sClient:
                     last = exc
                     continue
                 raise
-        assert last is not None
+        if last is None:  # pragma: no cover - the loop runs at least once
+            raise K8sError('GET %s: no attempt made' % path)
         raise K8sError('%s (gave up after %d attempts)' % (last.msg, self.get_attempts), status=last.status,
                        method='GET', path=path, reason=last.reason)
 
@@ -381,7 +382,8 @@ class K8sClient:
                 last = exc
                 continue
             return obj, after
-        assert last is not None
+        if last is None:  # pragma: no cover
+            raise K8sError('PATCH %s: no attempt made' % path)
         raise ConflictError('%s: the object kept changing (409 Conflict on %d attempts); nothing was changed by '
                             'this call, rerun the task' % (last.msg, self.update_attempts),
                             status=409, method='PATCH', path=path)

@@ -11,7 +11,7 @@ module: gpu_holders_info
 short_description: List the pods, VMs and DRA claims that hold GPUs on Kubernetes nodes
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Lists every holder of GPUs on the selected nodes, before a driver's kernel module is replaced.
   - A B(Pod) holds GPUs when it is not finished and a container requests or limits a GPU resource (O(gpu_resources)),

@@ -11,7 +11,7 @@ module: node_drain
 short_description: Cordon, drain or uncordon a GPU node (kubectl drain semantics, GPU VM aware)
 version_added: 0.1.0
 author:
-  - gpufleet.upgrade contributors
+  - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - V(cordon) marks the node unschedulable and records its initial C(spec.unschedulable) in the annotation
     C(gpufleet.io/initial-unschedulable) (written once), progress in C(gpufleet.io/upgrade-state).
@@ -180,8 +180,11 @@ blocked:
   returned: always
   type: list
   elements: dict
-skipped:
-  description: Pods left in place (DaemonSet, mirror), each with C(reason).
+skipped_pods:
+  description:
+    - Pods left in place (DaemonSet, mirror), each with C(reason).
+    - Named C(skipped_pods) because Ansible reserves the result key C(skipped) (a task whose result has a non-empty
+      C(skipped) is reported as skipped).
   returned: always
   type: list
   elements: dict
@@ -227,7 +230,7 @@ def run(module: AnsibleModule, k8s: K8sClient) -> dict:
     name = params['name']
     opts = D.options_from_params(params)
     drainer = D.Drainer(D.KubeDrainClient(k8s), opts, check_mode=module.check_mode)
-    base = {'evicted': [], 'remaining': [], 'blocked': [], 'skipped': [], 'stopped_vms': []}
+    base = {'evicted': [], 'remaining': [], 'blocked': [], 'skipped_pods': [], 'stopped_vms': []}
     try:
         if params['state'] == 'cordon':
             r = drainer.cordon(name)
@@ -241,9 +244,10 @@ def run(module: AnsibleModule, k8s: K8sClient) -> dict:
             raise K8sError('name: node %r does not exist' % name)
         raise
     if params['state'] == 'drain':
-        for k in ('evicted', 'remaining', 'blocked', 'skipped', 'stopped_vms', 'waiting_for_jobs', 'failed', 'msg'):
+        for k in ('evicted', 'remaining', 'blocked', 'stopped_vms', 'waiting_for_jobs', 'failed', 'msg'):
             if k in r:
                 base[k] = r[k]
+        base['skipped_pods'] = r['skipped']
         r['before'], r['after'] = r['diff']['before'], r['diff']['after']
     base.update(changed=r['changed'], initially_unschedulable=r['initially_unschedulable'],
                 upgrade_state=r['after']['annotations'].get(D.ANN_STATE))

@@ -132,9 +132,9 @@ def test_update_reapplies_on_conflict_from_a_fresh_read(server):
     c = client(server)
     before, after = c.update('/api/v1/nodes/n', lambda n: {'spec': {'unschedulable': True}})
     assert before['metadata']['resourceVersion'] == '8' and after['spec'] == {'unschedulable': True}
-    patches = [json.loads(b) for m, _, b, _ in server.log if m == 'PATCH']
+    patches = [json.loads(entry[2]) for entry in server.log if entry[0] == 'PATCH']
     assert [p['metadata']['resourceVersion'] for p in patches] == ['7', '8']
-    assert [h.get('Content-Type') for m, _, _, h in server.log if m == 'PATCH'] == ['application/merge-patch+json'] * 2
+    assert [entry[3].get('Content-Type') for entry in server.log if entry[0] == 'PATCH'] == ['application/merge-patch+json'] * 2
 
 
 def test_update_gives_up_on_a_persistent_conflict(server):
@@ -148,7 +148,7 @@ def test_update_gives_up_on_a_persistent_conflict(server):
 def test_update_without_change_writes_nothing(server):
     server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
     before, after = client(server).update('/api/v1/nodes/n', lambda n: None)
-    assert before is after and [m for m, *_ in server.log] == ['GET']
+    assert before is after and [entry[0] for entry in server.log] == ['GET']
 
 
 def test_list_pages_follows_continue(server):
@@ -156,7 +156,7 @@ def test_list_pages_follows_continue(server):
         (200, {'items': [{'n': 1}], 'metadata': {'continue': 'tok'}}, 0),
         (200, {'items': [{'n': 2}], 'metadata': {}}, 0)]
     assert client(server).list_all('/api/v1/pods', {'fieldSelector': 'spec.nodeName=x'}, limit=1) == [{'n': 1}, {'n': 2}]
-    assert [p for _, p, _, _ in server.log] == [
+    assert [entry[1] for entry in server.log] == [
         '/api/v1/pods?fieldSelector=spec.nodeName%3Dx&limit=1',
         '/api/v1/pods?fieldSelector=spec.nodeName%3Dx&limit=1&continue=tok']
 

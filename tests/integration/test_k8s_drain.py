@@ -1,0 +1,362 @@
+"""gpufleet.upgrade.node_drain through ansible-runner against the Kubernetes API emulator,
+cross-checked with kubectl where kubectl has the same operation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import k8s_scenario as S
+from k8s_support import (KubeVirtStandIn, WhenRequests, evictions_of, kubectl, kubectl_json, load, mutations,
+                         node_pods, pdb, play)
+
+pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not merged yet')
+
+ALLOW_ALL = {'force': True, 'delete_local_data': True, 'vmi_policy': 'stop'}
+GPU1_EVICTABLE = ['ml/bare-debug', 'ml/cache-gpu', 'ml/dra-pod', 'ml/infer-mig', 'ml/rt-only-0', 'ml/train-gpu',
+                  'web/web-1']
+GPU1_LEFT = ['gpu-operator/dcgm-exporter-abcde', 'kube-system/kube-proxy-gpu-1']
+OTHER_NODE_PODS = ['ml/other-gpu', 'web/web-2']
+
+
+def drain_task(name: str = 'drain', node: str = S.NODE, **opts) -> dict:
+    flags = {k: opts.pop(k) for k in ('check_mode', 'diff', 'ignore_errors') if k in opts}
+    args = {'name': node, 'state': 'drain', 'retry_interval': 0.5}
+    args.update(opts)
+    return dict({'name': name, 'gpufleet.upgrade.node_drain': args}, **flags)
+
+
+def first_diff(res):
+    diff = res['diff']
+    return diff[0] if isinstance(diff, list) else diff
+
+
+def node(emu, name=S.NODE):
+    return emu.get('v1', 'Node', name)
+
+
+def names(entries, kind='Pod'):
+    return sorted('%s/%s' % (e['namespace'], e['name']) for e in entries if e['kind'] == kind)
+
+
+def only_touches(emu, node_name, pods):
+    """Every mutating request went to the node itself, one of `pods`, or a VirtualMachine."""
+    allowed = {'/api/v1/nodes/%s' % node_name}
+    for p in pods:
+        ns, name = p.split('/')
+        allowed.add('/api/v1/namespaces/%s/pods/%s/eviction' % (ns, name))
+        allowed.add('/api/v1/namespaces/%s/pods/%s' % (ns, name))
+    return [m for m in mutations(emu) if m[1] not in allowed and '/virtualmachines/' not in m[1]]
+
+
+# -- blockers -----------------------------------------------------------------------------------
+def test_local_data_bare_pod_and_vmi_block_before_any_eviction(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(play(emulator, drain_task(ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert [(b['kind'], b['namespace'], b['name'], b['reason']) for b in sorted(res['blocked'], key=lambda b: b['name'])] == [
+        ('Pod', 'ml', 'bare-debug', 'not managed by a controller (set force)'),
+        ('Pod', 'ml', 'cache-gpu', 'uses local storage (emptyDir; set delete_local_data)'),
+        ('VirtualMachineInstance', 'vms', 'vm-gpu', 'VirtualMachineInstance on the node (vmi_policy=refuse: GPU '
+         'passthrough VMs cannot live-migrate; use vmi_policy=stop or evict)')]
+    assert res['msg'].startswith('drain of node gpu-1 blocked before any eviction (the node stays cordoned)')
+    # nothing evicted or deleted: the only writes are the Node's cordon and state
+    assert {m for m in mutations(emulator)} == {('PATCH', '/api/v1/nodes/gpu-1')}
+    assert node_pods(emulator, S.NODE) == sorted(GPU1_EVICTABLE + GPU1_LEFT + ['vms/virt-launcher-vm-gpu-x7k2p'])
+    n = node(emulator)
+    assert n['spec']['unschedulable'] is True
+    assert n['metadata']['annotations']['gpufleet.io/upgrade-state'] == 'drain-failed'
+    assert n['metadata']['annotations']['gpufleet.io/initial-unschedulable'] == 'false'
+
+
+def test_each_blocker_is_lifted_only_by_its_option(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(play(
+        emulator,
+        drain_task('no-force', force=False, delete_local_data=True, vmi_policy='stop', ignore_errors=True),
+        drain_task('no-local', force=True, delete_local_data=False, vmi_policy='stop', ignore_errors=True),
+        drain_task('refuse', force=True, delete_local_data=True, ignore_errors=True)))
+    assert [b['name'] for b in run.result('no-force')['blocked']] == ['bare-debug']
+    assert [b['name'] for b in run.result('no-local')['blocked']] == ['cache-gpu']
+    assert [b['name'] for b in run.result('refuse')['blocked']] == ['vm-gpu']
+    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(emulator))
+
+
+def test_kubectl_blocks_on_the_same_pods(emulator):
+    """Cross-check: kubectl drain without --force/--delete-emptydir-data refuses the same pods and
+    evicts nothing (it knows nothing of VMIs)."""
+    load(emulator)
+    cp = kubectl(emulator, 'drain', S.NODE, '--ignore-daemonsets', '--timeout=20s', check=False)
+    assert cp.returncode != 0
+    assert 'ml/bare-debug' in cp.stderr and 'ml/cache-gpu' in cp.stderr
+    assert not any(r['verb'] == 'POST' and r['path'].endswith('/eviction') for r in emulator.requests)
+
+
+def test_vmi_without_virtualmachine_is_refused_under_stop(emulator, run_playbook):
+    objs = S.scenario()
+    for o in objs:
+        if o['kind'] == 'VirtualMachineInstance':
+            del o['metadata']['ownerReferences']
+    load(emulator, [o for o in objs if o['kind'] != 'VirtualMachine'])
+    run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, ignore_errors=True)))
+    res = run.result('drain')
+    assert [(b['name'], b['reason']) for b in res['blocked']] == [
+        ('vm-gpu', 'VirtualMachineInstance without a VirtualMachine cannot be stopped and restarted (vmi_policy=stop)')]
+    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(emulator))
+
+
+# -- a full drain with the stop policy ----------------------------------------------------------
+def test_drain_with_stop_policy_evicts_halts_and_records(emulator, run_playbook):
+    load(emulator)
+    with KubeVirtStandIn(emulator) as kv:
+        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
+    res = run.result('drain')
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted']) == GPU1_EVICTABLE
+    assert names(res['skipped_pods']) == GPU1_LEFT
+    assert res['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
+    assert kv.halted == ['vms/vm-gpu']
+    assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'
+    ann = node(emulator)['metadata']['annotations']
+    assert json.loads(ann['gpufleet.io/stopped-vms']) == res['stopped_vms']
+    assert ann['gpufleet.io/upgrade-state'] == 'drained'
+    assert node_pods(emulator, S.NODE) == GPU1_LEFT
+    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
+    assert only_touches(emulator, S.NODE, GPU1_EVICTABLE) == []
+    # cross-check with kubectl: what is left on the node, and the cordon
+    left = kubectl_json(emulator, 'get', 'pods', '-A', '--field-selector', 'spec.nodeName=gpu-1')['items']
+    assert sorted('%s/%s' % (p['metadata']['namespace'], p['metadata']['name']) for p in left) == GPU1_LEFT
+    assert kubectl(emulator, 'get', 'node', S.NODE, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
+
+
+# -- PodDisruptionBudgets -----------------------------------------------------------------------
+def test_pdb_429_is_retried_and_the_drain_succeeds_when_relaxed(emulator, run_playbook):
+    load(emulator, S.scenario() + [pdb('train', 'ml', 'train-gpu', min_available=1)])
+
+    def relax():
+        emulator.apply(pdb('train', 'ml', 'train-gpu', min_available=0))
+
+    with KubeVirtStandIn(emulator), WhenRequests(emulator, lambda reqs: evictions_of(reqs, 'train-gpu') >= 2,
+                                                 relax) as when:
+        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, timeout=60)))
+    res = run.result('drain')
+    assert when.fired.is_set()
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted']) == GPU1_EVICTABLE
+    assert evictions_of(emulator.requests, 'train-gpu') >= 3      # refused twice, then accepted
+    assert evictions_of(emulator.requests, 'infer-mig') == 1
+    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
+
+
+def test_pdb_never_relaxed_fails_at_the_deadline_and_touches_nothing_else(emulator, run_playbook):
+    load(emulator, S.scenario() + [pdb('train', 'ml', 'train-gpu', max_unavailable=0)])
+    with KubeVirtStandIn(emulator):
+        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, timeout=3, ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert [(r['kind'], r['namespace'], r['name']) for r in res['remaining']] == [('Pod', 'ml', 'train-gpu')]
+    assert res['remaining'][0]['reason'].startswith('eviction refused by a PodDisruptionBudget (429)')
+    assert 'did not complete within the timeout of 3s; the node stays cordoned' in res['msg']
+    assert names(res['evicted']) == [p for p in GPU1_EVICTABLE if p != 'ml/train-gpu']
+    assert evictions_of(emulator.requests, 'train-gpu') >= 2
+    n = node(emulator)
+    assert n['spec']['unschedulable'] is True
+    assert n['metadata']['annotations']['gpufleet.io/upgrade-state'] == 'drain-failed'
+    assert 'ml/train-gpu' in node_pods(emulator, S.NODE)
+    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
+    assert only_touches(emulator, S.NODE, GPU1_EVICTABLE) == []
+    assert node(emulator, S.OTHER)['spec'].get('unschedulable') in (None, False)
+
+
+def test_kubectl_drain_also_retries_the_pdb(emulator):
+    """Cross-check: kubectl drain on the same budget keeps retrying and times out, leaving the
+    protected pod, like node_drain."""
+    objs = [o for o in S.scenario() if o['kind'] not in ('VirtualMachine', 'VirtualMachineInstance')
+            and not o['metadata']['name'].startswith('virt-launcher')]
+    load(emulator, objs + [pdb('train', 'ml', 'train-gpu', max_unavailable=0)])
+    cp = kubectl(emulator, 'drain', S.NODE, '--ignore-daemonsets', '--force', '--delete-emptydir-data',
+                 '--timeout=7s', check=False)
+    assert cp.returncode != 0
+    assert 'ml/train-gpu' in node_pods(emulator, S.NODE)
+    assert evictions_of(emulator.requests, 'train-gpu') >= 2
+    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
+
+
+# -- wait_for_jobs ------------------------------------------------------------------------------
+def _with_checkpoint_job():
+    job = S.pod('ckpt-0', node_name=S.OTHER, owner_ref=S.owner('Job', 'ckpt'), labels={'role': 'checkpoint'})
+    return S.scenario() + [job]
+
+
+def test_wait_for_jobs_deadline_fails_and_evicts_nothing(emulator, run_playbook):
+    load(emulator, _with_checkpoint_job())
+    run = run_playbook(play(emulator, drain_task(node=S.OTHER, ignore_errors=True,
+                                                 wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 2})))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith("wait_for_jobs: 1 pod(s) matching 'role=checkpoint' on node gpu-2 did not finish "
+                                 'within 2s; nothing was evicted')
+    assert [w['name'] for w in res['waiting_for_jobs']] == ['ckpt-0']
+    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(emulator))
+    assert node_pods(emulator, S.OTHER) == sorted(OTHER_NODE_PODS + ['ml/ckpt-0'])
+
+
+def test_wait_for_jobs_then_drain_once_the_job_finished(emulator, run_playbook):
+    load(emulator, _with_checkpoint_job())
+
+    def finish_job():
+        pod = emulator.get('v1', 'Pod', 'ckpt-0', 'ml')
+        pod['status'] = {'phase': 'Succeeded'}
+        emulator.apply(pod)
+
+    def listed_twice(reqs):
+        return sum(1 for r in reqs if 'role=checkpoint' in str(r['query'].get('labelSelector', ''))) >= 2
+
+    with WhenRequests(emulator, listed_twice, finish_job) as when:
+        run = run_playbook(play(emulator, drain_task(node=S.OTHER, timeout=30,
+                                                     wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 60})))
+    assert when.fired.is_set()
+    res = run.result('drain')
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted']) == sorted(OTHER_NODE_PODS + ['ml/ckpt-0'])
+
+
+# -- idempotency ladder, check and diff mode ----------------------------------------------------
+def test_idempotency_ladder_check_apply_check_apply(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(play(
+        emulator,
+        drain_task('check-1', node=S.OTHER, check_mode=True, diff=True),
+        drain_task('apply-1', node=S.OTHER, diff=True),
+        drain_task('check-2', node=S.OTHER, check_mode=True, diff=True),
+        drain_task('apply-2', node=S.OTHER)))
+    assert run.rc == 0, run.stdout
+    c1, a1, c2, a2 = (run.result(t) for t in ('check-1', 'apply-1', 'check-2', 'apply-2'))
+    assert c1['changed'] is True and names(c1['evicted']) == OTHER_NODE_PODS
+    assert first_diff(c1)['before'] == {'unschedulable': False, 'annotations': {}}
+    assert a1['changed'] is True and names(a1['evicted']) == OTHER_NODE_PODS
+    assert c2['changed'] is False and c2['evicted'] == []
+    assert a2['changed'] is False and a2['evicted'] == []
+    after = {'unschedulable': True, 'annotations': {'gpufleet.io/initial-unschedulable': 'false',
+                                                    'gpufleet.io/upgrade-state': 'drained'}}
+    assert first_diff(c1)['after'] == after
+    assert first_diff(a1)['after'] == after
+    assert node_pods(emulator, S.OTHER) == []
+    # check mode wrote nothing: the first writes come from apply-1 (mutations are in order)
+    n = node(emulator, S.OTHER)
+    assert n['spec']['unschedulable'] is True
+
+
+def test_check_mode_changes_nothing(emulator, run_playbook):
+    load(emulator)
+    before = emulator.get('v1', 'Node', S.NODE)
+    run = run_playbook(play(emulator, drain_task(check_mode=True, **ALLOW_ALL),
+                            {'name': 'cordon', 'check_mode': True,
+                             'gpufleet.upgrade.node_drain': {'name': S.NODE, 'state': 'cordon'}}))
+    assert run.rc == 0, run.stdout
+    assert emulator.mutating_requests() == []
+    assert names(run.result('drain')['evicted']) == GPU1_EVICTABLE
+    assert run.result('drain')['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
+    assert run.result('cordon')['changed'] is True
+    assert emulator.get('v1', 'Node', S.NODE)['spec'] == before['spec']
+
+
+def test_cordon_uncordon_ladder_and_kubectl_agrees(emulator, run_playbook):
+    load(emulator)
+
+    def task(name, state, **kw):
+        return dict({'name': name, 'gpufleet.upgrade.node_drain': {'name': S.OTHER, 'state': state}}, **kw)
+
+    run = run_playbook(play(emulator, task('c-check', 'cordon', check_mode=True), task('c1', 'cordon'),
+                            task('c2', 'cordon'), task('u-check', 'uncordon', check_mode=True), task('u1', 'uncordon'),
+                            task('u2', 'uncordon')))
+    assert [run.result(t)['changed'] for t in ('c-check', 'c1', 'c2', 'u-check', 'u1', 'u2')] == [
+        True, True, False, True, True, False]
+    assert run.result('u1')['kept_cordon'] is False
+    assert kubectl(emulator, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == ''
+    ann = node(emulator, S.OTHER)['metadata'].get('annotations') or {}
+    assert not any(k.startswith('gpufleet.io/') for k in ann)
+
+
+def test_node_cordoned_beforehand_stays_cordoned_after_uncordon(emulator, run_playbook):
+    objs = S.scenario()
+    for o in objs:
+        if o['kind'] == 'Node' and o['metadata']['name'] == S.OTHER:
+            o['spec']['unschedulable'] = True
+    load(emulator, objs)
+
+    def task(name, state, **kw):
+        args = {'name': S.OTHER, 'state': state}
+        args.update(kw)
+        return {'name': name, 'gpufleet.upgrade.node_drain': args}
+
+    run = run_playbook(play(emulator, task('drain', 'drain', retry_interval=0.5), task('uncordon', 'uncordon'),
+                            task('again', 'uncordon')))
+    assert run.rc == 0, run.stdout
+    assert run.result('drain')['initially_unschedulable'] is True
+    assert run.result('uncordon')['kept_cordon'] is True
+    assert run.result('again')['changed'] is False
+    assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
+    assert kubectl(emulator, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
+    run = run_playbook(play(emulator, task('force', 'uncordon', force=True)))
+    assert run.result('force')['changed'] is True
+    assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
+
+
+# -- faults on writes ---------------------------------------------------------------------------
+def test_node_patch_conflicts_are_reread_and_reapplied(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=409, times=2)
+    run = run_playbook(play(emulator, {'name': 'cordon', 'gpufleet.upgrade.node_drain': {
+        'name': S.OTHER, 'state': 'cordon'}}))
+    assert run.rc == 0, run.stdout
+    assert run.result('cordon')['changed'] is True
+    verbs = [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2']
+    assert verbs == ['GET', 'PATCH', 'GET', 'PATCH', 'GET', 'PATCH']
+    assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
+
+
+def test_persistent_conflict_fails_clearly_and_changes_nothing(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=409, times=100)
+    run = run_playbook(play(emulator, {'name': 'cordon', 'ignore_errors': True, 'gpufleet.upgrade.node_drain': {
+        'name': S.OTHER, 'state': 'cordon'}}))
+    res = run.result('cordon')
+    assert res['_event'] == 'runner_on_failed'
+    assert 'kept changing (409 Conflict on 5 attempts); nothing was changed by this call' in res['msg']
+    assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
+
+
+def test_server_error_on_a_write_is_not_retried(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=500, times=100)
+    run = run_playbook(play(emulator, dict(drain_task(node=S.OTHER), ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: HTTP 500')
+    assert res['msg'].endswith('(node gpu-2, state drain)')
+    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
+    assert not any(r['path'].endswith('/eviction') for r in emulator.requests)
+
+
+def test_transient_eviction_errors_are_retried_with_the_uid_precondition(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=503, times=2)
+    run = run_playbook(play(emulator, drain_task(node=S.OTHER)))
+    assert run.rc == 0, run.stdout
+    assert names(run.result('drain')['evicted']) == OTHER_NODE_PODS
+    assert evictions_of(emulator.requests, 'other-gpu') == 3
+
+
+def test_unknown_node_and_bad_options(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(play(
+        emulator,
+        dict(drain_task('missing', node='gpu-404'), ignore_errors=True),
+        dict(drain_task('bad', timeout=-1), ignore_errors=True),
+        dict(drain_task('bad-jobs', wait_for_jobs={'selector': '', 'timeout': 5}), ignore_errors=True)))
+    assert run.result('missing')['msg'] == "name: node 'gpu-404' does not exist (node gpu-404, state drain)"
+    assert run.result('bad')['msg'] == 'timeout must be > 0, got -1.0'
+    assert run.result('bad-jobs')['msg'] == "wait_for_jobs.selector must be a non-empty label selector, got ''"
+    assert emulator.mutating_requests() == []
