@@ -1,0 +1,127 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise.
+"""A node's upgrade progress, recorded on its Node object so that a rerun resumes.
+
+Annotations (prefix ``gpufleet.io/``, shared with ``node_drain`` which writes the first two):
+
+- ``initial-unschedulable``: ``"true"``/``"false"``, the cordon state before the rollout
+  touched the node (written once by ``node_drain`` when it cordons);
+- ``upgrade-state``: the last phase completed (``cordoned``, ``draining``, ``drained`` from
+  ``node_drain``; ``snapshotted``, ``installed``, ``activated``, ``validated``, ``failed``,
+  ``rolled-back`` from the roles);
+- ``upgrade-target``: the target the recorded phases belong to (``key=value,...`` of the tuple);
+  phases recorded for another target do not count;
+- ``upgraded-to``: written when the node finished (uncordoned or left as the operator had it);
+  a rerun for the same target skips the node.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
+ANN_STATE = 'gpufleet.io/upgrade-state'
+ANN_TARGET = 'gpufleet.io/upgrade-target'
+ANN_DONE = 'gpufleet.io/upgraded-to'
+
+# The phases of one node's upgrade in order. `draining` (node_drain's in-flight mark) counts as
+# `cordoned`: the drain is not finished and is run again (evicting only what is left).
+PHASES = ('cordoned', 'drained', 'snapshotted', 'installed', 'activated', 'validated')
+ALIASES = {'draining': 'cordoned'}
+TERMINAL = ('failed', 'rolled-back')
+SETTABLE = PHASES + TERMINAL + ('done',)
+
+
+class StateError(ValueError):
+    pass
+
+
+def target_key(target: Dict[str, Any]) -> str:
+    """Canonical text of a target tuple: sorted ``key=value`` pairs, comma separated."""
+    if not isinstance(target, dict) or not target:
+        raise StateError('target: expected a non-empty mapping of tuple components, got %r' % (target,))
+    parts = []
+    for key in sorted(target):
+        value = target[key]
+        if value is None or isinstance(value, (dict, list)):
+            raise StateError('target.%s: expected a version string, got %r' % (key, value))
+        text = str(value)
+        if ',' in text or '=' in text:
+            raise StateError('target.%s: %r may not contain "," or "="' % (key, text))
+        parts.append('%s=%s' % (key, text))
+    return ','.join(parts)
+
+
+def _annotations(node: Dict[str, Any]) -> Dict[str, str]:
+    return dict((node.get('metadata') or {}).get('annotations') or {})
+
+
+def is_ready(node: Dict[str, Any]) -> bool:
+    for cond in (node.get('status') or {}).get('conditions') or []:
+        if cond.get('type') == 'Ready':
+            return cond.get('status') == 'True'
+    return False
+
+
+def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
+    """What a role needs to resume: the phases done for `key`, the pre-rollout cordon, readiness."""
+    ann = _annotations(node)
+    unschedulable = bool((node.get('spec') or {}).get('unschedulable'))
+    recorded = ann.get(ANN_STATE)
+    same_target = ann.get(ANN_TARGET) in (None, key)
+    phase = ALIASES.get(recorded, recorded) if (recorded and same_target) else None
+    done_phases: List[str] = []
+    if phase in PHASES:
+        done_phases = list(PHASES[:PHASES.index(phase) + 1])
+    elif phase in TERMINAL:
+        done_phases = [phase]
+    initial = ann.get(ANN_INITIAL)
+    return {
+        'name': (node.get('metadata') or {}).get('name'),
+        'phase': phase,
+        'recorded': recorded,
+        'done_phases': done_phases,
+        'completed': ann.get(ANN_DONE) == key and recorded is None,
+        'target': key,
+        'stale_target': None if same_target else ann.get(ANN_TARGET),
+        'unschedulable': unschedulable,
+        # Before our first cordon the node's own state is the initial one.
+        'was_cordoned': (initial == 'true') if initial is not None else unschedulable,
+        'ready': is_ready(node),
+    }
+
+
+def set_patch(node: Dict[str, Any], phase: str, key: str) -> Optional[Dict[str, Any]]:
+    """Merge patch recording `phase` for target `key`, or None when the node already says so."""
+    if phase not in SETTABLE:
+        raise StateError('phase: %r is not one of %s' % (phase, ', '.join(SETTABLE)))
+    ann = _annotations(node)
+    want: Dict[str, Optional[str]]
+    if phase == 'done':
+        want = {ANN_DONE: key, ANN_STATE: None, ANN_TARGET: None}
+    else:
+        want = {ANN_STATE: phase, ANN_TARGET: key}
+        if ann.get(ANN_DONE) is not None:
+            want[ANN_DONE] = None
+    patch = {k: v for k, v in want.items() if ann.get(k) != v}
+    return {'metadata': {'annotations': patch}} if patch else None
+
+
+def apply_patch(node: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The node as it will be after the merge patch (check mode's prediction)."""
+    if not patch:
+        return node
+    out = dict(node)
+    meta = dict(out.get('metadata') or {})
+    ann = dict(meta.get('annotations') or {})
+    for k, v in patch['metadata']['annotations'].items():
+        if v is None:
+            ann.pop(k, None)
+        else:
+            ann[k] = v
+    meta['annotations'] = ann
+    out['metadata'] = meta
+    return out

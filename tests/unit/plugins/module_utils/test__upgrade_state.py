@@ -1,0 +1,62 @@
+"""The Node progress record that makes a rollout resumable."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
+
+KEY = 'driver=580.130.00,kernel=6.8.0-134-generic'
+TARGET = {'kernel': '6.8.0-134-generic', 'driver': '580.130.00'}
+
+
+def node(ann=None, unschedulable=False, ready=True):
+    return {'metadata': {'name': 'gpu-07', 'annotations': dict(ann or {})},
+            'spec': {'unschedulable': True} if unschedulable else {},
+            'status': {'conditions': [{'type': 'Ready', 'status': 'True' if ready else 'False'}]}}
+
+
+def test_target_key_is_sorted_and_validated():
+    assert S.target_key(TARGET) == KEY
+    with pytest.raises(S.StateError, match=r"target.driver: 'a,b' may not contain"):
+        S.target_key({'driver': 'a,b'})
+    with pytest.raises(S.StateError, match='non-empty mapping'):
+        S.target_key({})
+
+
+def test_fresh_node_has_no_phase_and_reports_its_own_cordon():
+    v = S.view(node(unschedulable=True, ready=False), KEY)
+    assert v['phase'] is None and v['done_phases'] == [] and not v['completed']
+    assert v['was_cordoned'] is True and v['ready'] is False
+
+
+def test_phases_done_follow_the_order_and_draining_counts_as_cordoned():
+    v = S.view(node({S.ANN_STATE: 'installed', S.ANN_TARGET: KEY, S.ANN_INITIAL: 'false'}, True), KEY)
+    assert v['done_phases'] == ['cordoned', 'drained', 'snapshotted', 'installed']
+    assert v['was_cordoned'] is False
+    v = S.view(node({S.ANN_STATE: 'draining', S.ANN_INITIAL: 'false'}, True), KEY)
+    assert v['done_phases'] == ['cordoned']
+
+
+def test_phases_of_another_target_do_not_count():
+    v = S.view(node({S.ANN_STATE: 'validated', S.ANN_TARGET: 'driver=1'}), KEY)
+    assert v['done_phases'] == [] and v['stale_target'] == 'driver=1'
+
+
+def test_set_patch_records_phase_and_target_and_is_idempotent():
+    patch = S.set_patch(node(), 'snapshotted', KEY)
+    assert patch == {'metadata': {'annotations': {S.ANN_STATE: 'snapshotted', S.ANN_TARGET: KEY}}}
+    after = S.apply_patch(node(), patch)
+    assert S.set_patch(after, 'snapshotted', KEY) is None
+
+
+def test_done_replaces_progress_with_the_finished_target():
+    n = node({S.ANN_STATE: 'validated', S.ANN_TARGET: KEY})
+    after = S.apply_patch(n, S.set_patch(n, 'done', KEY))
+    assert after['metadata']['annotations'] == {S.ANN_DONE: KEY}
+    assert S.view(after, KEY)['completed'] is True
+    assert S.view(after, 'driver=9')['completed'] is False
+
+
+def test_unknown_phase_is_refused_by_name():
+    with pytest.raises(S.StateError, match=r"phase: 'rebooting' is not one of"):
+        S.set_patch(node(), 'rebooting', KEY)
