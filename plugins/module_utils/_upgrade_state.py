@@ -91,6 +91,7 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         # Before our first cordon the node's own state is the initial one.
         'was_cordoned': (initial == 'true') if initial is not None else unschedulable,
         'ready': is_ready(node),
+        'kernel': ((node.get('status') or {}).get('nodeInfo') or {}).get('kernelVersion'),
     }
 
 
@@ -125,3 +126,30 @@ def apply_patch(node: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[s
     meta['annotations'] = ann
     out['metadata'] = meta
     return out
+
+
+CANARY_KEY = 'gpufleet.io/canary'
+
+
+def isolation_patch(node: Dict[str, Any], present: bool, key: str = CANARY_KEY,
+                    effect: str = 'NoSchedule') -> Optional[Dict[str, Any]]:
+    """Merge patch that adds (or removes) the canary label `key=true` and taint `key=true:effect`,
+    or None when the node is already so. Other taints are kept in their order."""
+    meta = node.get('metadata') or {}
+    labels = meta.get('labels') or {}
+    taints = list((node.get('spec') or {}).get('taints') or [])
+    ours = [t for t in taints if t.get('key') == key]
+    others = [t for t in taints if t.get('key') != key]
+    patch: Dict[str, Any] = {}
+    if present:
+        if labels.get(key) != 'true':
+            patch['metadata'] = {'labels': {key: 'true'}}
+        want = {'key': key, 'value': 'true', 'effect': effect}
+        if [{k: t.get(k) for k in ('key', 'value', 'effect')} for t in ours] != [want]:
+            patch['spec'] = {'taints': others + [want]}
+    else:
+        if key in labels:
+            patch['metadata'] = {'labels': {key: None}}
+        if ours:
+            patch['spec'] = {'taints': others or None}
+    return patch or None

@@ -109,6 +109,9 @@ state:
     ready:
       description: The node's Ready condition is True.
       type: bool
+    kernel:
+      description: The kernel release the kubelet reports.
+      type: str
 """
 
 import traceback

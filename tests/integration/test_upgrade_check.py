@@ -159,7 +159,7 @@ def test_qualification_info_and_filters(run_playbook, fresh_record, tmp_path):
 
 
 def test_make_lab_script_passes_and_blocks(tmp_path):
-    out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab.py'), '--dir', str(tmp_path)], cwd=REPO,
+    out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'gate_demo.py'), '--dir', str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, check=False, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert '== pass tuple: PASS (as expected)' in out.stdout

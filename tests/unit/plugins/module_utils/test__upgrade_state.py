@@ -60,3 +60,17 @@ def test_done_replaces_progress_with_the_finished_target():
 def test_unknown_phase_is_refused_by_name():
     with pytest.raises(S.StateError, match=r"phase: 'rebooting' is not one of"):
         S.set_patch(node(), 'rebooting', KEY)
+
+
+def test_isolation_adds_label_and_taint_once_and_removes_only_its_own():
+    n = node()
+    n['spec']['taints'] = [{'key': 'other', 'effect': 'NoExecute'}]
+    patch = S.isolation_patch(n, True)
+    assert patch == {'metadata': {'labels': {S.CANARY_KEY: 'true'}},
+                     'spec': {'taints': [{'key': 'other', 'effect': 'NoExecute'},
+                                         {'key': S.CANARY_KEY, 'value': 'true', 'effect': 'NoSchedule'}]}}
+    n['metadata']['labels'] = {S.CANARY_KEY: 'true'}
+    n['spec']['taints'] = patch['spec']['taints']
+    assert S.isolation_patch(n, True) is None
+    assert S.isolation_patch(n, False) == {'metadata': {'labels': {S.CANARY_KEY: None}},
+                                           'spec': {'taints': [{'key': 'other', 'effect': 'NoExecute'}]}}

@@ -1,0 +1,162 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fleet_info
+short_description: Read a GPU pool's nodes, cluster component versions and named objects from the Kubernetes API
+version_added: 0.1.0
+author:
+  - gpufleet.upgrade maintainers (@gpufleet)
+description:
+  - Lists the Nodes of the pool and returns, per node, what the planner and the rollout need - readiness, cordon,
+    GPU capacity, kernel and RKE2 version as the kubelet reports them, labels, taints and the C(gpufleet.io/*)
+    progress annotations.
+  - Reads the GPU Operator and DCGM exporter versions from their workloads' image tags (RV(cluster)).
+  - Reads any other objects named in O(resources) (for example the objects that prove GPU intake is closed, for
+    M(gpufleet.upgrade.intake_check), or the DRA objects for M(gpufleet.upgrade.dra_recovery_plan)).
+extends_documentation_fragment:
+  - gpufleet.upgrade.k8s_auth_options
+  - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.info_module
+options:
+  node_selector:
+    description: Label selector of the pool's Nodes. An empty string lists every Node.
+    type: str
+    default: ''
+  names:
+    description: Only these Nodes (after O(node_selector)). Empty means all.
+    type: list
+    elements: str
+    default: []
+  gpu_operator:
+    description: Where the GPU Operator version is read (its image tag); V(null) skips it.
+    type: dict
+    default: {api_version: apps/v1, kind: Deployment, namespace: gpu-operator, name: gpu-operator}
+  dcgm_exporter:
+    description: Where the DCGM exporter version is read (its image tag); V(null) skips it.
+    type: dict
+    default: {api_version: apps/v1, kind: DaemonSet, namespace: gpu-operator, name: nvidia-dcgm-exporter}
+  resources:
+    description:
+      - Other objects to read, each with C(api_version), C(kind) and optionally C(namespace), C(name),
+        C(label_selector), C(field_selector) and C(plural) (when the kind's plural is irregular).
+      - RV(resources) returns one list of objects per entry, in the same order.
+    type: list
+    elements: dict
+    default: []
+notes:
+  - Belongs to the C(gpufleet.upgrade.k8s) action group.
+"""
+
+EXAMPLES = r"""
+- name: Read the GPU pool
+  gpufleet.upgrade.fleet_info:
+    node_selector: nvidia.com/gpu.present=true
+    resources:
+      - {api_version: v1, kind: ResourceQuota, namespace: tenants, name: gpu-intake}
+  register: fleet
+"""
+
+RETURN = r"""
+nodes:
+  description: One entry per Node, in name order.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    name: {description: Node name., type: str}
+    ready: {description: Ready condition is True., type: bool}
+    unschedulable: {description: Cordoned., type: bool}
+    gpus: {description: Allocatable whole GPUs (or the GPU count label)., type: int}
+    kernel: {description: Kernel release the kubelet reports., type: str}
+    rke2: {description: Kubelet version (the RKE2 version on RKE2)., type: str}
+    platform: {description: Label C(gpufleet.io/platform) or the instance type, else V(unknown)., type: str}
+    gpu_product: {description: Label C(nvidia.com/gpu.product)., type: str}
+    labels: {description: Labels., type: dict}
+    taints: {description: Taints., type: list, elements: dict}
+    annotations: {description: The C(gpufleet.io/*) annotations., type: dict}
+cluster:
+  description: Versions read from the cluster, V(null) when not found.
+  returned: success
+  type: dict
+  sample: {gpu_operator: v25.10.1, dcgm_exporter: 4.4.1-4.6.0}
+resources:
+  description: The objects of each O(resources) entry, one list per entry.
+  returned: success
+  type: list
+  elements: list
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fleet as F
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
+    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec, path_for)
+
+
+def _read(k8s, spec):
+    plural = spec.get('plural') or F.plural_of(spec['kind'])
+    if spec.get('name'):
+        obj = k8s.get_or_none(path_for(spec['api_version'], plural, spec['name'], spec.get('namespace')))
+        return [obj] if obj else []
+    query = {}
+    if spec.get('label_selector'):
+        query['labelSelector'] = spec['label_selector']
+    if spec.get('field_selector'):
+        query['fieldSelector'] = spec['field_selector']
+    return k8s.list_optional(path_for(spec['api_version'], plural, None, spec.get('namespace')), query)
+
+
+def main() -> None:
+    argument_spec = auth_argument_spec()
+    argument_spec.update(
+        node_selector={'type': 'str', 'default': ''},
+        names={'type': 'list', 'elements': 'str', 'default': []},
+        gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
+                                                  'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
+        dcgm_exporter={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'DaemonSet',
+                                                   'namespace': 'gpu-operator', 'name': 'nvidia-dcgm-exporter'}},
+        resources={'type': 'list', 'elements': 'dict', 'default': []},
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    p = module.params
+    try:
+        specs = [F.validate_resource(i, r) for i, r in enumerate(p['resources'])]
+        for field in ('gpu_operator', 'dcgm_exporter'):
+            if p[field] is not None:
+                F.validate_resource(0, p[field])
+        k8s = K8sClient.from_params(p)
+        query = {'labelSelector': p['node_selector']} if p['node_selector'] else None
+        nodes = [F.node_facts(n) for n in k8s.list_all(path_for('v1', 'nodes'), query)]
+        if p['names']:
+            wanted = set(p['names'])
+            missing = sorted(wanted - {n['name'] for n in nodes})
+            if missing:
+                module.fail_json(msg='names: no such node in the pool: %s' % ', '.join(missing))
+            nodes = [n for n in nodes if n['name'] in wanted]
+        nodes.sort(key=lambda n: n['name'])
+        cluster = {}
+        for field in ('gpu_operator', 'dcgm_exporter'):
+            objs = _read(k8s, p[field]) if p[field] is not None else []
+            cluster[field] = F.image_version(objs[0]) if objs else None
+        resources = [_read(k8s, s) for s in specs]
+    except F.FleetError as exc:
+        module.fail_json(msg=str(exc))
+    except K8sError as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
+        module.fail_json(msg='unexpected error: %s' % exc, exception=traceback.format_exc())
+    module.exit_json(changed=False, nodes=nodes, cluster=cluster, resources=resources)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,79 @@
+"""The lab reboot path: what a reboot (or a driver reload) does to an emulated lab node.
+
+    python lab_node.py <lab dir> reboot|reload <node>
+
+Used by the node_upgrade and rollback roles when `*_activation: lab` (never on real hosts):
+
+1. the NVML stand-in state follows the install root: its driver version is rewritten from
+   `dpkg-query` of the node's root (what loading the installed kernel module does);
+2. the Node's driver labels follow, as GPU Feature Discovery relabels a real node;
+3. `reboot` marks the Node NotReady and then Ready again (a simulated reboot: no sleep), except for
+   nodes listed in lab.json `stuck` (they stay NotReady: a node that does not come back);
+4. on the node named in lab.json `fault`, when the NEW driver came up, a critical Xid 79
+   ("GPU has fallen off the bus") is appended to the node's kernel log: the lab's injected fault.
+
+Prints one JSON line: {"changed": true, "driver": ..., "ready": ..., "fault": ...}.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]
+
+from tools import nvml_stub  # noqa: E402
+from tools.labenv import TARGET_DRIVER, installed_driver  # noqa: E402
+
+
+def _k8s(kubeconfig: str):
+    from kubernetes import client, config
+    return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+
+
+def _ready_patch(ready: bool) -> dict:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    return {'status': {'conditions': [{
+        'type': 'Ready', 'status': 'True' if ready else 'False',
+        'reason': 'KubeletReady' if ready else 'KubeletNotReady',
+        'message': 'kubelet is posting ready status' if ready else 'node is rebooting (lab)',
+        'lastHeartbeatTime': now, 'lastTransitionTime': now}]}}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in ('reboot', 'reload'):
+        print(json.dumps({'failed': True, 'msg': 'usage: lab_node.py <lab dir> reboot|reload <node>'}))
+        return 2
+    lab, mode, name = pathlib.Path(argv[0]), argv[1], argv[2]
+    conf = json.loads((lab / 'lab.json').read_text())
+    node_dir = lab / 'nodes' / name
+    driver = installed_driver(node_dir / 'root')
+    state = json.loads((node_dir / 'nvml.json').read_text())
+    state['driver_version'] = driver
+    (node_dir / 'nvml.json').write_text(json.dumps(state, indent=1))
+    nvml_stub.write_state(node_dir / 'nvml.state', state)
+    api = _k8s(conf['kubeconfig'])
+    major, minor, rev = (driver or '0.0.0').split('.')
+    api.patch_node(name, {'metadata': {'labels': {
+        'nvidia.com/cuda.driver.major': major, 'nvidia.com/cuda.driver.minor': minor,
+        'nvidia.com/cuda.driver.rev': rev}}})
+    stuck = name in conf.get('stuck', [])
+    if mode == 'reboot' or stuck:
+        api.patch_node_status(name, _ready_patch(False))
+        if not stuck:
+            api.patch_node_status(name, _ready_patch(True))
+    fault = conf.get('fault') == name and driver == TARGET_DRIVER
+    if fault:
+        when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S+00:00')
+        bus = state['gpus'][3]['bus_id'][4:14].lower()
+        with open(node_dir / 'kern.log', 'a', encoding='utf-8') as log:
+            log.write('%s %s kernel: NVRM: Xid (PCI:%s): 79, pid=0, name=lab, GPU has fallen off the bus.\n'
+                      % (when, name, bus))
+    print(json.dumps({'changed': True, 'driver': driver, 'ready': not stuck, 'fault': fault, 'mode': mode}))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
