@@ -51,6 +51,16 @@ options:
       - The phase to record. Without it the module only reads.
     type: str
     choices: [cordoned, drained, snapshotted, installed, activated, validated, failed, rolled-back, done]
+  wait_ready:
+    description:
+      - Seconds to wait for the Node's Ready condition to be True before anything is recorded (after a reboot or a
+        driver reload). V(0) does not wait. At the deadline the task fails, records nothing, and says so.
+    type: float
+    default: 0
+  interval:
+    description: Seconds between readiness checks while waiting.
+    type: float
+    default: 5
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
 seealso:
@@ -114,6 +124,7 @@ state:
       type: str
 """
 
+import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -134,6 +145,8 @@ def main() -> None:
         node={'type': 'str', 'required': True},
         target={'type': 'dict', 'required': True},
         phase={'type': 'str', 'choices': list(S.SETTABLE)},
+        wait_ready={'type': 'float', 'default': 0},
+        interval={'type': 'float', 'default': 5},
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     if not HAS_KUBERNETES:
@@ -143,9 +156,21 @@ def main() -> None:
         key = S.target_key(p['target'])
     except S.StateError as exc:
         module.fail_json(msg=str(exc))
+    if p['wait_ready'] < 0 or p['interval'] <= 0:
+        module.fail_json(msg='wait_ready: %r must be 0 or more and interval: %r more than 0 seconds'
+                         % (p['wait_ready'], p['interval']))
     path = path_for('v1', 'nodes', p['node'])
     try:
         k8s = K8sClient.from_params(p)
+        if p['wait_ready']:
+            deadline = time.monotonic() + p['wait_ready']
+            checks = 1
+            while not S.is_ready(k8s.get(path)):
+                if time.monotonic() + p['interval'] > deadline:
+                    module.fail_json(msg='node %s did not become Ready within %ss (%d checks); nothing recorded'
+                                     % (p['node'], p['wait_ready'], checks), ready=False)
+                time.sleep(p['interval'])
+                checks += 1
         if not p['phase']:
             before = after = k8s.get(path)
         elif module.check_mode:

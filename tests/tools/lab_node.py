@@ -19,18 +19,30 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
+import re
+import subprocess
 import sys
+import urllib.request
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent)]
+# This hook runs on every lab activation, so it stays light: no kubernetes client, no pytest; the
+# API is the emulator's plain HTTP on loopback, and only the driver_version line of the stand-in's
+# state file changes (tests/tools/nvml_stub/README.md).
 
-from tools import nvml_stub  # noqa: E402
-from tools.labenv import TARGET_DRIVER, installed_driver  # noqa: E402
+def installed_driver(root: pathlib.Path) -> str | None:
+    """The upstream version of the driver package installed under `root` (dpkg-query)."""
+    out = subprocess.run(['dpkg-query', '--admindir=%s/var/lib/dpkg' % root, '-W', '-f=${Version} ${db:Status-Abbrev}',
+                          'nvidia-driver-580-server'], capture_output=True, text=True, check=False)
+    parts = out.stdout.split()
+    if out.returncode != 0 or len(parts) < 2 or parts[1] not in ('ii', 'hi'):
+        return None
+    return parts[0].split('-', 1)[0]
 
 
-def _k8s(kubeconfig: str):
-    from kubernetes import client, config
-    return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+def _patch(api: str, path: str, body: dict) -> None:
+    req = urllib.request.Request(api + path, data=json.dumps(body).encode(), method='PATCH',
+                                 headers={'Content-Type': 'application/merge-patch+json'})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
 
 
 def _ready_patch(ready: bool) -> dict:
@@ -53,18 +65,19 @@ def main(argv: list[str]) -> int:
     state = json.loads((node_dir / 'nvml.json').read_text())
     state['driver_version'] = driver
     (node_dir / 'nvml.json').write_text(json.dumps(state, indent=1))
-    nvml_stub.write_state(node_dir / 'nvml.state', state)
-    api = _k8s(conf['kubeconfig'])
+    text = (node_dir / 'nvml.state').read_text()
+    (node_dir / 'nvml.state').write_text(re.sub(r'(?m)^driver_version .*$', 'driver_version %s' % driver, text))
+    api, path = conf['api'], '/api/v1/nodes/' + name
     major, minor, rev = (driver or '0.0.0').split('.')
-    api.patch_node(name, {'metadata': {'labels': {
+    _patch(api, path, {'metadata': {'labels': {
         'nvidia.com/cuda.driver.major': major, 'nvidia.com/cuda.driver.minor': minor,
         'nvidia.com/cuda.driver.rev': rev}}})
     stuck = name in conf.get('stuck', [])
     if mode == 'reboot' or stuck:
-        api.patch_node_status(name, _ready_patch(False))
+        _patch(api, path + '/status', _ready_patch(False))
         if not stuck:
-            api.patch_node_status(name, _ready_patch(True))
-    fault = conf.get('fault') == name and driver == TARGET_DRIVER
+            _patch(api, path + '/status', _ready_patch(True))
+    fault = conf.get('fault') == name and driver == conf['target_driver']
     if fault:
         when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S+00:00')
         bus = state['gpus'][3]['bus_id'][4:14].lower()

@@ -111,8 +111,7 @@ def make_roots(lab: pathlib.Path, names: list[str]) -> pathlib.Path:
     if not (template / 'var/lib/dpkg/status').is_file() or 'nvidia-driver' not in (template / 'var/lib/dpkg/status').read_text():
         shutil.rmtree(template, ignore_errors=True)
         root = debrepo.AptRoot.create(template, repo)
-        root.apt_get('install', '-y', *['%s=%s' % (n, debrepo.deb_version(SOURCE_DRIVER)) for n in (
-            'nvidia-driver-580-server', 'nvidia-utils-580-server')])
+        root.apt_get('install', '-y', *['%s=%s' % (s.name, s.version) for s in debrepo.driver_specs((SOURCE_DRIVER,))])
     for name in names:
         dest = lab / 'nodes' / name / 'root'
         shutil.rmtree(dest, ignore_errors=True)

@@ -1,0 +1,334 @@
+"""`make lab`: the whole procedure on an emulated 40-node GPU pool, with an injected fault.
+
+    python tests/tools/lab.py [--dir .lab] [--fault auto|none|<node>] [--nodes 40] [--stuck <node>]
+
+1. environment: the Kubernetes API emulator (pod-lifecycle simulator on) with 40 GPU nodes of two
+   models (two PCI identities), a device plugin pod and a training pod on each, PodDisruptionBudgets;
+   per-node install roots with the driver set at 580.126.20 (real dpkg/apt), a stand-in NVML state
+   per node (tests/tools/labenv.py explains how it follows the install root), a kernel log per node;
+   Prometheus is looked for and, in this version, the metric gate is not wired into the lab (said so);
+2. plan.yml (hosts' NVML facts + the API) → canary.yml (2 canaries per model, rollback exercised)
+   → the draft qualification record → approval (the lab approves as "lab-approver"; in production a
+   second operator does it, e.g. in an AWX approval node) → upgrade_check.yml PASS (collected mode)
+   → rollout.yml in the plan's batches of at most 4;
+3. the fault: on one node of a later batch the lab's reboot path logs a new Xid 79 after the new
+   driver came up; the GPU gate fails, expansion stops, the node stays cordoned and its rollback
+   restores 580.126.20;
+4. a summary table and the path of the HTML report. Exit 0 when the scenario behaved as designed.
+
+Everything lives under --dir (default .lab/); ansible output is the progress display.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
+
+import ansible_runner  # noqa: E402
+
+from emulator import Emulator  # noqa: E402
+from tools import labenv, nvml_stub  # noqa: E402
+
+APPROVER = 'lab-approver'
+# Simulated maintenance time of one node on a real fleet (seconds): drain, install, reboot/reload
+# and the gates' observation. The lab does not sleep them; bench/lab_overhead.py compares the
+# controller's own time against them.
+SIMULATED = {'drain': 600, 'install': 300, 'activate': 300, 'gates': 600}
+
+
+def log(msg: str) -> None:
+    print('lab: ' + msg, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    def __init__(self, lab: pathlib.Path, nodes: int, fault: str, stuck: list[str], quiet: bool,
+                 lab_vars: dict[str, Any] | None = None) -> None:
+        self.dir = lab
+        self.names = labenv.node_names(nodes)
+        self.fault = fault
+        self.stuck = stuck
+        self.quiet = quiet
+        self.lab_vars = lab_vars or {}
+        self.emu: Emulator | None = None
+        self.timings: list[dict[str, Any]] = []
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ environment
+    def prepare(self) -> None:
+        for sub in ('nodes', 'snapshots', 'evidence', 'runner'):
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
+        for f in ('plan.json', 'gpu-upgrade-qualification.yaml', 'report.html', 'canary-report.html'):
+            (self.dir / f).unlink(missing_ok=True)
+        (self.dir / 'snapshots').mkdir(parents=True)
+        (self.dir / 'evidence').mkdir()
+        t0 = time.monotonic()
+        self.lib_dir = nvml_stub.build()
+        labenv.make_roots(self.dir, self.names)
+        labenv.write_node_files(self.dir, self.names)
+        log('%d install roots (driver %s, real dpkg) and NVML states ready in %.1fs under %s'
+            % (len(self.names), labenv.SOURCE_DRIVER, time.monotonic() - t0, self.dir))
+        self.emu = Emulator(port=free_port(), kubeconfig_path=self.dir / 'kubeconfig').start()
+        self.emu.simulator.recreate_owned_pods = True
+        self.emu.apply(labenv.kubernetes_objects(self.names))
+        log('Kubernetes API emulator on %s: %d GPU nodes (%s), device plugin and training pods, PDBs'
+            % (self.emu.url, len(self.names), ' + '.join('%s %s' % (m['product'], m['pci']) for m in labenv.MODELS)))
+        self.prometheus = shutil.which('prometheus')
+        log('metric gates: OFF in this lab version (%s); the GPU and node gates decide'
+            % ('Prometheus found at %s' % self.prometheus if self.prometheus else
+               'Prometheus not installed: run as root `apt-get install prometheus`'))
+        self.write_conf()
+        self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
+
+    def write_conf(self) -> None:
+        (self.dir / 'lab.json').write_text(json.dumps({
+            'kubeconfig': str((self.dir / 'kubeconfig').resolve()), 'api': self.emu.url,
+            'target_driver': labenv.TARGET_DRIVER,
+            'fault': self.fault if self.fault not in ('auto', 'none') else None,
+            'stuck': self.stuck}, indent=1))
+
+    def role_vars(self) -> dict[str, Any]:
+        v = {
+            'gpufleet_plan_file': str(self.dir / 'plan.json'),
+            'gpufleet_canary_evidence': str(self.dir / 'evidence' / 'canary.json'),
+            'gpufleet_canary_report': str(self.dir / 'canary-report.html'),
+            'gpufleet_evidence': str(self.dir / 'evidence' / 'rollout.json'),
+            'gpufleet_record_file': str(self.dir / 'gpu-upgrade-qualification.yaml'),
+            'gpufleet_qualification': str(self.dir / 'gpu-upgrade-qualification.yaml'),
+            'gpufleet_record_id': 'lab-driver-580-130',
+            'gpufleet_source_revision': self.revision(),
+            'gpufleet_canaries_per_combination': 2 if len(self.names) >= 20 else 1,
+            'gpufleet_batch_size': 4,
+            'gpufleet_max_unavailable': 8,
+            # 40 nodes: 4 isolated canaries + a batch of 4 leave 80 % of the GPUs in service.
+            'gpufleet_failure_allowance': {'gpus': '75%' if len(self.names) >= 20 else '25%'},
+            # The lab reboot path and quick simulated waits (real fleets keep the defaults).
+            'node_upgrade_activation': 'lab', 'rollback_activation': 'lab',
+            'node_upgrade_ready_interval': 1, 'rollback_ready_interval': 1,
+            'node_upgrade_reboot_timeout': 30, 'rollback_reboot_timeout': 30,
+            'node_upgrade_drain_timeout': 60, 'node_upgrade_drain_retry_interval': 0.2,
+            'node_upgrade_node_gate_timeout': 10, 'node_upgrade_node_gate_interval': 0.5,
+            'rollback_node_gate_timeout': 10, 'rollback_node_gate_interval': 0.5,
+        }
+        v.update(self.lab_vars)
+        return v
+
+    @staticmethod
+    def revision() -> str:
+        out = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True, check=False)
+        rev = out.stdout.strip()
+        return rev if re.fullmatch(r'[0-9a-f]{40}', rev) else '0' * 40
+
+    # ------------------------------------------------------------------ playbooks
+    def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None) -> str:
+        pdd = self.dir / 'runner' / name
+        shutil.rmtree(pdd, ignore_errors=True)
+        (pdd / 'project').mkdir(parents=True)
+        failures: list[dict] = []
+
+        def on_event(event: dict) -> bool:
+            data = event.get('event_data', {})
+            if event.get('event') == 'runner_on_failed' and not data.get('ignore_errors'):
+                failures.append({'host': data.get('host'), 'task': data.get('task'),
+                                 'msg': (data.get('res') or {}).get('msg')})
+            return True
+
+        env = {k: os.environ[k] for k in ('PATH', 'HOME', 'LANG', 'TMPDIR') if k in os.environ}
+        env['PATH'] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get('PATH', '')
+        env.update({
+            'ANSIBLE_COLLECTIONS_PATH': str(REPO / '.venv' / 'collections'),
+            'ANSIBLE_RETRY_FILES_ENABLED': '0', 'ANSIBLE_FORKS': '8',
+            'ANSIBLE_DISPLAY_SKIPPED_HOSTS': 'false', 'ANSIBLE_DEPRECATION_WARNINGS': 'false',
+            'ANSIBLE_LOCALHOST_WARNING': 'false', 'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'false',
+            'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
+            'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
+        })
+        log('== %s (%s)' % (name, playbook))
+        t0, c0 = time.monotonic(), _children_cpu()
+        result = ansible_runner.run(
+            private_data_dir=str(pdd), playbook=str(REPO / 'playbooks' / playbook), inventory=self.inventory,
+            extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900)
+        self.timings.append({'step': name, 'wall': time.monotonic() - t0, 'cpu': _children_cpu() - c0})
+        self.runs[name] = {'status': result.status, 'rc': result.rc, 'failures': failures}
+        log('== %s: %s in %.1fs' % (name, result.status, time.monotonic() - t0))
+        return result.status
+
+    # ------------------------------------------------------------------ steps
+    def plan(self) -> dict:
+        if self.play('plan', 'plan.yml') != 'successful':
+            raise LabError('plan.yml failed: %s' % self.runs['plan']['failures'])
+        plan = json.loads((self.dir / 'plan.json').read_text())
+        if self.fault == 'auto':
+            later = plan['batches'][3] if len(plan['batches']) > 3 else plan['batches'][-1]
+            self.fault = later[len(later) // 2]
+            self.write_conf()
+        log('plan: %d combinations, canaries %s, %d batches of at most %d; injected fault: %s'
+            % (len(plan['combinations']), ', '.join(plan['canaries']), len(plan['batches']), plan['batch_size'],
+               'Xid 79 on %s after its upgrade' % self.fault if self.fault != 'none' else 'none'))
+        return plan
+
+    def approve(self) -> None:
+        path = self.dir / 'gpu-upgrade-qualification.yaml'
+        text = path.read_text()
+        if not re.search(r'^state: "?qualified"?$', text, re.M):
+            raise LabError('the canary did not qualify the target; see %s' % path)
+        text, n = re.subn(r'^approvedBy: .*$', 'approvedBy: "%s"' % APPROVER, text, count=1, flags=re.M)
+        if n != 1:
+            raise LabError('no approvedBy field in %s' % path)
+        path.write_text(text)
+        log('approval: the lab approves the record as "%s". In production a second operator reviews the '
+            'evidence and approves (an AWX workflow approval node, or a reviewed commit).' % APPROVER)
+
+    def gate(self) -> None:
+        status = self.play('upgrade_check', 'upgrade_check.yml', {
+            'upgrade_check_qualification': str(self.dir / 'gpu-upgrade-qualification.yaml'),
+            'upgrade_check_plan': str(self.dir / 'plan.json')})
+        if status != 'successful':
+            raise LabError('upgrade_check did not PASS: %s' % self.runs['upgrade_check']['failures'])
+
+    # ------------------------------------------------------------------ verdict
+    def node_view(self) -> list[dict]:
+        rows = []
+        for name in self.names:
+            node = self.emu.get('v1', 'Node', name)
+            ann = node['metadata'].get('annotations') or {}
+            rows.append({'node': name, 'model': node['metadata']['labels'].get('gpufleet.io/model', '?'),
+                         'driver': labenv.installed_driver(self.dir / 'nodes' / name / 'root'),
+                         'nvml': json.loads((self.dir / 'nodes' / name / 'nvml.json').read_text())['driver_version'],
+                         'cordoned': bool(node['spec'].get('unschedulable')),
+                         'state': ann.get('gpufleet.io/upgrade-state') or
+                         ('done' if ann.get('gpufleet.io/upgraded-to') else '-'),
+                         'canary': (node['metadata']['labels'] or {}).get('gpufleet.io/canary') == 'true'})
+        return rows
+
+    def verdict(self, plan: dict, rollout_status: str) -> list[str]:
+        rows = {r['node']: r for r in self.node_view()}
+        problems = []
+        if self.fault == 'none':
+            if rollout_status != 'successful':
+                problems.append('rollout did not complete: %s' % self.runs['rollout']['failures'])
+            for r in rows.values():
+                if r['driver'] != labenv.TARGET_DRIVER or r['nvml'] != labenv.TARGET_DRIVER:
+                    problems.append('%s runs %s (NVML %s), not %s' % (r['node'], r['driver'], r['nvml'], labenv.TARGET_DRIVER))
+                if r['cordoned']:
+                    problems.append('%s is still cordoned' % r['node'])
+            return problems
+        fb = next(i for i, b in enumerate(plan['batches']) if self.fault in b)
+        if rollout_status == 'successful':
+            problems.append('the rollout completed although %s had a critical fault' % self.fault)
+        f = rows[self.fault]
+        if not f['cordoned']:
+            problems.append('%s (the faulty node) is not cordoned' % self.fault)
+        if f['driver'] != labenv.SOURCE_DRIVER:
+            problems.append('%s: the rollback did not restore %s (installed: %s)' % (self.fault, labenv.SOURCE_DRIVER, f['driver']))
+        for i, batch in enumerate(plan['batches']):
+            for name in batch:
+                r = rows[name]
+                if i < fb and (r['driver'] != labenv.TARGET_DRIVER or r['cordoned']):
+                    problems.append('%s (batch %d, before the fault) is not upgraded and in service' % (name, i))
+                if i > fb and (r['driver'] != labenv.SOURCE_DRIVER or r['cordoned'] or r['state'] != '-'):
+                    problems.append('%s (batch %d, after the fault) was touched: expansion did not stop' % (name, i))
+        return problems
+
+    def summary(self, plan: dict) -> None:
+        rows = {r['node']: r for r in self.node_view()}
+        print('\n%-6s %-7s %-26s %-10s %-9s %-12s %s' % ('batch', 'node', 'model', 'driver', 'cordoned', 'state', 'note'))
+        for i, batch in enumerate(plan['batches']):
+            for name in batch:
+                r = rows[name]
+                note = 'canary' if r['canary'] else ''
+                if name == self.fault:
+                    note = 'INJECTED Xid 79 -> stopped, rolled back'
+                print('%-6s %-7s %-26s %-10s %-9s %-12s %s' % (i, name, r['model'], r['driver'],
+                                                            'yes' if r['cordoned'] else 'no', r['state'], note))
+
+    def report(self) -> pathlib.Path | None:
+        bundle = self.dir / 'evidence' / 'rollout.json'
+        if not bundle.is_file():
+            return None
+        from ansible_collections.gpufleet.upgrade.plugins.module_utils import _evidence
+        out = self.dir / 'report.html'
+        out.write_text(_evidence.render_html(_evidence.loads(bundle.read_text())))
+        return out
+
+    def stop(self) -> None:
+        if self.emu is not None:
+            self.emu.stop()
+
+
+class LabError(Exception):
+    pass
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def run(args: argparse.Namespace) -> int:
+    lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet)
+    lab.dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        lab.prepare()
+        plan = lab.plan()
+        if lab.play('canary', 'canary.yml') != 'successful':
+            raise LabError('canary.yml failed: %s' % lab.runs['canary']['failures'])
+        lab.approve()
+        lab.gate()
+        rollout = lab.play('rollout', 'rollout.yml')
+        problems = lab.verdict(plan, rollout)
+        lab.summary(plan)
+        report = lab.report()
+        print()
+        for f in lab.runs.get('rollout', {}).get('failures', []):
+            log('rollout stopped at %s: %s' % (f['host'], f['msg']))
+        log('HTML report: %s' % report)
+        log('canary report: %s' % (lab.dir / 'canary-report.html'))
+        (lab.dir / 'timings.json').write_text(json.dumps({'steps': lab.timings, 'simulated_per_node': SIMULATED,
+                                                          'batches': plan['batches'], 'fault': lab.fault}, indent=1))
+        if problems:
+            for p in problems:
+                log('NOT AS DESIGNED: ' + p)
+            return 1
+        log('OK in %.0fs: %s' % (time.monotonic() - t0, 'the whole rollout completed' if lab.fault == 'none' else
+                                  'the fault on %s stopped expansion, the node stays cordoned and its rollback '
+                                  'restored %s' % (lab.fault, labenv.SOURCE_DRIVER)))
+        return 0
+    except LabError as exc:
+        log('FAILED: %s' % exc)
+        return 1
+    finally:
+        lab.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab')
+    parser.add_argument('--fault', default=os.environ.get('FAULT', 'auto'),
+                        help='auto (a node of a later batch), none, or a node name')
+    parser.add_argument('--nodes', type=int, default=40)
+    parser.add_argument('--stuck', action='append', default=[], help='a node that does not come back Ready')
+    parser.add_argument('--quiet', action='store_true', help='no ansible output')
+    return run(parser.parse_args(argv))
+
+
+if __name__ == '__main__':
+    sys.exit(main())
