@@ -73,12 +73,13 @@ class Lab:
 
     # ------------------------------------------------------------------ environment
     def prepare(self) -> None:
-        for sub in ('nodes', 'snapshots', 'evidence', 'runner'):
+        for sub in ('nodes', 'snapshots', 'evidence', 'runner', 'qualification'):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
-        for f in ('plan.json', 'gpu-upgrade-qualification.yaml', 'report.html', 'canary-report.html'):
+        for f in ('plan.json', 'report.html'):
             (self.dir / f).unlink(missing_ok=True)
         (self.dir / 'snapshots').mkdir(parents=True)
         (self.dir / 'evidence').mkdir()
+        (self.dir / 'qualification').mkdir()
         t0 = time.monotonic()
         self.lib_dir = nvml_stub.build()
         labenv.make_roots(self.dir, self.names)
@@ -107,11 +108,8 @@ class Lab:
     def role_vars(self) -> dict[str, Any]:
         v = {
             'gpufleet_plan_file': str(self.dir / 'plan.json'),
-            'gpufleet_canary_evidence': str(self.dir / 'evidence' / 'canary.json'),
-            'gpufleet_canary_report': str(self.dir / 'canary-report.html'),
+            'gpufleet_qualification_dir': str(self.dir / 'qualification'),
             'gpufleet_evidence': str(self.dir / 'evidence' / 'rollout.json'),
-            'gpufleet_record_file': str(self.dir / 'gpu-upgrade-qualification.yaml'),
-            'gpufleet_qualification': str(self.dir / 'gpu-upgrade-qualification.yaml'),
             'gpufleet_record_id': 'lab-driver-580-130',
             'gpufleet_source_revision': self.revision(),
             'gpufleet_canaries_per_combination': 2 if len(self.names) >= 20 else 1,
@@ -185,20 +183,24 @@ class Lab:
         return plan
 
     def approve(self) -> None:
-        path = self.dir / 'gpu-upgrade-qualification.yaml'
-        text = path.read_text()
-        if not re.search(r'^state: "?qualified"?$', text, re.M):
-            raise LabError('the canary did not qualify the target; see %s' % path)
-        text, n = re.subn(r'^approvedBy: .*$', 'approvedBy: "%s"' % APPROVER, text, count=1, flags=re.M)
-        if n != 1:
-            raise LabError('no approvedBy field in %s' % path)
-        path.write_text(text)
-        log('approval: the lab approves the record as "%s". In production a second operator reviews the '
-            'evidence and approves (an AWX workflow approval node, or a reviewed commit).' % APPROVER)
+        records = sorted((self.dir / 'qualification').glob('*.yaml'))
+        if not records:
+            raise LabError('the canary wrote no qualification record under %s' % (self.dir / 'qualification'))
+        for path in records:
+            text = path.read_text()
+            if not re.search(r'^state: "?qualified"?$', text, re.M):
+                raise LabError('the canary did not qualify the target; see %s' % path)
+            text, n = re.subn(r'^approvedBy: .*$', 'approvedBy: "%s"' % APPROVER, text, count=1, flags=re.M)
+            if n != 1:
+                raise LabError('no approvedBy field in %s' % path)
+            path.write_text(text)
+        log('approval: the lab approves %s as "%s". In production a second operator reviews the evidence and '
+            'approves (an AWX workflow approval node, or a reviewed commit).'
+            % (', '.join(p.name for p in records), APPROVER))
 
     def gate(self) -> None:
         status = self.play('upgrade_check', 'upgrade_check.yml', {
-            'upgrade_check_qualification': str(self.dir / 'gpu-upgrade-qualification.yaml'),
+            'upgrade_check_qualification_dir': str(self.dir / 'qualification'),
             'upgrade_check_plan': str(self.dir / 'plan.json')})
         if status != 'successful':
             raise LabError('upgrade_check did not PASS: %s' % self.runs['upgrade_check']['failures'])
@@ -301,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
         for f in lab.runs.get('rollout', {}).get('failures', []):
             log('rollout stopped at %s: %s' % (f['host'], f['msg']))
         log('HTML report: %s' % report)
-        log('canary report: %s' % (lab.dir / 'canary-report.html'))
+        log('canary reports: %s' % ', '.join(str(p) for p in sorted((lab.dir / 'qualification').glob('*.html'))))
         (lab.dir / 'timings.json').write_text(json.dumps({'steps': lab.timings, 'simulated_per_node': SIMULATED,
                                                           'batches': plan['batches'], 'fault': lab.fault}, indent=1))
         if problems:
