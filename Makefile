@@ -28,7 +28,7 @@ SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 .PHONY: help venv collection test units integration sanity lint lab emulator clean system-deps
 
 help:
-	@echo "make lab    - run the main job (the lab rollout on the emulated fleet)"
+	@echo "make lab    - run the main job (the lab rollout on the emulated fleet; FAULT=none for no fault)"
 	@echo "make test   - run every test layer (units, ansible-test sanity, integration)"
 	@echo "make units | integration | sanity | emulator | clean"
 
@@ -88,8 +88,11 @@ test: collection system-deps
 	$(PYTEST) tests/unit tests/integration
 	$(MAKE) --no-print-directory sanity
 
+# The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on an emulated
+# 40-node pool, with an injected Xid 79 (FAULT=none: the whole rollout completes; FAULT=<node>).
+FAULT ?= auto
 lab: collection
-	$(VPY) tests/tools/lab.py
+	$(VPY) tests/tools/lab.py --fault $(FAULT)
 
 # The Kubernetes API emulator in the foreground (Ctrl-C stops it); EMULATOR_FLEET=file.yml seeds it.
 EMULATOR_PORT       ?= 16443

@@ -152,7 +152,7 @@ class Lab:
         env['PATH'] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get('PATH', '')
         env.update({
             'ANSIBLE_COLLECTIONS_PATH': str(REPO / '.venv' / 'collections'),
-            'ANSIBLE_RETRY_FILES_ENABLED': '0', 'ANSIBLE_FORKS': '8',
+            'ANSIBLE_RETRY_FILES_ENABLED': '0', 'ANSIBLE_FORKS': '8', 'ANSIBLE_PIPELINING': '1',
             'ANSIBLE_DISPLAY_SKIPPED_HOSTS': 'false', 'ANSIBLE_DEPRECATION_WARNINGS': 'false',
             'ANSIBLE_LOCALHOST_WARNING': 'false', 'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'false',
             'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
@@ -174,7 +174,8 @@ class Lab:
             raise LabError('plan.yml failed: %s' % self.runs['plan']['failures'])
         plan = json.loads((self.dir / 'plan.json').read_text())
         if self.fault == 'auto':
-            later = plan['batches'][3] if len(plan['batches']) > 3 else plan['batches'][-1]
+            # A later batch with at least one batch after it (the 40-node lab: the 4th batch).
+            later = plan['batches'][max(1, min(3, len(plan['batches']) - 2))]
             self.fault = later[len(later) // 2]
             self.write_conf()
         log('plan: %d combinations, canaries %s, %d batches of at most %d; injected fault: %s'
