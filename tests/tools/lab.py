@@ -135,14 +135,22 @@ class Lab:
         return rev if re.fullmatch(r'[0-9a-f]{40}', rev) else '0' * 40
 
     # ------------------------------------------------------------------ playbooks
-    def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None) -> str:
+    def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None,
+             cancel_on: Any = None) -> str:
+        """Run a playbook; `cancel_on(event) -> bool` cancels the run (a killed controller) once true."""
         pdd = self.dir / 'runner' / name
         shutil.rmtree(pdd, ignore_errors=True)
         (pdd / 'project').mkdir(parents=True)
         failures: list[dict] = []
+        events: list[dict] = []
+        cancelled = [False]
 
         def on_event(event: dict) -> bool:
             data = event.get('event_data', {})
+            events.append({'event': event.get('event'), 'host': data.get('host'), 'task': data.get('task'),
+                           'changed': (data.get('res') or {}).get('changed')})
+            if cancel_on is not None and not cancelled[0] and cancel_on(event):
+                cancelled[0] = True
             if event.get('event') == 'runner_on_failed' and not data.get('ignore_errors'):
                 failures.append({'host': data.get('host'), 'task': data.get('task'),
                                  'msg': (data.get('res') or {}).get('msg')})
@@ -162,9 +170,10 @@ class Lab:
         t0, c0 = time.monotonic(), _children_cpu()
         result = ansible_runner.run(
             private_data_dir=str(pdd), playbook=str(REPO / 'playbooks' / playbook), inventory=self.inventory,
-            extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900)
+            extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900,
+            cancel_callback=lambda: cancelled[0])
         self.timings.append({'step': name, 'wall': time.monotonic() - t0, 'cpu': _children_cpu() - c0})
-        self.runs[name] = {'status': result.status, 'rc': result.rc, 'failures': failures}
+        self.runs[name] = {'status': result.status, 'rc': result.rc, 'failures': failures, 'events': events}
         log('== %s: %s in %.1fs' % (name, result.status, time.monotonic() - t0))
         return result.status
 
