@@ -26,7 +26,7 @@ TARGET_PERCENT = 2.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--nodes', type=int, default=40)
     parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab-bench')
     parser.add_argument('--reuse', action='store_true', help='only read an existing timings.json')
@@ -42,16 +42,16 @@ def main() -> int:
     t = json.loads((args.dir / 'timings.json').read_text())
     steps = {s['step']: s for s in t['steps']}
     per_node = sum(t['simulated_per_node'].values())
-    batches = [b for b in t['batches'][1:]]          # batch 0: the canaries, upgraded by canary.yml
+    batches = list(t['batches'][1:])          # batch 0: the canaries, upgraded by canary.yml
     simulated = per_node * len(batches)
     roll = steps['rollout']
     print('lab rollout of %d nodes in %d batches (canaries done before)' % (sum(map(len, batches)), len(batches)))
     print('%-44s %10s' % ('', 'seconds'))
     print('%-44s %10.1f' % ('simulated maintenance (%d s per batch)' % per_node, simulated))
-    print('%-44s %10.1f   %5.2f %%   (target <= %.1f %%)' % ('controller wall time (rollout.yml)', roll['wall'],
-                                                              100 * roll['wall'] / simulated, TARGET_PERCENT))
-    print('%-44s %10.1f   %5.2f %%   (target <= %.1f %%)' % ('controller CPU time (ansible tree, upper bound)',
-                                                              roll['cpu'], 100 * roll['cpu'] / simulated, TARGET_PERCENT))
+    line = '%-44s %10.1f   %5.2f %%   (target <= %.1f %%)'
+    print(line % ('controller wall time (rollout.yml)', roll['wall'], 100 * roll['wall'] / simulated, TARGET_PERCENT))
+    print(line % ('controller CPU time (ansible tree, upper bound)', roll['cpu'], 100 * roll['cpu'] / simulated,
+                  TARGET_PERCENT))
     for name in ('plan', 'canary', 'upgrade_check'):
         if name in steps:
             print('%-44s %10.1f   (cpu %.1f)' % ('  %s.yml wall' % name, steps[name]['wall'], steps[name]['cpu']))

@@ -69,17 +69,40 @@ nodes:
   type: list
   elements: dict
   contains:
-    name: {description: Node name., type: str}
-    ready: {description: Ready condition is True., type: bool}
-    unschedulable: {description: Cordoned., type: bool}
-    gpus: {description: Allocatable whole GPUs (or the GPU count label)., type: int}
-    kernel: {description: Kernel release the kubelet reports., type: str}
-    rke2: {description: Kubelet version (the RKE2 version on RKE2)., type: str}
-    platform: {description: Label C(gpufleet.io/platform) or the instance type, else V(unknown)., type: str}
-    gpu_product: {description: Label C(nvidia.com/gpu.product)., type: str}
-    labels: {description: Labels., type: dict}
-    taints: {description: Taints., type: list, elements: dict}
-    annotations: {description: The C(gpufleet.io/*) annotations., type: dict}
+    name:
+      description: "Node name."
+      type: str
+    ready:
+      description: "Ready condition is True."
+      type: bool
+    unschedulable:
+      description: "Cordoned."
+      type: bool
+    gpus:
+      description: "Allocatable whole GPUs (or the GPU count label)."
+      type: int
+    kernel:
+      description: "Kernel release the kubelet reports."
+      type: str
+    rke2:
+      description: "Kubelet version (the RKE2 version on RKE2)."
+      type: str
+    platform:
+      description: "Label C(gpufleet.io/platform) or the instance type, else V(unknown)."
+      type: str
+    gpu_product:
+      description: "Label C(nvidia.com/gpu.product)."
+      type: str
+    labels:
+      description: "Labels."
+      type: dict
+    taints:
+      description: "Taints."
+      type: list
+      elements: dict
+    annotations:
+      description: "The C(gpufleet.io/*) annotations."
+      type: dict
 cluster:
   description: Versions read from the cluster, V(null) when not found.
   returned: success

@@ -21,7 +21,6 @@ Everything lives under --dir (default .lab/); ansible output is the progress dis
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -268,8 +267,8 @@ class Lab:
                 note = 'canary' if r['canary'] else ''
                 if name == self.fault:
                     note = 'INJECTED Xid 79 -> stopped, rolled back'
-                print('%-6s %-7s %-26s %-10s %-9s %-12s %s' % (i, name, r['model'], r['driver'],
-                                                            'yes' if r['cordoned'] else 'no', r['state'], note))
+                cordoned = 'yes' if r['cordoned'] else 'no'
+                print('%-6s %-7s %-26s %-10s %-9s %-12s %s' % (i, name, r['model'], r['driver'], cordoned, r['state'], note))
 
     def report(self) -> pathlib.Path | None:
         bundle = self.dir / 'evidence' / 'rollout.json'
@@ -320,9 +319,12 @@ def run(args: argparse.Namespace) -> int:
             for p in problems:
                 log('NOT AS DESIGNED: ' + p)
             return 1
-        log('OK in %.0fs: %s' % (time.monotonic() - t0, 'the whole rollout completed' if lab.fault == 'none' else
-                                  'the fault on %s stopped expansion, the node stays cordoned and its rollback '
-                                  'restored %s' % (lab.fault, labenv.SOURCE_DRIVER)))
+        if lab.fault == 'none':
+            what = 'the whole rollout completed'
+        else:
+            what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored %s'
+                    % (lab.fault, labenv.SOURCE_DRIVER))
+        log('OK in %.0fs: %s' % (time.monotonic() - t0, what))
         return 0
     except LabError as exc:
         log('FAILED: %s' % exc)
@@ -332,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab')
     parser.add_argument('--fault', default=os.environ.get('FAULT', 'auto'),
                         help='auto (a node of a later batch), none, or a node name')

@@ -28,6 +28,7 @@ import urllib.request
 # API is the emulator's plain HTTP on loopback, and only the driver_version line of the stand-in's
 # state file changes (tests/tools/nvml_stub/README.md).
 
+
 def installed_driver(root: pathlib.Path) -> str | None:
     """The upstream version of the driver package installed under `root` (dpkg-query)."""
     out = subprocess.run(['dpkg-query', '--admindir=%s/var/lib/dpkg' % root, '-W', '-f=${Version} ${db:Status-Abbrev}',

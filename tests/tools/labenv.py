@@ -18,7 +18,6 @@ Everything a lab node is lives under `<lab>/nodes/<name>/`:
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import sys
@@ -90,7 +89,7 @@ def kubernetes_objects(names: list[str]) -> list[dict]:
         objs.append(f.pdb('train-' + short, {'app': 'train-' + short}, 'ml', max_unavailable=4))
     for i, name in enumerate(names):
         m = model_of(i, len(names))
-        node = f.gpu_node(name, gpus=GPUS_PER_NODE, product=m['product'], pci=m['pci'].split('/')[0],
+        node = f.gpu_node(name, gpus=GPUS_PER_NODE, product=m['product'], pci=m['pci'].split('/', maxsplit=1)[0],
                           driver=SOURCE_DRIVER, labels={'gpufleet.io/platform': m['platform'],
                                                         'gpufleet.io/model': m['group']},
                           kernel=KERNEL, kubelet_version=RKE2)
