@@ -1,0 +1,50 @@
+"""What the orchestration reads about a pool from Node objects and workloads."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fleet as F
+
+
+def node(**kw):
+    n = {'metadata': {'name': 'gpu-07', 'labels': {'nvidia.com/gpu.product': 'NVIDIA-H100', 'gpufleet.io/platform': 'SYS-821GE'},
+                      'annotations': {'gpufleet.io/upgrade-state': 'drained', 'other': 'x'}},
+         'spec': {'unschedulable': True, 'taints': [{'key': 'k', 'effect': 'NoSchedule'}]},
+         'status': {'allocatable': {'nvidia.com/gpu': '8'},
+                    'conditions': [{'type': 'Ready', 'status': 'True'}],
+                    'nodeInfo': {'kernelVersion': '6.8.0-134-generic', 'kubeletVersion': 'v1.35.3+rke2r3'}}}
+    n.update(kw)
+    return n
+
+
+def test_node_facts_give_the_planner_row():
+    facts = F.node_facts(node())
+    assert facts['name'] == 'gpu-07' and facts['gpus'] == 8 and facts['ready'] is True
+    assert facts['unschedulable'] is True and facts['kernel'] == '6.8.0-134-generic'
+    assert facts['rke2'] == 'v1.35.3+rke2r3' and facts['platform'] == 'SYS-821GE'
+    assert facts['annotations'] == {'gpufleet.io/upgrade-state': 'drained'}
+
+
+def test_gpu_capacity_falls_back_to_the_count_label_and_not_ready_without_condition():
+    n = node(status={'allocatable': {}})
+    n['metadata']['labels']['nvidia.com/gpu.count'] = '4'
+    assert F.gpu_capacity(n) == 4 and F.is_ready(n) is False
+
+
+@pytest.mark.parametrize('image,version', [
+    ('nvcr.io/nvidia/gpu-operator:v26.3.3', 'v26.3.3'),
+    ('registry:5000/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04@sha256:' + 'a' * 64, '4.4.1-4.6.0-ubuntu22.04'),
+    ('registry:5000/nvidia/gpu-operator', None),
+])
+def test_image_version_reads_the_tag_not_the_registry_port(image, version):
+    ds = {'spec': {'template': {'spec': {'containers': [{'name': 'main', 'image': image}]}}}}
+    assert F.image_version(ds) == version
+
+
+def test_resource_entries_are_validated_by_index_and_key():
+    with pytest.raises(F.FleetError, match=r'resources\[1\].kind: required'):
+        F.validate_resource(1, {'api_version': 'v1'})
+    with pytest.raises(F.FleetError, match=r'resources\[0\]: unknown keys colour'):
+        F.validate_resource(0, {'api_version': 'v1', 'kind': 'Node', 'colour': 'x'})
+    assert F.plural_of('ResourceQuota') == 'resourcequotas' and F.plural_of('DeviceClass') == 'deviceclasses'
+    assert F.plural_of('Policy') == 'policies'
