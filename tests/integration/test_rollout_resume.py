@@ -3,7 +3,7 @@ upgrade, then rollout.yml runs again. It resumes from what the Node records, nev
 twice, never uncordons a node that was cordoned before the rollout, and ends with the same verdict
 as an uninterrupted run.
 
-The pool is the lab's (tests/tools/labenv.py) with 4 nodes; the approved records are written
+The pool is the lab's (tests/tools/labenv.py) with 6 nodes; the approved records are written
 directly (the canary playbook is covered by test_lab.py), so the test exercises rollout.yml only.
 """
 from __future__ import annotations
@@ -48,12 +48,12 @@ def drained(run: dict, node: str) -> list[dict]:
 
 
 def test_cancelled_rollout_resumes_without_draining_twice(tmp_path):
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True)
+    lab = Lab(tmp_path / 'lab', nodes=6, fault='none', stuck=[], quiet=True)
     lab.dir.mkdir()
     try:
         lab.prepare()
-        # gpu-04 was cordoned by someone else before the rollout: it must stay cordoned.
-        lab.emu.patch('v1', 'Node', 'gpu-04', {'spec': {'unschedulable': True}})
+        # gpu-06 was cordoned by someone else before the rollout: it must stay cordoned.
+        lab.emu.patch('v1', 'Node', 'gpu-06', {'spec': {'unschedulable': True}})
         plan = lab.plan()
         approved_records(lab, plan)
         victim = plan['batches'][0][0]
@@ -69,18 +69,22 @@ def test_cancelled_rollout_resumes_without_draining_twice(tmp_path):
         assert node['spec'].get('unschedulable') is True
         assert node['metadata']['annotations']['gpufleet.io/upgrade-state'] in ('drained', 'snapshotted')
         assert len(drained(lab.runs['rollout-killed'], victim)) == 1
+        # What is still on the victim after its drain (the DaemonSet pods), and what was evicted so far.
+        left_on_victim = {p['metadata']['name'] for p in lab.emu.list('v1', 'Pod', field_selector='spec.nodeName=' + victim)}
         lab.emu.clear_requests()
 
         second = lab.play('rollout-resumed', 'rollout.yml')
         assert second == 'successful', lab.runs['rollout-resumed']['failures']
         # The victim was not drained again: its Drain task was skipped and no pod of it was evicted.
         assert drained(lab.runs['rollout-resumed'], victim) == []
-        evictions = [r for r in lab.emu.requests if r['verb'] == 'POST' and r['path'].endswith('/eviction')
-                     and victim in r['path']]
-        assert evictions == []
+        evicted = {r['path'].split('/')[-2] for r in lab.emu.requests
+                   if r['verb'] == 'POST' and r['path'].endswith('/eviction')}
+        assert not evicted & left_on_victim
+        assert not [r for r in lab.emu.mutating_requests() if r['path'].endswith('/nodes/' + victim)
+                    and (r.get('body') or {}).get('spec', {}).get('unschedulable') is True], 'cordoned again'
         rows = {r['node']: r for r in lab.node_view()}
         assert all(r['driver'] == labenv.TARGET_DRIVER and r['nvml'] == labenv.TARGET_DRIVER for r in rows.values())
-        assert rows['gpu-04']['cordoned'] is True, 'a node cordoned before the rollout was uncordoned'
-        assert [n for n, r in rows.items() if r['cordoned']] == ['gpu-04']
+        assert rows['gpu-06']['cordoned'] is True, 'a node cordoned before the rollout was uncordoned'
+        assert [n for n, r in rows.items() if r['cordoned']] == ['gpu-06']
     finally:
         lab.stop()
