@@ -12,7 +12,7 @@ deterministically.
   min(grace period, `max_grace_seconds`);
 - Job controller (batch/v1): creates `parallelism` pods from the template until `completions`
   succeeded (status Complete) or more than `backoffLimit` failed (status Failed);
-- KubeVirt: a VirtualMachine with `spec.running: false` or `runStrategy: Halted` has its
+- KubeVirt (opt-in: `vm_controller = True`): a VirtualMachine with `spec.running: false` or `runStrategy: Halted` has its
   VirtualMachineInstance (and, through owner references, its virt-launcher pod) deleted; with
   `running: true` or `runStrategy: Always|RerunOnFailure` a missing VMI is created from the
   template on a fitting node, with a virt-launcher pod; VM `status.printableStatus`, `ready` and
@@ -105,6 +105,7 @@ class Simulator:
         self.start_delay = 0.0
         self.max_grace_seconds: float | None = 0.2
         self.recreate_owned_pods = False
+        self.vm_controller = False
         self.recreate_delay = 0.0
         self.default_job = JobBehaviour()
         self.logs: dict[tuple[str, str], str] = {}
@@ -250,6 +251,8 @@ class Simulator:
         if rt is self.job_rt:
             if etype != 'DELETED':
                 self._reconcile_job(obj)
+            return
+        if rt in (self.vm_rt, self.vmi_rt) and not self.vm_controller:
             return
         if rt is self.vm_rt:
             if etype != 'DELETED':

@@ -170,6 +170,7 @@ spec:
 
 
 def test_virtual_machine_stop_and_start(emulator):
+    emulator.simulator.vm_controller = True
     vm = f.virtual_machine('gpu-vm', running=True, gpus=[{'name': 'gpu0', 'deviceName': 'nvidia.com/GH100'}])
     vmi = f.vmi('gpu-vm', 'gpu-1', vm=vm)
     emulator.apply([f.gpu_node('gpu-1'), f.gpu_node('gpu-2'), vm, vmi, f.virt_launcher_pod(vmi)])
