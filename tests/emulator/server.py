@@ -19,7 +19,7 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
-from . import policy, selectors, tables
+from . import policy, protobuf, selectors, tables
 from .resources import ResourceType
 from .store import ApiError, Store, not_found
 
@@ -167,6 +167,11 @@ class Api:
     async def serve(self, raw: aiohttp.web.BaseRequest, body: bytes, data: Any) -> aiohttp.web.StreamResponse:
         route = self.route(raw.path)
         method = raw.method.upper()
+        if 'protobuf' in raw.headers.get('Content-Type', '') and body:
+            try:
+                data = protobuf.decode(body)
+            except protobuf.ProtobufError as exc:
+                raise ApiError(415, 'UnsupportedMediaType', str(exc)) from None
         if route is None:
             raise ApiError(404, 'NotFound', 'the server could not find the requested resource')
         if route.kind in ('root', 'api', 'apis', 'group', 'resources', 'version', 'health', 'openapi'):

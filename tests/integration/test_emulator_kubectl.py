@@ -144,3 +144,19 @@ def test_kubectl_sees_faults(emulator):
     r = kubectl(emulator, 'get', 'nodes', '-o', 'name', check=False)
     assert r.returncode != 0 and 'injected fault' in r.stderr
     assert kubectl(emulator, 'get', 'nodes', '-o', 'name').stdout.split() == ['node/n1']
+
+
+def test_typed_creates_sent_as_protobuf(emulator):
+    """kubectl's typed generators send protobuf bodies; the emulator reads those it needs."""
+    kubectl(emulator, 'create', 'namespace', 'gpu-ops')
+    kubectl(emulator, 'label', 'namespace', 'gpu-ops', 'team=infra')
+    kubectl(emulator, 'create', 'configmap', 'tuple', '-n', 'gpu-ops', '--from-literal=driver=580.126.20',
+            '--from-literal=kernel=6.8.0-134-generic')
+    kubectl(emulator, 'create', 'secret', 'generic', 'token', '-n', 'gpu-ops', '--from-literal=t=s3cr3t')
+    ns = emulator.get('v1', 'Namespace', 'gpu-ops')
+    assert ns['metadata']['labels'] == {'kubernetes.io/metadata.name': 'gpu-ops', 'team': 'infra'}
+    assert emulator.get('v1', 'ConfigMap', 'tuple', 'gpu-ops')['data'] == {'driver': '580.126.20',
+                                                                           'kernel': '6.8.0-134-generic'}
+    assert emulator.get('v1', 'Secret', 'token', 'gpu-ops')['data'] == {'t': 'czNjcjN0'}
+    r = kubectl(emulator, 'create', 'deployment', 'web', '--image=nginx', check=False)
+    assert r.returncode != 0 and 'kubectl create -f' in r.stderr
