@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: the Kubernetes API emulator holding a 5,000-node / 100,000-pod fleet.
 
 Starts `python -m emulator --fleet` (generated fleet) in its own process, then pages through

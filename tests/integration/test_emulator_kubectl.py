@@ -160,3 +160,28 @@ def test_typed_creates_sent_as_protobuf(emulator):
     assert emulator.get('v1', 'Secret', 'token', 'gpu-ops')['data'] == {'t': 'czNjcjN0'}
     r = kubectl(emulator, 'create', 'deployment', 'web', '--image=nginx', check=False)
     assert r.returncode != 0 and 'kubectl create -f' in r.stderr
+
+
+def test_apply_create_update_and_delete(emulator, tmp_path):
+    manifest = tmp_path / 'cm.yaml'
+    manifest.write_text('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: tuple}\ndata: {driver: "570"}\n')
+    assert 'configmap/tuple created' in kubectl(emulator, 'apply', '-f', str(manifest)).stdout
+    manifest.write_text('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: tuple}\ndata: {driver: "580"}\n')
+    assert 'configmap/tuple configured' in kubectl(emulator, 'apply', '-f', str(manifest)).stdout
+    assert emulator.get('v1', 'ConfigMap', 'tuple')['data'] == {'driver': '580'}
+    assert 'configmap/tuple unchanged' in kubectl(emulator, 'apply', '-f', str(manifest)).stdout
+    kubectl(emulator, 'delete', '-f', str(manifest))
+    assert emulator.get('v1', 'ConfigMap', 'tuple') is None
+
+
+def test_table_columns(fleet):
+    fleet.apply(f.node('gpu-2', unschedulable=True))
+    out = kubectl(fleet, 'get', 'nodes').stdout.splitlines()
+    assert out[0].split() == ['NAME', 'STATUS', 'ROLES', 'AGE', 'VERSION']
+    assert out[2].split()[:3] == ['gpu-2', 'Ready,SchedulingDisabled', 'worker']
+    pods = kubectl(fleet, 'get', 'pods', '-o', 'wide').stdout.splitlines()
+    assert pods[0].split()[:7] == ['NAME', 'READY', 'STATUS', 'RESTARTS', 'AGE', 'IP', 'NODE']
+    row = [line.split() for line in pods if line.startswith('web-1 ')][0]
+    assert row[1:4] == ['1/1', 'Running', '0'] and row[6] == 'gpu-1'
+    pdb = kubectl(fleet, 'get', 'pdb').stdout.splitlines()
+    assert pdb[1].split()[:4] == ['web', '2', 'N/A', '0']

@@ -195,3 +195,27 @@ def test_virtual_machine_stop_and_start(emulator):
     launchers = emulator.list('v1', 'Pod', label_selector='kubevirt.io=virt-launcher')
     assert len(launchers) == 1 and launchers[0]['spec']['nodeName'] == 'gpu-2'
     assert launchers[0]['status']['phase'] == 'Running'
+
+
+def test_readme_fixture_example(emulator):
+    """The example in tests/emulator/README.md applies as written."""
+    rs = f.replicaset('train', 'ml', replicas=2)
+    vm = f.virtual_machine('vm-gpu', 'vms')
+    vmi = f.vmi('vm-gpu', 'gpu-1', 'vms', gpus=1, vm=vm)
+    emulator.apply([
+        f.gpu_node('gpu-1', gpus=8), f.gpu_node('gpu-2', mig={'1g.10gb': 7}),
+        rs, f.gpu_pod('train-0', 'gpu-1', namespace='ml', owner=f.owner_ref(rs), labels={'app': 'train'}),
+        f.gpu_pod('infer', 'gpu-2', resource='nvidia.com/mig-1g.10gb'),
+        f.pod('rt-only', 'gpu-1', runtime_class='nvidia'),
+        f.pod('scratch', 'gpu-1', volumes=[f.emptydir_volume()]),
+        vm, vmi, f.virt_launcher_pod(vmi),
+        f.resource_claim('claim', node='gpu-1', devices=['gpu-3']),
+        f.pdb('train', {'app': 'train'}, 'ml', min_available=1),
+    ])
+    gpu2 = emulator.get('v1', 'Node', 'gpu-2')
+    assert gpu2['status']['allocatable']['nvidia.com/mig-1g.10gb'] == '7'
+    on_gpu1 = emulator.list('v1', 'Pod', field_selector='spec.nodeName=gpu-1')
+    assert len(on_gpu1) == 4
+    assert emulator.get('policy/v1', 'PodDisruptionBudget', 'train', 'ml')['status']['disruptionsAllowed'] == 0
+    claim = emulator.get('resource.k8s.io/v1', 'ResourceClaim', 'claim')
+    assert claim['status']['allocation']['devices']['results'][0]['device'] == 'gpu-3'
