@@ -109,6 +109,8 @@ class EmulatorHandler(kmock.KubernetesScaffold):
             id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
             params=dict(raw_request.query), headers=dict(raw_request.headers), body=body,
             text=body.decode('utf-8', 'replace'), data=data)
+        # kmock's views match requests they have seen (by identity): record it on the root first.
+        self._requests.append(request)
         try:
             return await kmock.RawHandler._handle(self, request)
         except NotImplementedError:

@@ -269,3 +269,43 @@ def test_timestamps_and_uid_on_apply(emulator):
     again = emulator.apply({'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': {'name': 'c'}, 'data': {'a': '1'}})[0]
     assert again['metadata']['uid'] == made['metadata']['uid']
     assert int(again['metadata']['resourceVersion']) > int(made['metadata']['resourceVersion'])
+
+
+def test_two_budgets_on_one_pod_answer_500(emulator, core):
+    emulator.apply([f.node('n1'), f.pod('p', 'n1', labels={'app': 'x', 'tier': 'y'}),
+                    f.pdb('a', {'app': 'x'}, max_unavailable=5), f.pdb('b', {'tier': 'y'}, max_unavailable=5)])
+    with pytest.raises(ApiException) as exc:
+        _evict(core, 'p')
+    assert exc.value.status == 500 and 'more than one PodDisruptionBudget' in exc.value.body
+
+
+def test_unhealthy_pod_eviction_policy_always_allow(emulator, core):
+    emulator.apply([f.node('n1'), f.pod('ok', 'n1', labels={'app': 'x'}),
+                    f.pod('sick', 'n1', labels={'app': 'x'}, ready=False),
+                    f.pdb('pdb', {'app': 'x'}, min_available=2)])   # budget not met: 1 healthy < 2
+    with pytest.raises(ApiException) as exc:
+        _evict(core, 'sick')
+    assert exc.value.status == 429
+    emulator.patch('policy/v1', 'PodDisruptionBudget', 'pdb', {'spec': {'unhealthyPodEvictionPolicy': 'AlwaysAllow'}})
+    _evict(core, 'sick')
+    with pytest.raises(ApiException) as exc:
+        _evict(core, 'ok')
+    assert exc.value.status == 429
+
+
+def test_pending_and_finished_pods_ignore_budgets(emulator, core):
+    emulator.simulator.enabled = False   # keep the bound Pending pod Pending
+    emulator.apply([f.node('n1'), f.pod('pend', 'n1', labels={'app': 'x'}, phase='Pending'),
+                    f.pod('done', 'n1', labels={'app': 'x'}, phase='Succeeded'),
+                    f.pdb('pdb', {'app': 'x'}, max_unavailable=0)])
+    _evict(core, 'pend')
+    _evict(core, 'done')
+    assert emulator.list('v1', 'Pod') == []
+
+
+def test_kmock_reactions_take_precedence(emulator, core):
+    emulator.apply(f.node('n1'))
+    emulator.kmock['get /api/v1/nodes/ghost'] << {'apiVersion': 'v1', 'kind': 'Node',
+                                                   'metadata': {'name': 'ghost'}}
+    assert core.read_node('ghost').metadata.name == 'ghost'
+    assert core.read_node('n1').metadata.name == 'n1'

@@ -185,3 +185,17 @@ def test_table_columns(fleet):
     assert row[1:4] == ['1/1', 'Running', '0'] and row[6] == 'gpu-1'
     pdb = kubectl(fleet, 'get', 'pdb').stdout.splitlines()
     assert pdb[1].split()[:4] == ['web', '2', 'N/A', '0']
+
+
+def test_drain_skips_daemonset_pods_and_refuses_local_data(emulator):
+    ds = f.daemonset('gpu-operator-validator', 'gpu-operator')
+    emulator.apply([f.gpu_node('gpu-1'), ds, f.daemonset_pod(ds, 'gpu-1', suffix='abcde'),
+                    f.pod('scratch', 'gpu-1', volumes=[f.emptydir_volume()],
+                          owner=f.owner_ref(f.replicaset('s')))])
+    r = kubectl(emulator, 'drain', 'gpu-1', '--timeout=20s', check=False)
+    assert r.returncode != 0
+    assert 'cannot delete DaemonSet-managed Pods' in r.stderr and 'local storage' in r.stderr
+    assert not [q for q in emulator.requests if q['path'].endswith('/eviction')]
+    r = kubectl(emulator, 'drain', 'gpu-1', '--ignore-daemonsets', '--delete-emptydir-data', '--timeout=20s')
+    assert 'Warning: ignoring DaemonSet-managed Pods: gpu-operator/gpu-operator-validator-abcde' in r.stderr
+    assert [p['metadata']['name'] for p in emulator.list('v1', 'Pod')] == ['gpu-operator-validator-abcde']
