@@ -300,12 +300,13 @@ def test_pending_and_finished_pods_ignore_budgets(emulator, core):
                     f.pdb('pdb', {'app': 'x'}, max_unavailable=0)])
     _evict(core, 'pend')
     _evict(core, 'done')
-    assert emulator.list('v1', 'Pod') == []
+    assert emulator.get('v1', 'Pod', 'done') is None   # finished: removed at once
+    emulator.wait_for(lambda: emulator.list('v1', 'Pod') == [], message='pending pod gone after its grace')
 
 
 def test_kmock_reactions_take_precedence(emulator, core):
     emulator.apply(f.node('n1'))
-    emulator.kmock['get /api/v1/nodes/ghost'] << {'apiVersion': 'v1', 'kind': 'Node',
-                                                   'metadata': {'name': 'ghost'}}
+    ghost = {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': 'ghost'}}
+    emulator.kmock['get /api/v1/nodes/ghost'] << ghost
     assert core.read_node('ghost').metadata.name == 'ghost'
     assert core.read_node('n1').metadata.name == 'n1'
