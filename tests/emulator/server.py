@@ -487,8 +487,12 @@ class Api:
             timeout = float(q.get('timeoutSeconds') or self.emu.watch_timeout)
             deadline = loop.time() + timeout
 
+            as_table = tables.wants_table(raw.headers.get('Accept', ''))
+
             async def send(etype: str, obj: dict) -> None:
                 shown = obj if etype in ('ERROR', 'BOOKMARK') else self.present(rt, obj)
+                if as_table and etype not in ('ERROR', 'BOOKMARK'):
+                    shown = tables.table(rt, [shown], {'resourceVersion': shown['metadata'].get('resourceVersion')})
                 await resp.write(json.dumps({'type': etype, 'object': shown}, separators=(',', ':')).encode() + b'\n')
             for etype, obj in initial:
                 await send(etype, obj)

@@ -199,3 +199,36 @@ def test_drain_skips_daemonset_pods_and_refuses_local_data(emulator):
     r = kubectl(emulator, 'drain', 'gpu-1', '--ignore-daemonsets', '--delete-emptydir-data', '--timeout=20s')
     assert 'Warning: ignoring DaemonSet-managed Pods: gpu-operator/gpu-operator-validator-abcde' in r.stderr
     assert [p['metadata']['name'] for p in emulator.list('v1', 'Pod')] == ['gpu-operator-validator-abcde']
+
+
+def test_get_watch_prints_table_rows(emulator):
+    emulator.apply([f.node('n1'), f.pod('a', 'n1')])
+    with WhenAny(lambda: any(r['query'].get('watch') == 'true' for r in emulator.requests),
+                 lambda: emulator.apply(f.pod('b', 'n1'))):
+        r = kubectl(emulator, 'get', 'pods', '-w', '--request-timeout=3s', check=False)
+    lines = [line.split() for line in r.stdout.splitlines()]
+    assert lines[0] == ['NAME', 'READY', 'STATUS', 'RESTARTS', 'AGE']
+    assert [line[:3] for line in lines[1:]] == [['a', '1/1', 'Running'], ['b', '1/1', 'Running']]
+
+
+class WhenAny:
+    """Run `action` once, in a thread, as soon as `predicate()` holds (ordering by events)."""
+
+    def __init__(self, predicate, action):
+        self.predicate, self.action = predicate, action
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.done = threading.Event()
+
+    def _run(self):
+        while not self.done.wait(0.02):
+            if self.predicate():
+                self.action()
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(5)
