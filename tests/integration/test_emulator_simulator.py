@@ -219,3 +219,24 @@ def test_readme_fixture_example(emulator):
     assert emulator.get('policy/v1', 'PodDisruptionBudget', 'train', 'ml')['status']['disruptionsAllowed'] == 0
     claim = emulator.get('resource.k8s.io/v1', 'ResourceClaim', 'claim')
     assert claim['status']['allocation']['devices']['results'][0]['device'] == 'gpu-3'
+
+
+def test_daemonset_controller(emulator, core):
+    emulator.simulator.daemonset_controller = True
+    ds = f.daemonset('dcgm-exporter', 'gpu-operator', template_spec={
+        'nodeSelector': {'nvidia.com/gpu.present': 'true'}, 'containers': [f.container('dcgm')]})
+    emulator.apply([f.gpu_node('gpu-1'), f.gpu_node('gpu-2', unschedulable=True), f.node('cpu-1'), ds])
+    emulator.settle()
+    pods = emulator.list('v1', 'Pod', 'gpu-operator')
+    assert sorted(p['spec']['nodeName'] for p in pods) == ['gpu-1', 'gpu-2']   # the cordon is tolerated
+    assert all(p['status']['phase'] == 'Running' for p in emulator.list('v1', 'Pod', 'gpu-operator'))
+    status = emulator.get('apps/v1', 'DaemonSet', 'dcgm-exporter', 'gpu-operator')['status']
+    assert (status['desiredNumberScheduled'], status['numberReady']) == (2, 2)
+    victim = [p for p in pods if p['spec']['nodeName'] == 'gpu-1'][0]
+    core.delete_namespaced_pod(victim['metadata']['name'], 'gpu-operator', grace_period_seconds=0)
+    emulator.settle()
+    again = [p for p in emulator.list('v1', 'Pod', 'gpu-operator') if p['spec']['nodeName'] == 'gpu-1']
+    assert len(again) == 1 and again[0]['metadata']['uid'] != victim['metadata']['uid']
+    emulator.apply(f.gpu_node('gpu-3'))
+    emulator.settle()
+    assert len(emulator.list('v1', 'Pod', 'gpu-operator')) == 3
