@@ -630,12 +630,12 @@ class Simulator:
                 have[node] = pod
         for node in sorted(wanted - set(have)):
             meta = tmpl.get('metadata') or {}
-            pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {
-                'name': '%s-%s' % (ds['metadata']['name'], _suffix()), 'namespace': ns,
-                'labels': dict(meta.get('labels') or {}), 'annotations': dict(meta.get('annotations') or {}),
-                'ownerReferences': [{'apiVersion': 'apps/v1', 'kind': 'DaemonSet', 'name': ds['metadata']['name'],
-                                     'uid': uid, 'controller': True, 'blockOwnerDeletion': True}]},
-                'spec': dict(clone(tspec), nodeName=node)}
+            owner = {'apiVersion': 'apps/v1', 'kind': 'DaemonSet', 'name': ds['metadata']['name'], 'uid': uid,
+                     'controller': True, 'blockOwnerDeletion': True}
+            pod_meta = {'name': '%s-%s' % (ds['metadata']['name'], _suffix()), 'namespace': ns,
+                        'labels': dict(meta.get('labels') or {}), 'annotations': dict(meta.get('annotations') or {}),
+                        'ownerReferences': [owner]}
+            pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': pod_meta, 'spec': dict(clone(tspec), nodeName=node)}
             have[node] = self.store.create(self.pod_rt, pod, ns)
         ready = sum(1 for p in have.values() if (p.get('status') or {}).get('phase') == 'Running')
         status = {'desiredNumberScheduled': len(wanted), 'currentNumberScheduled': len(have),
