@@ -72,8 +72,8 @@ def _pod(name, ready=True, phase='Running', deleting=False, owner=None):
 
 
 def test_budget_counts_controllers_and_terminating_pods():
-    pdb = {'metadata': {'name': 'b', 'namespace': 'ns'}, 'spec': {'selector': {'matchLabels': {'app': 'x'}},
-                                                                    'maxUnavailable': 1}}
+    spec = {'selector': {'matchLabels': {'app': 'x'}}, 'maxUnavailable': 1}
+    pdb = {'metadata': {'name': 'b', 'namespace': 'ns'}, 'spec': spec}
     pods = [_pod('a', owner='rs'), _pod('b', owner='rs', deleting=True), _pod('c', owner='rs', ready=False)]
     status = policy.budget(pdb, pods, {'rs': 3})
     assert (status['expectedPods'], status['currentHealthy'], status['desiredHealthy'],
