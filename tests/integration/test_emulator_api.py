@@ -310,3 +310,14 @@ def test_kmock_reactions_take_precedence(emulator, core):
     emulator.kmock['get /api/v1/nodes/ghost'] << ghost
     assert core.read_node('ghost').metadata.name == 'ghost'
     assert core.read_node('n1').metadata.name == 'n1'
+
+
+def test_register_a_custom_resource(emulator, api):
+    from emulator import ResourceType
+    emulator.register(ResourceType('example.com', 'v1', 'widgets', 'Widget', namespaced=True, short_names=('wd',)))
+    co = client.CustomObjectsApi(api)
+    made = co.create_namespaced_custom_object('example.com', 'v1', 'default', 'widgets', {
+        'apiVersion': 'example.com/v1', 'kind': 'Widget', 'metadata': {'name': 'w'}, 'spec': {'size': 3}})
+    assert made['metadata']['uid'] and emulator.get('example.com/v1', 'Widget', 'w')['spec'] == {'size': 3}
+    groups = [g.name for g in client.ApisApi(api).get_api_versions().groups]
+    assert 'example.com' in groups
