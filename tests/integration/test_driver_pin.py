@@ -197,6 +197,12 @@ def test_idempotency_ladder_and_diff(apt_root, run_playbook):
         seen.append(res['changed'])
         if check:
             assert root.state_digest() == before
+        if len(seen) == 1:
+            # The first pin, in check mode: no hold before, the whole installed driver set held after.
+            holds = res['diff'][1]
+            assert (holds['before_header'], holds['after_header']) == ('holds', 'holds')
+            assert holds['before'] == ''
+            assert holds['after'] == ''.join(n + '\n' for n in sorted(DRIVER_SET))
     assert seen == [True, True, False, False]
     expect(root, NEW, DRIVER_SET)
     # Optional members not installed are pinned (offered at the version) but not installed.
@@ -216,10 +222,13 @@ def test_idempotency_ladder_and_diff(apt_root, run_playbook):
 def test_unpin_removes_pins_and_holds(apt_root, run_playbook):
     root = apt_root
     assert run_playbook(play(pin_task(root, OLD, install=True))).rc == 0
-    r = run_playbook(play(pin_task(root, state='unpinned')))
+    r = run_playbook(play(pin_task(root, state='unpinned'), diff=True))
     assert r.rc == 0, r.stdout
     res = r.result('pin')
     assert res['changed'] is True
+    holds = res['diff'][1]
+    assert (holds['before_header'], holds['after_header']) == ('holds', 'holds')
+    assert holds['before'] == ''.join(n + '\n' for n in sorted(DRIVER_SET)) and holds['after'] == ''
     assert res['previous']['pins']['nvidia-driver-580-server'] == '%s-0ubuntu1' % OLD
     assert sorted(res['previous']['holds']) == sorted(DRIVER_SET)
     assert not (root.path / PIN_FILE).exists() and root.holds() == set()
