@@ -3,6 +3,7 @@ cross-checked with kubectl where kubectl has the same operation."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -360,3 +361,28 @@ def test_unknown_node_and_bad_options(emulator, run_playbook):
     assert run.result('bad')['msg'] == 'timeout must be > 0, got -1.0'
     assert run.result('bad-jobs')['msg'] == "wait_for_jobs.selector must be a non-empty label selector, got ''"
     assert emulator.mutating_requests() == []
+
+
+def test_slow_write_beyond_the_timeout_fails_clearly_and_a_rerun_resumes(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', delay=3, times=1)
+    cordon = {'name': 'cordon', 'ignore_errors': True,
+              'gpufleet.upgrade.node_drain': {'name': S.OTHER, 'state': 'cordon'}}
+    run = run_playbook(play(emulator, cordon, request_timeout=1))
+    res = run.result('cordon')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: no answer within the request timeout of 1s; the change '
+                                 'may or may not have been applied')
+    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
+    # The server may finish the slow write after the client gave up, or drop it with the connection:
+    # give it the fault's delay to do either (bounded), then the rerun must end in the same state.
+    slow = [r for r in emulator.requests if r['verb'] == 'PATCH' and r.get('fault')][0]
+    deadline = time.monotonic() + 5
+    while 'status' not in slow and time.monotonic() < deadline:
+        time.sleep(0.05)
+    applied = bool(node(emulator, S.OTHER)['spec'].get('unschedulable'))
+    run = run_playbook(play(emulator, cordon))
+    assert run.result('cordon')['changed'] is (not applied)
+    n = node(emulator, S.OTHER)
+    assert n['spec']['unschedulable'] is True
+    assert n['metadata']['annotations']['gpufleet.io/initial-unschedulable'] == 'false'
