@@ -16,3 +16,7 @@ VENV_BIN = REPO_ROOT / '.venv' / 'bin'
 if VENV_BIN.is_dir() and str(VENV_BIN) not in os.environ.get('PATH', '').split(os.pathsep):
     os.environ['PATH'] = str(VENV_BIN) + os.pathsep + os.environ.get('PATH', '')
 os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'collections'))
+
+# Fixtures of the test tools: the Kubernetes API emulator (`emulator`), the NVML stand-in
+# (`fake_nvml`, `nvml_stub_lib`).
+pytest_plugins = ['emulator.pytest_plugin', 'tools.nvml_stub']

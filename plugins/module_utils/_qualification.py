@@ -232,7 +232,7 @@ def _loader_class() -> t.Any:
         def compose_node(self, parent: t.Any, index: t.Any) -> t.Any:
             event = self.peek_event()
             if isinstance(index, ScalarNode):
-                self._path.append('.' + index.value)
+                self._path.append(_path_part(index.value))
             elif isinstance(index, int):
                 self._path.append('[%d]' % index)
             elif parent is not None:
@@ -289,8 +289,20 @@ def _loader_class() -> t.Any:
     return StrictLoader
 
 
+_PLAIN_KEY_RE = re.compile(r'[A-Za-z0-9_<-]{1,64}')
+
+
+def _path_part(key: str) -> str:
+    """One step of a field path: ``.key``, or ``["odd key"]`` (quoted and bounded) for keys that
+    are not plain words, so that nothing from a record reaches a message raw."""
+    return '.' + key if _PLAIN_KEY_RE.fullmatch(key) else '[%s]' % show(key, 40)
+
+
 def _join(path: str, key: str) -> str:
-    return key if path in ('', 'the record') else path + '.' + key
+    part = _path_part(key)
+    if path in ('', 'the record'):
+        return part[1:] if part.startswith('.') else part
+    return path + part
 
 
 def _load_yaml(text: str) -> t.Any:
@@ -612,6 +624,14 @@ def _dumper_class() -> t.Any:
             def ignore_aliases(self, data: t.Any) -> bool:
                 return True
 
+        def represent_str(dumper: t.Any, data: str) -> t.Any:
+            # PyYAML writes NEL, LS, PS and BOM raw in plain and single-quoted scalars, where a
+            # reader takes them for line breaks: double quotes escape them.
+            style = '"' if any(ch in data for ch in '\x85\u2028\u2029\ufeff') else None
+            return dumper.represent_scalar('tag:yaml.org,2002:str', data, style=style)
+
+        RecordDumper.add_representer(str, represent_str)
+
         # Timestamps stay plain (as in seed 004): the loader never resolves them either. Every
         # other YAML 1.1 type stays quoted when it is a string, so other parsers read strings too.
         RecordDumper.yaml_implicit_resolvers = {
@@ -652,4 +672,6 @@ def dump_record(record: t.Union[Record, t.Dict[str, t.Any]]) -> str:
     except yaml.YAMLError as exc:
         raise QualificationError(['the record cannot be written as YAML: %s' % exc])
     parse_record(text)  # raises QualificationError with every problem
+    if _load_yaml(text) != doc:
+        raise QualificationError(['the record cannot be written faithfully as YAML'])
     return text

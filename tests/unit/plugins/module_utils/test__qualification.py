@@ -694,3 +694,20 @@ def test_dump_record_refuses_what_the_parser_refuses():
     with pytest.raises(q.QualificationError) as err:
         q.dump_record(['x'])
     assert err.value.problems == ['the record must be a mapping, got a list']
+
+
+def test_dump_record_escapes_characters_yaml_reads_as_line_breaks():
+    # Found by the property test: PyYAML writes NEL raw, and reads it back as a line break.
+    data = with_canary(with_target(seed_dict(), dcgmExporter='4.4.1\x85'), evidence='a\u2028b\u2029c\ufeffd')
+    out = q.dump_record(data)
+    record = q.parse_record(out)
+    assert record.target['dcgmExporter'] == '4.4.1\x85'
+    assert record.evidence == 'a\u2028b\u2029c\ufeffd'
+
+
+def test_odd_keys_are_quoted_in_messages():
+    doc = SEED_TEXT + '"evil\\nkey\\u001b[31m": 1\n"a.b": 2\ncanary2:\n  "x y": &anchor 3\n'
+    assert load_problems(doc) == ['YAML anchors are not allowed: "&anchor" at canary2["x y"] (line 24)']
+    problems = load_problems(SEED_TEXT + '"evil\\nkey\\u001b[31m": 1\n"a.b": 2\n')
+    assert problems == ['unknown field "[\\"evil\\\\nkey\\\\u001b[31m\\"]"', 'unknown field "[\\"a.b\\"]"']
+    assert all('\n' not in p and '\x1b' not in p for p in problems)

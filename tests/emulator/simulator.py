@@ -1,0 +1,481 @@
+"""Pod-lifecycle simulator in the spirit of KWOK: what kube-scheduler, the kubelets, the Job
+controller and (optionally) the ReplicaSet/StatefulSet controllers would do, quickly and
+deterministically.
+
+- scheduling: a Pending pod without `spec.nodeName` is bound to the first node (by name) that
+  matches its nodeSelector, is not cordoned (unless tolerated), whose NoSchedule/NoExecute taints
+  it tolerates and whose Ready condition is not False; with no such node it stays Pending with
+  `PodScheduled=False, reason Unschedulable` and is retried whenever a node changes;
+- kubelet: a Pending pod bound to an existing node becomes Running, Ready, with containerStatuses
+  after `start_delay`; a pod annotated `emulator.gpufleet.io/duration: "<seconds>"` (Job pods: see
+  `job()`) then finishes Succeeded or Failed; a graceful deletion removes the pod after
+  min(grace period, `max_grace_seconds`);
+- Job controller (batch/v1): creates `parallelism` pods from the template until `completions`
+  succeeded (status Complete) or more than `backoffLimit` failed (status Failed);
+- optional: a pod deleted while its ReplicaSet/StatefulSet owner exists comes back with the same
+  name and a new UID (`recreate_owned_pods = True`), so tests can prove wait-by-UID.
+
+Pods annotated `emulator.gpufleet.io/managed: "false"`, and pods on nodes with that annotation,
+are left alone; `enabled = False` stops the simulator altogether.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import string
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .resources import ResourceType
+from .store import ApiError, clone, now_rfc3339
+
+if TYPE_CHECKING:
+    from .emulator import Emulator
+
+ANN = 'emulator.gpufleet.io/'
+ANN_MANAGED = ANN + 'managed'
+ANN_DURATION = ANN + 'duration'
+ANN_OUTCOME = ANN + 'outcome'
+ANN_LOGS = ANN + 'logs'
+ANN_EXIT = ANN + 'exit-code'
+MERGE = 'application/merge-patch+json'
+
+
+@dataclasses.dataclass
+class JobBehaviour:
+    duration: float = 0.2
+    outcomes: list[str] = dataclasses.field(default_factory=lambda: ['Succeeded'])  # per attempt; last repeats
+    logs: str = ''
+    exit_code: int | None = None   # default 0 for Succeeded, 1 for Failed
+
+    def outcome(self, attempt: int) -> str:
+        return self.outcomes[min(attempt, len(self.outcomes) - 1)]
+
+
+def tolerates(tolerations: list[dict], taint: dict) -> bool:
+    for tol in tolerations or []:
+        if tol.get('effect') and tol['effect'] != taint.get('effect'):
+            continue
+        op = tol.get('operator', 'Equal')
+        if not tol.get('key') and op == 'Exists':
+            return True
+        if tol.get('key') == taint.get('key') and (op == 'Exists' or tol.get('value', '') == taint.get('value', '')):
+            return True
+    return False
+
+
+def node_fits(node: dict, pod: dict) -> bool:
+    spec = pod.get('spec') or {}
+    labels = node['metadata'].get('labels') or {}
+    for k, v in (spec.get('nodeSelector') or {}).items():
+        if labels.get(k) != v:
+            return False
+    nspec = node.get('spec') or {}
+    tolerations = spec.get('tolerations') or []
+    taints = list(nspec.get('taints') or [])
+    if nspec.get('unschedulable'):
+        taints.append({'key': 'node.kubernetes.io/unschedulable', 'effect': 'NoSchedule'})
+    for cond in (node.get('status') or {}).get('conditions') or []:
+        if cond.get('type') == 'Ready' and cond.get('status') == 'False':
+            taints.append({'key': 'node.kubernetes.io/not-ready', 'effect': 'NoSchedule'})
+    for taint in taints:
+        if taint.get('effect') in ('NoSchedule', 'NoExecute') and not tolerates(tolerations, taint):
+            return False
+    return True
+
+
+def _suffix(n: int = 5) -> str:
+    return ''.join(random.choice(string.ascii_lowercase + string.digits) for dummy in range(n))
+
+
+class Simulator:
+    """Configure on `emu.simulator`; all changes go through the store like a controller's writes."""
+
+    def __init__(self, emulator: Emulator) -> None:
+        self.emu = emulator
+        self.store = emulator.store
+        self.enabled = True
+        self.schedule = True
+        self.start_delay = 0.0
+        self.max_grace_seconds: float | None = 0.2
+        self.recreate_owned_pods = False
+        self.recreate_delay = 0.0
+        self.default_job = JobBehaviour()
+        self.logs: dict[tuple[str, str], str] = {}
+        self._jobs: dict[tuple[str, str], JobBehaviour] = {}
+        self._job_seen: dict[str, dict[str, set[str]]] = {}   # job uid -> succeeded/failed pod uids
+        self._attempts: dict[str, int] = {}                   # job uid -> pods created
+        self._queue: asyncio.Queue | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timers: dict[int, float] = {}
+        self._busy = False
+        self._task: asyncio.Task | None = None
+        reg = self.store.registry
+        self.pod_rt = reg.by_kind('v1', 'Pod')
+        self.node_rt = reg.by_kind('v1', 'Node')
+        self.job_rt = reg.by_kind('batch/v1', 'Job')
+        self.owner_kinds = {'ReplicaSet', 'StatefulSet', 'ReplicationController'}
+
+    # ------------------------------------------------------------------ public configuration
+    def job(self, name: str, namespace: str = 'default', duration: float = 0.2, outcome: str | list[str] = 'Succeeded',
+            logs: str = '', exit_code: int | None = None) -> JobBehaviour:
+        """How the pods of Job `name` behave: run `duration` seconds, then end with `outcome`
+        ('Succeeded' / 'Failed', or a list, one per attempt, the last repeating) and `logs`."""
+        outcomes = [outcome] if isinstance(outcome, str) else list(outcome)
+        for o in outcomes:
+            if o not in ('Succeeded', 'Failed'):
+                raise ValueError('outcome must be Succeeded or Failed, not %r' % o)
+        beh = JobBehaviour(float(duration), outcomes, logs, exit_code)
+        self._jobs[(namespace, name)] = beh
+        return beh
+
+    def set_logs(self, namespace: str, pod: str, text: str) -> None:
+        self.logs[(namespace, pod)] = text
+
+    def logs_for(self, pod: dict, container: str | None = None) -> str:
+        meta = pod['metadata']
+        key = (meta.get('namespace', ''), meta['name'])
+        if key in self.logs:
+            return self.logs[key]
+        ann = meta.get('annotations') or {}
+        if ANN_LOGS in ann:
+            return ann[ANN_LOGS]
+        job = self._owner(pod, 'Job')
+        if job is not None:
+            beh = self._jobs.get((meta.get('namespace', ''), job['name']))
+            if beh is not None:
+                return beh.logs
+        return ''
+
+    # ------------------------------------------------------------------ plumbing
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue = asyncio.Queue()
+        self._task = loop.create_task(self._worker())
+        self.store.listeners.append(self._listener)
+
+    async def stop(self) -> None:
+        if self._listener in self.store.listeners:
+            self.store.listeners.remove(self._listener)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _listener(self, rt: ResourceType, etype: str, obj: dict) -> None:
+        if self._loop is None or rt not in (self.pod_rt, self.node_rt, self.job_rt):
+            return
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (rt, etype, obj))  # type: ignore[union-attr]
+
+    def later(self, delay: float, fn: Any, *args: Any) -> None:
+        """Run fn(*args) on the worker after delay seconds (timers count for settle())."""
+        assert self._loop is not None
+        token = id(object()) ^ random.getrandbits(48)
+        self._timers[token] = self._loop.time() + delay
+
+        def fire() -> None:
+            self._timers.pop(token, None)
+            self._queue.put_nowait(('call', fn, args))  # type: ignore[union-attr]
+        self._loop.call_later(max(0.0, delay), fire)
+
+    async def settle(self, horizon: float = 0.0) -> None:
+        """Wait until nothing is queued and no timer is due within `horizon` seconds."""
+        assert self._loop is not None
+        while True:
+            now = self._loop.time()
+            if (self._queue.empty() and not self._busy  # type: ignore[union-attr]
+                    and not any(t <= now + horizon for t in self._timers.values())):
+                await asyncio.sleep(0)
+                if self._queue.empty() and not self._busy:  # type: ignore[union-attr]
+                    return
+            await asyncio.sleep(0.002)
+
+    async def _worker(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = await self._queue.get()
+            self._busy = True
+            try:
+                if item[0] == 'call':
+                    item[1](*item[2])
+                elif self.enabled:
+                    self._on_event(*item)
+            except ApiError:
+                pass  # the object changed under us (deleted, conflict): the next event retries
+            except Exception:  # keep simulating; a bug shows on stderr
+                import traceback
+                traceback.print_exc()
+            finally:
+                self._busy = False
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _owner(obj: dict, kind: str | None = None) -> dict | None:
+        for ref in obj['metadata'].get('ownerReferences') or []:
+            if ref.get('controller') and (kind is None or ref.get('kind') == kind):
+                return ref
+        return None
+
+    def _managed(self, pod: dict) -> bool:
+        ann = pod['metadata'].get('annotations') or {}
+        return self.enabled and ann.get(ANN_MANAGED, 'true') != 'false'
+
+    def _current(self, rt: ResourceType, obj: dict) -> dict | None:
+        cur = self.store.get(rt, obj['metadata'].get('namespace'), obj['metadata']['name'])
+        if cur is None or cur['metadata']['uid'] != obj['metadata']['uid']:
+            return None
+        return cur
+
+    def _patch_status(self, rt: ResourceType, obj: dict, status: dict) -> dict:
+        return self.store.patch(rt, obj['metadata'].get('namespace'), obj['metadata']['name'],
+                                {'status': status}, MERGE, 'status')
+
+    # ------------------------------------------------------------------ events
+    def _on_event(self, rt: ResourceType, etype: str, obj: dict) -> None:
+        if rt is self.node_rt:
+            if etype != 'DELETED':
+                self._retry_unscheduled()
+            return
+        if rt is self.job_rt:
+            if etype != 'DELETED':
+                self._reconcile_job(obj)
+            return
+        # pods
+        if etype == 'DELETED':
+            self._on_pod_deleted(obj)
+            return
+        job = self._owner(obj, 'Job')
+        if not self._managed(obj):
+            if job is not None:
+                self._reconcile_job_ref(obj, job)
+            return
+        meta, spec, status = obj['metadata'], obj.get('spec') or {}, obj.get('status') or {}
+        phase = status.get('phase', 'Pending')
+        if meta.get('deletionTimestamp'):
+            pass
+        elif phase == 'Pending' and not spec.get('nodeName'):
+            if self.schedule and spec.get('schedulerName', 'default-scheduler') == 'default-scheduler':
+                self._schedule(obj)
+        elif phase == 'Pending':
+            node = self.store.get(self.node_rt, None, spec['nodeName'])
+            if node is not None and (node['metadata'].get('annotations') or {}).get(ANN_MANAGED) != 'false':
+                if self.start_delay:
+                    self.later(self.start_delay, self._start_pod, obj)
+                else:
+                    self._start_pod(obj)
+        if job is not None:
+            self._reconcile_job_ref(obj, job)
+
+    def _schedule(self, pod: dict) -> None:
+        nodes, dummy = self.store.list(self.node_rt)
+        for node in nodes:
+            if node_fits(node, pod):
+                self.store.patch(self.pod_rt, pod['metadata']['namespace'], pod['metadata']['name'],
+                                 {'spec': {'nodeName': node['metadata']['name']},
+                                  'metadata': {'resourceVersion': pod['metadata']['resourceVersion']}}, MERGE)
+                return
+        conds = (pod.get('status') or {}).get('conditions') or []
+        if not any(c.get('type') == 'PodScheduled' and c.get('status') == 'False' for c in conds):
+            self._patch_status(self.pod_rt, pod, {'conditions': [{
+                'type': 'PodScheduled', 'status': 'False', 'reason': 'Unschedulable',
+                'message': '0/%d nodes are available: no node matches the pod\'s node selector, taints '
+                           'and cordons.' % len(nodes), 'lastTransitionTime': now_rfc3339()}]})
+
+    def _retry_unscheduled(self) -> None:
+        if not self.schedule:
+            return
+        pending, dummy = self.store.list(self.pod_rt, field_selector='spec.nodeName=,status.phase=Pending')
+        for pod in pending:
+            if self._managed(pod) and not pod['metadata'].get('deletionTimestamp'):
+                self._schedule(pod)
+
+    def _start_pod(self, pod: dict) -> None:
+        cur = self._current(self.pod_rt, pod)
+        if cur is None or cur['metadata'].get('deletionTimestamp') or \
+                (cur.get('status') or {}).get('phase', 'Pending') != 'Pending':
+            return
+        now = now_rfc3339()
+        node = self.store.get(self.node_rt, None, cur['spec'].get('nodeName', ''))
+        host_ip = '10.0.0.1'
+        for addr in ((node or {}).get('status') or {}).get('addresses') or []:
+            if addr.get('type') == 'InternalIP':
+                host_ip = addr.get('address', host_ip)
+        conds = [{'type': t, 'status': 'True', 'lastProbeTime': None, 'lastTransitionTime': now}
+                 for t in ('PodReadyToStartContainers', 'Initialized', 'Ready', 'ContainersReady', 'PodScheduled')]
+        statuses = [{'name': c.get('name', 'main'), 'image': c.get('image', ''), 'imageID': '',
+                     'containerID': 'containerd://' + uuid.uuid4().hex, 'ready': True, 'started': True,
+                     'restartCount': 0, 'state': {'running': {'startedAt': now}}}
+                    for c in cur['spec'].get('containers') or []]
+        running = self._patch_status(self.pod_rt, cur, {
+            'phase': 'Running', 'conditions': conds, 'containerStatuses': statuses, 'startTime': now,
+            'hostIP': host_ip, 'hostIPs': [{'ip': host_ip}],
+            'podIP': '10.42.%d.%d' % (random.randint(0, 255), random.randint(1, 254))})
+        duration, outcome, exit_code = self._run_plan(running)
+        if duration is not None:
+            self.later(duration, self._finish_pod, running, outcome, exit_code)
+
+    def _run_plan(self, pod: dict) -> tuple[float | None, str, int | None]:
+        ann = pod['metadata'].get('annotations') or {}
+        job = self._owner(pod, 'Job')
+        beh = None
+        if job is not None:
+            beh = self._jobs.get((pod['metadata']['namespace'], job['name']))
+        if ANN_DURATION in ann:
+            exit_code = int(ann[ANN_EXIT]) if ANN_EXIT in ann else None
+            return float(ann[ANN_DURATION]), ann.get(ANN_OUTCOME, 'Succeeded'), exit_code
+        if job is not None:
+            beh = beh or self.default_job
+            attempt = int(ann.get(ANN + 'attempt', '0'))
+            return beh.duration, beh.outcome(attempt), beh.exit_code
+        return None, 'Succeeded', None
+
+    def _finish_pod(self, pod: dict, outcome: str, exit_code: int | None) -> None:
+        cur = self._current(self.pod_rt, pod)
+        if cur is None or (cur.get('status') or {}).get('phase') != 'Running':
+            return
+        now = now_rfc3339()
+        code = exit_code if exit_code is not None else (0 if outcome == 'Succeeded' else 1)
+        statuses = []
+        for cs in (cur.get('status') or {}).get('containerStatuses') or []:
+            cs = clone(cs)
+            started = (cs.get('state') or {}).get('running', {}).get('startedAt', now)
+            cs.update({'ready': False, 'started': False, 'state': {'terminated': {
+                'exitCode': code, 'reason': 'Completed' if code == 0 else 'Error', 'startedAt': started,
+                'finishedAt': now, 'containerID': cs.get('containerID', '')}}})
+            statuses.append(cs)
+        conds = [{'type': t, 'status': 'True' if t in ('Initialized', 'PodScheduled') else 'False',
+                  'reason': None if t in ('Initialized', 'PodScheduled') else 'PodCompleted',
+                  'lastProbeTime': None, 'lastTransitionTime': now}
+                 for t in ('PodReadyToStartContainers', 'Initialized', 'Ready', 'ContainersReady', 'PodScheduled')]
+        self._patch_status(self.pod_rt, cur, {'phase': outcome, 'conditions': conds, 'containerStatuses': statuses})
+
+    def _on_pod_deleted(self, pod: dict) -> None:
+        job = self._owner(pod, 'Job')
+        if job is not None:
+            self._reconcile_job_ref(pod, job, deleted=pod)
+            return
+        owner = self._owner(pod)
+        if not self.recreate_owned_pods or owner is None or owner.get('kind') not in self.owner_kinds:
+            return
+        if self.recreate_delay:
+            self.later(self.recreate_delay, self._recreate, pod, owner)
+        else:
+            self._recreate(pod, owner)
+
+    def _recreate(self, pod: dict, owner: dict) -> None:
+        ns = pod['metadata']['namespace']
+        if not self._owner_exists(ns, owner):
+            return
+        if self.store.get(self.pod_rt, ns, pod['metadata']['name']) is not None:
+            return
+        new = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {
+            k: v for k, v in pod['metadata'].items()
+            if k in ('name', 'namespace', 'labels', 'annotations', 'ownerReferences')},
+            'spec': clone(pod.get('spec') or {})}
+        new['spec'].pop('nodeName', None)  # the scheduler places it again (a cordoned node is skipped)
+        self.store.create(self.pod_rt, new, ns)
+
+    def _owner_exists(self, ns: str, ref: dict) -> bool:
+        for rt in self.store.registry.all():
+            if rt.kind == ref.get('kind') and rt.api_version == ref.get('apiVersion'):
+                obj = self.store.get(rt, ns, ref.get('name', ''))
+                return obj is not None and obj['metadata']['uid'] == ref.get('uid')
+        return False
+
+    # ------------------------------------------------------------------ Job controller
+    def _reconcile_job_ref(self, pod: dict, ref: dict, deleted: dict | None = None) -> None:
+        job = self.store.get(self.job_rt, pod['metadata']['namespace'], ref.get('name', ''))
+        if job is not None and job['metadata']['uid'] == ref.get('uid'):
+            self._reconcile_job(job, deleted)
+
+    def _reconcile_job(self, job: dict, deleted: dict | None = None) -> None:
+        job = self._current(self.job_rt, job)
+        if job is None:
+            return
+        uid = job['metadata']['uid']
+        ns = job['metadata']['namespace']
+        spec = job.get('spec') or {}
+        status = job.get('status') or {}
+        seen = self._job_seen.setdefault(uid, {'succeeded': set(), 'failed': set()})
+        pods = [self.store.get(self.pod_rt, key[0], key[1]) for rt, key in
+                list(self.store.owners.get(uid, ())) if rt is self.pod_rt]
+        pods = [p for p in pods if p is not None]
+        active = 0
+        ready = 0
+        for pod in pods:
+            phase = (pod.get('status') or {}).get('phase', 'Pending')
+            puid = pod['metadata']['uid']
+            if phase == 'Succeeded':
+                seen['succeeded'].add(puid)
+            elif phase == 'Failed':
+                seen['failed'].add(puid)
+            elif not pod['metadata'].get('deletionTimestamp'):
+                active += 1
+                if phase == 'Running':
+                    ready += 1
+        if deleted is not None:
+            dphase = (deleted.get('status') or {}).get('phase')
+            if dphase not in ('Succeeded', 'Failed') and deleted['metadata']['uid'] not in seen['succeeded']:
+                seen['failed'].add(deleted['metadata']['uid'])
+        done = {c.get('type') for c in status.get('conditions') or [] if c.get('status') == 'True'}
+        completions = int(spec.get('completions') or 1)
+        parallelism = int(spec.get('parallelism') if spec.get('parallelism') is not None else 1)
+        backoff = int(spec.get('backoffLimit') if spec.get('backoffLimit') is not None else 6)
+        n_ok, n_failed = len(seen['succeeded']), len(seen['failed'])
+        now = now_rfc3339()
+        new_status: dict[str, Any] = {'active': active, 'succeeded': n_ok, 'failed': n_failed, 'ready': ready}
+        new_status['startTime'] = status.get('startTime') or now
+        if not ({'Complete', 'Failed'} & done):
+            conditions = list(status.get('conditions') or [])
+            if n_ok >= completions:
+                conditions += [{'type': 'SuccessCriteriaMet', 'status': 'True', 'reason': 'CompletionsReached',
+                                'message': 'Reached expected number of succeeded pods', 'lastProbeTime': now,
+                                'lastTransitionTime': now},
+                               {'type': 'Complete', 'status': 'True', 'reason': 'CompletionsReached',
+                                'message': 'Reached expected number of succeeded pods', 'lastProbeTime': now,
+                                'lastTransitionTime': now}]
+                new_status['completionTime'] = now
+                new_status['conditions'] = conditions
+            elif n_failed > backoff:
+                conditions += [{'type': 'FailureTarget', 'status': 'True', 'reason': 'BackoffLimitExceeded',
+                                'message': 'Job has reached the specified backoff limit', 'lastProbeTime': now,
+                                'lastTransitionTime': now},
+                               {'type': 'Failed', 'status': 'True', 'reason': 'BackoffLimitExceeded',
+                                'message': 'Job has reached the specified backoff limit', 'lastProbeTime': now,
+                                'lastTransitionTime': now}]
+                new_status['conditions'] = conditions
+                for pod in pods:
+                    if (pod.get('status') or {}).get('phase') not in ('Succeeded', 'Failed'):
+                        try:
+                            self.store.delete(self.pod_rt, ns, pod['metadata']['name'])
+                        except ApiError:
+                            pass
+            elif not spec.get('suspend'):
+                want = min(parallelism, completions - n_ok) - active
+                for dummy in range(max(0, want)):
+                    self._create_job_pod(job)
+                    new_status['active'] += 1
+        if any(status.get(k) != v for k, v in new_status.items()):
+            self._patch_status(self.job_rt, job, new_status)
+
+    def _create_job_pod(self, job: dict) -> None:
+        uid = job['metadata']['uid']
+        attempt = self._attempts.get(uid, 0)
+        self._attempts[uid] = attempt + 1
+        tmpl = clone((job.get('spec') or {}).get('template') or {})
+        meta = tmpl.get('metadata') or {}
+        ann = dict(meta.get('annotations') or {})
+        ann[ANN + 'attempt'] = str(attempt)
+        ann['batch.kubernetes.io/job-completion-index'] = str(attempt) if \
+            job['spec'].get('completionMode') == 'Indexed' else ann.get('batch.kubernetes.io/job-completion-index', '')
+        if not ann['batch.kubernetes.io/job-completion-index']:
+            del ann['batch.kubernetes.io/job-completion-index']
+        owner = {'apiVersion': 'batch/v1', 'kind': 'Job', 'name': job['metadata']['name'], 'uid': uid,
+                 'controller': True, 'blockOwnerDeletion': True}
+        pod_meta = {'name': '%s-%s' % (job['metadata']['name'], _suffix()), 'namespace': job['metadata']['namespace'],
+                    'labels': dict(meta.get('labels') or {}), 'annotations': ann, 'ownerReferences': [owner]}
+        pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': pod_meta, 'spec': tmpl.get('spec') or {}}
+        self.store.create(self.pod_rt, pod, job['metadata']['namespace'])
