@@ -11,7 +11,7 @@ import k8s_scenario as S
 from k8s_support import (KubeVirtStandIn, WhenRequests, evictions_of, kubectl, kubectl_json, load, mutations,
                          node_pods, pdb, play)
 
-pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not merged yet')
+pytestmark = pytest.mark.slow
 
 ALLOW_ALL = {'force': True, 'delete_local_data': True, 'vmi_policy': 'stop'}
 GPU1_EVICTABLE = ['ml/bare-debug', 'ml/cache-gpu', 'ml/dra-pod', 'ml/infer-mig', 'ml/rt-only-0', 'ml/train-gpu',
