@@ -386,3 +386,26 @@ def test_slow_write_beyond_the_timeout_fails_clearly_and_a_rerun_resumes(emulato
     n = node(emulator, S.OTHER)
     assert n['spec']['unschedulable'] is True
     assert n['metadata']['annotations']['gpufleet.io/initial-unschedulable'] == 'false'
+
+
+def test_wait_is_by_uid_a_recreated_pod_with_the_same_name_is_not_the_old_one(emulator, run_playbook):
+    """The ReplicaSet stand-in recreates each evicted pod at once with the same name and a new UID
+    (on another node: the drained one is cordoned). The drain completes; it does not wait for the
+    name to disappear."""
+    from emulator import fixtures as F
+    emulator.simulator.recreate_owned_pods = True
+    emulator.apply([F.namespace('web'), F.gpu_node('gpu-a'), F.gpu_node('gpu-b'),
+                    F.replicaset('web', 'web', replicas=3)])
+    rs = emulator.get('apps/v1', 'ReplicaSet', 'web', 'web')
+    emulator.apply([F.replicaset_pod(rs, 'gpu-a', suffix=str(i)) for i in range(3)])
+    old = {p['metadata']['name']: p['metadata']['uid'] for p in emulator.list('v1', 'Pod', 'web')}
+    emulator.clear_requests()
+    run = run_playbook(play(emulator, drain_task(node='gpu-a', timeout=30)))
+    res = run.result('drain')
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted']) == ['web/web-0', 'web/web-1', 'web/web-2']
+    emulator.wait_for(lambda: len(emulator.list('v1', 'Pod', 'web')) == 3, timeout=10)
+    new = {p['metadata']['name']: (p['metadata']['uid'], p['spec'].get('nodeName'))
+           for p in emulator.list('v1', 'Pod', 'web')}
+    assert sorted(new) == sorted(old)
+    assert all(new[n][0] != old[n] and new[n][1] == 'gpu-b' for n in old)
