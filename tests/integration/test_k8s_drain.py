@@ -409,3 +409,33 @@ def test_wait_is_by_uid_a_recreated_pod_with_the_same_name_is_not_the_old_one(em
            for p in emulator.list('v1', 'Pod', 'web')}
     assert sorted(new) == sorted(old)
     assert all(new[n][0] != old[n] and new[n][1] == 'gpu-b' for n in old)
+
+
+def test_evict_policy_fails_at_the_deadline_while_the_vmi_stays(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(play(emulator, drain_task(force=True, delete_local_data=True, vmi_policy='evict', timeout=3,
+                                                 ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert [(r['kind'], r['name'], r['reason']) for r in res['remaining']] == [
+        ('VirtualMachineInstance', 'vm-gpu', 'VMI still on the node')]
+    assert evictions_of(emulator.requests, 'virt-launcher-vm-gpu-x7k2p') == 1
+    assert node(emulator)['spec']['unschedulable'] is True
+
+
+def test_evict_policy_succeeds_once_the_vmi_left(emulator, run_playbook):
+    """KubeVirt turns the launcher's eviction into a migration; the stand-in removes the VMI from
+    the node once its launcher was evicted."""
+    load(emulator)
+
+    def migrated():
+        emulator.delete('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms')
+
+    with WhenRequests(emulator, lambda reqs: evictions_of(reqs, 'virt-launcher-vm-gpu-x7k2p') >= 1, migrated):
+        run = run_playbook(play(emulator, drain_task(force=True, delete_local_data=True, vmi_policy='evict',
+                                                     timeout=30)))
+    res = run.result('drain')
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted'], 'VirtualMachineInstance') == ['vms/vm-gpu']
+    assert 'vms/virt-launcher-vm-gpu-x7k2p' in names(res['evicted'])
+    assert res['stopped_vms'] == []
