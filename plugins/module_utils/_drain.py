@@ -66,7 +66,7 @@ class DrainOptions:
     def __init__(self, timeout: float = 300, grace_period: Optional[int] = None, pod_selector: Optional[str] = None,
                  ignore_daemonsets: bool = True, delete_local_data: bool = False, force: bool = False,
                  disable_eviction: bool = False, wait_for_jobs: Optional[WaitForJobs] = None,
-                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 5.0,
+                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 2.5,
                  poll_interval: float = 1.0) -> None:
         self.timeout = timeout
         self.grace_period = grace_period
@@ -106,7 +106,7 @@ def options_from_params(params: Dict[str, Any]) -> DrainOptions:
             raise DrainError('wait_for_jobs.selector must be a non-empty label selector, got %r' % wfj.get('selector'))
         wait = WaitForJobs(selector, positive('wait_for_jobs.timeout', wfj.get('timeout')))
     parallel = int(positive('parallel', params.get('parallel', 10)))
-    retry = positive('retry_interval', params.get('retry_interval', 5.0))
+    retry = positive('retry_interval', params.get('retry_interval', 2.5))
     if retry < 0.1:
         raise DrainError('retry_interval must be >= 0.1 seconds, got %r' % retry)
     return DrainOptions(timeout=float(timeout), grace_period=grace, pod_selector=params.get('pod_selector') or None,
@@ -146,15 +146,16 @@ def cordon_patch(node: Dict[str, Any], state: str = 'cordoned') -> Optional[Dict
     """Merge patch that cordons the node and records its initial state, or None if nothing to do.
 
     The initial-unschedulable annotation is written only when absent (a rerun keeps the first
-    value). `state` is written unless the node already records that progress or a later one.
+    value). `state` is written with a cordon, or when the node records no progress yet; a node
+    that is already cordoned by this collection keeps the progress it records.
     """
     ann = _annotations(node)
     patch_ann: Dict[str, Any] = {}
     if ANN_INITIAL not in ann:
         patch_ann[ANN_INITIAL] = 'true' if is_unschedulable(node) else 'false'
-    order = ['cordoned', 'draining', 'drain-failed', 'drained']
+    cordoning = bool(patch_ann) or not is_unschedulable(node)
     current = ann.get(ANN_STATE)
-    if current != state and not (state == 'cordoned' and current in order):
+    if current is None or (cordoning and current != state):
         patch_ann[ANN_STATE] = state
     patch: Dict[str, Any] = {}
     if not is_unschedulable(node):
@@ -351,8 +352,10 @@ class DrainClient:
     def get_node(self, name: str) -> Dict[str, Any]:
         raise NotImplementedError
 
-    def update_node(self, name: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def update_node(self, name: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]],
+                    current: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Apply compute(node) as a patch guarded by the node's resourceVersion; `current` (a
+        recent read) saves the first GET, a conflict re-reads. Returns (before, after)."""
         raise NotImplementedError
 
     def list_pods(self, node: str, label_selector: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -376,6 +379,10 @@ class DrainClient:
     def pod_gone(self, pod: Dict[str, Any]) -> bool:
         raise NotImplementedError
 
+    def pod_uids(self, node: str, label_selector: Optional[str] = None) -> set:
+        """UIDs of the pods on the node now (one list: how deletions are awaited)."""
+        return {(p.get('metadata') or {}).get('uid') for p in self.list_pods(node, label_selector)}
+
     def vmi_gone(self, vmi: Dict[str, Any], node: str) -> bool:
         raise NotImplementedError
 
@@ -397,8 +404,8 @@ class KubeDrainClient(DrainClient):
     def get_node(self, name: str) -> Dict[str, Any]:
         return self.k8s.get(path_for('v1', 'nodes', name))
 
-    def update_node(self, name, compute):
-        return self.k8s.update(path_for('v1', 'nodes', name), compute)
+    def update_node(self, name, compute, current=None):
+        return self.k8s.update(path_for('v1', 'nodes', name), compute, current)
 
     def list_pods(self, node, label_selector=None):
         query: Dict[str, Any] = {'fieldSelector': 'spec.nodeName=%s' % node}
@@ -451,6 +458,7 @@ class _Item:
         self.stage = stage        # 'evict' | 'wait' | 'done' | 'failed'
         self.next_at = 0.0
         self.attempts = 0
+        self.polls = 0
         self.last_reason = ''
 
 
@@ -466,17 +474,21 @@ class Drainer:
     # -- node state --------------------------------------------------------------------------
     def _update_node(self, name: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]],
                      node: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], Dict[str, Any], bool]:
-        """(before, after, changed). In check mode nothing is written: the after is predicted from
-        `node` (a predicted state) or a fresh read."""
+        """(before, after, changed). `node` (default: the node as this run last wrote or predicted
+        it) saves a read. In check mode nothing is written: the after is predicted."""
+        if node is None:
+            node = getattr(self, '_last_node', None)
         if self.check_mode:
             current = node if node is not None else self.client.get_node(name)
             after = apply_merge_patch(current, compute(current))
         else:
-            current, after = self.client.update_node(name, compute)
+            current, after = self.client.update_node(name, compute, node)
+        self._last_node = after
         return current, after, node_view(current) != node_view(after)
 
-    def cordon(self, name: str) -> Dict[str, Any]:
-        before, after, changed = self._update_node(name, cordon_patch)
+    def cordon(self, name: str, state: str = 'cordoned') -> Dict[str, Any]:
+        self._last_node = None
+        before, after, changed = self._update_node(name, lambda n: cordon_patch(n, state))
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after), 'node_after': after,
                 'initially_unschedulable': initially_unschedulable(before), 'cordoned': not is_unschedulable(before)}
 
@@ -487,6 +499,7 @@ class Drainer:
             patch, kept['value'] = uncordon_patch(node, force)
             return patch
 
+        self._last_node = None
         before, after, changed = self._update_node(name, compute)
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
                 'initially_unschedulable': initially_unschedulable(before), 'kept_cordon': kept['value']}
@@ -497,9 +510,8 @@ class Drainer:
         opts = self.opts
         res: Dict[str, Any] = {'evicted': [], 'remaining': [], 'blocked': [], 'skipped': [], 'stopped_vms': [],
                                'failed': False, 'msg': ''}
-        cordon = self.cordon(name)
+        cordon = self.cordon(name, 'draining')
         res.update(initially_unschedulable=cordon['initially_unschedulable'], cordoned=cordon['cordoned'])
-        predicted = cordon['node_after'] if self.check_mode else None
 
         pods = self.client.list_pods(name, opts.pod_selector)
         vmis = self.client.list_vmis(name)
@@ -516,7 +528,7 @@ class Drainer:
         pending = [ref(p) for p in plan.evict + plan.wait] + [ref(v, 'VirtualMachineInstance') for v in plan.vmis_to_leave]
 
         def finish(state: str, changed: bool) -> Dict[str, Any]:
-            _, after, ch = self._update_node(name, lambda n: state_patch(n, state), predicted)
+            after, ch = self._update_node(name, lambda n: state_patch(n, state))[1:]
             res['changed'] = bool(cordon['changed'] or changed or ch)
             res['diff'] = {'before': cordon['before'], 'after': node_view(after)}
             res['state'] = state
@@ -532,7 +544,7 @@ class Drainer:
 
         if self.check_mode:
             res['evicted'] = [ref(p) for p in plan.evict]
-            res['stopped_vms'] = [vm_stop_patch(vm)[1] for _, vm in plan.vm_stops]
+            res['stopped_vms'] = [vm_stop_patch(pair[1])[1] for pair in plan.vm_stops]
             return finish('drained', plan.would_change())
 
         if not plan.would_change():
@@ -543,8 +555,9 @@ class Drainer:
             return finish('drain-failed', True)
 
         # Record the VMs before halting them, so a crash cannot lose which ones to restart.
-        records = [vm_stop_patch(vm)[1] for _, vm in plan.vm_stops]
-        self._update_node(name, lambda n: state_patch(n, 'draining', records if records else None))
+        records = [vm_stop_patch(pair[1])[1] for pair in plan.vm_stops]
+        if records:
+            self._update_node(name, lambda n: state_patch(n, 'draining', records))
         items: List[_Item] = []
         for vmi, vm in plan.vm_stops:
             patch, record = vm_stop_patch(vm)
@@ -629,6 +642,9 @@ class Drainer:
             return 'failed', str(exc)
 
     def _run(self, name: str, items: List[_Item]) -> None:
+        """Rounds until every item is done or failed, or the deadline: evictions (and VMI checks)
+        run in parallel on the pool; pods awaited for deletion are checked together with one list
+        of the node's pods per round (by UID), not one GET each."""
         self._node = name
         opts = self.opts
         deadline = self.clock() + opts.timeout
@@ -636,25 +652,35 @@ class Drainer:
             while True:
                 now = self.clock()
                 due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
-                if due:
-                    for it, (outcome, reason) in zip(due, pool.map(self._attempt, due)):
-                        now = self.clock()
-                        if outcome == 'done':
-                            it.stage = 'done'
-                        elif outcome == 'failed':
-                            it.stage = 'failed'
-                            it.last_reason = reason
-                        elif outcome == 'retry':
-                            it.last_reason = reason
-                            it.next_at = now + opts.retry_interval
-                        else:  # accepted or still terminating: poll for the deletion
-                            if it.stage == 'evict':
-                                it.stage = 'wait'
-                                it.next_at = now  # kubectl polls at once, then every second
-                                it.last_reason = 'evicted, still terminating'
-                            else:
-                                it.last_reason = reason or it.last_reason
-                                it.next_at = now + opts.poll_interval
+                pod_waits = [it for it in due if it.stage == 'wait' and it.kind == 'Pod']
+                others = [it for it in due if not (it.stage == 'wait' and it.kind == 'Pod')]
+                outcomes: List[Tuple[_Item, Tuple[str, str]]] = list(zip(others, pool.map(self._attempt, others)))
+                if pod_waits:
+                    try:
+                        present = self.client.pod_uids(name, opts.pod_selector)
+                        outcomes += [(it, ('wait', 'evicted, still terminating')
+                                      if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
+                                     for it in pod_waits]
+                    except K8sError as exc:
+                        outcomes += [(it, ('wait', 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
+                now = self.clock()
+                for it, (outcome, reason) in outcomes:
+                    if outcome == 'done':
+                        it.stage = 'done'
+                    elif outcome == 'failed':
+                        it.stage = 'failed'
+                        it.last_reason = reason
+                    elif outcome == 'retry':
+                        it.last_reason = reason
+                        it.next_at = now + opts.retry_interval
+                    elif it.stage == 'evict':   # accepted: check for the deletion at once, then every poll
+                        it.stage = 'wait'
+                        it.next_at = now
+                        it.last_reason = 'evicted, still terminating'
+                    else:   # still there: check again soon, backing off to poll_interval
+                        it.last_reason = reason or it.last_reason
+                        it.polls += 1
+                        it.next_at = now + min(opts.poll_interval, 0.1 * (2 ** it.polls))
                 active = [it for it in items if it.stage in ('evict', 'wait')]
                 if not active:
                     return

@@ -268,8 +268,11 @@ class K8sClient:
             raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
-            raise K8sError('%s: no answer within the request timeout of %gs' % (desc, self.request_timeout),
-                           status=None, method=method, path=path, reason='timeout') from exc
+            msg = '%s: no answer within the request timeout of %gs' % (desc, self.request_timeout)
+            if method != 'GET':
+                msg += ('; the change may or may not have been applied (a write is not re-sent blindly): rerun the '
+                        'task, it resumes from what is on the server')
+            raise K8sError(msg, status=None, method=method, path=path, reason='timeout') from exc
         except urllib3.exceptions.HTTPError as exc:
             raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc
@@ -357,20 +360,21 @@ class K8sClient:
         return self.request('DELETE', path, body=body)
 
     def update(self, path: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]],
-               ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+               current: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """Read, compute a merge patch from what was read, apply it with the read resourceVersion.
 
         `compute(obj)` returns the patch, or None when nothing needs to change. On 409 the object
         is re-read and the patch re-computed (at most `update_attempts` times): safe, because the
         patch is derived from the fresh state and guarded by its resourceVersion. Any other write
-        error is raised at once. Returns (object before, object after).
+        error is raised at once. `current`, a recent read of the object, saves the first GET (a
+        stale one only costs a 409 and a re-read). Returns (object before, object after).
         """
         last: Optional[ConflictError] = None
         for attempt in range(self.update_attempts):
             if attempt:
                 self.retries_made += 1
                 self.sleep(min(self.backoff * attempt, 2.0))
-            obj = self.get(path)
+            obj = current if (current is not None and not attempt) else self.get(path)
             patch = compute(copy.deepcopy(obj))
             if not patch:
                 return obj, obj

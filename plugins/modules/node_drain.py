@@ -119,9 +119,13 @@ options:
     type: int
     default: 10
   retry_interval:
-    description: Seconds between two tries of an eviction refused with 429 or a transient error, and between checks of O(wait_for_jobs).
+    description:
+      - Seconds between two tries of an eviction refused with 429 or a transient error, and between checks of
+        O(wait_for_jobs).
+      - The default, 2.5, makes as many requests per blocked pod as C(kubectl drain) (a GET and an eviction every 5 s)
+        and notices a relaxed PodDisruptionBudget twice as soon.
     type: float
-    default: 5
+    default: 2.5
 seealso:
   - module: gpufleet.upgrade.gpu_holders_info
 """
@@ -275,7 +279,7 @@ def main() -> None:
         }},
         vmi_policy={'type': 'str', 'choices': list(D.VMI_POLICIES), 'default': 'refuse'},
         parallel={'type': 'int', 'default': 10},
-        retry_interval={'type': 'float', 'default': 5},
+        retry_interval={'type': 'float', 'default': 2.5},
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     if not HAS_KUBERNETES:

@@ -31,7 +31,10 @@ def test_cordon_of_admin_cordoned_node_records_true_and_keeps_later_progress():
     assert D.cordon_patch(n) == {'metadata': {'annotations': {D.ANN_INITIAL: 'true', D.ANN_STATE: 'cordoned'}}}
     drained = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'})
     assert D.cordon_patch(drained) is None
-    assert D.cordon_patch(drained, 'draining') == {'metadata': {'annotations': {D.ANN_STATE: 'draining'}}}
+    assert D.cordon_patch(drained, 'draining') is None
+    uncordoned_by_hand = S.node('n', annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'})
+    assert D.cordon_patch(uncordoned_by_hand, 'draining') == {
+        'spec': {'unschedulable': True}, 'metadata': {'annotations': {D.ANN_STATE: 'draining'}}}
 
 
 def test_uncordon_lifts_only_our_cordon():
@@ -201,7 +204,7 @@ class FakeClient(D.DrainClient):
             raise NotFoundError('GET node: HTTP 404', status=404)
         return copy.deepcopy(self.nodes[name])
 
-    def update_node(self, name, compute):
+    def update_node(self, name, compute, current=None):
         before = self.get_node(name)
         patch = compute(copy.deepcopy(before))
         if not patch:
@@ -381,7 +384,7 @@ def test_wait_for_jobs_proceeds_once_the_jobs_finish():
     orig = c.list_pods
 
     def list_pods(node, sel=None):
-        if clock.now() > 1020:
+        if clock.now() > 1020 and ('ml', 'ckpt') in c.pods:
             c.pods[('ml', 'ckpt')]['status']['phase'] = 'Succeeded'
         return orig(node, sel)
     c.list_pods = list_pods
@@ -459,3 +462,10 @@ def test_parallel_bound_is_respected():
     res = _drainer(c, clock, parallel=4).drain('n1')
     assert len(res['evicted']) == 30
     assert 1 < active['max'] <= 4
+
+
+def test_option_defaults():
+    o = D.options_from_params({})
+    assert (o.timeout, o.retry_interval, o.poll_interval, o.parallel, o.vmi_policy, o.ignore_daemonsets,
+            o.delete_local_data, o.force, o.disable_eviction, o.wait_for_jobs) == (
+        300.0, 2.5, 1.0, 10, 'refuse', True, False, False, False, None)

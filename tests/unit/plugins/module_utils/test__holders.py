@@ -155,3 +155,22 @@ def test_classify_does_not_modify_input():
     before = copy.deepcopy((pods, vmis, claims))
     H.classify(pods, vmis, claims)
     assert (pods, vmis, claims) == before
+
+
+def test_streaming_classifier_equals_one_shot_classification():
+    pods, vmis, claims = _split(S.scenario())
+    c = H.Classifier(vmis, claims)
+    for i in range(0, len(pods), 3):           # pages of 3, the VMI's launcher pod in a later page
+        c.add_pods(pods[i:i + 3])
+    assert [S.holder_key(h) for h in c.holders()] == S.EXPECTED_HOLDERS
+
+
+def test_streaming_claim_without_node_selector_takes_the_node_of_its_reserved_pod():
+    claim = S.claim('c1', reserved_for=['p'])
+    del claim['status']['allocation']['nodeSelector']
+    claim['status']['reservedFor'][0]['uid'] = 'u-7'
+    c = H.Classifier((), [claim])
+    c.add_pods([S.pod('other', node_name='gpu-3', uid='u-1')])
+    c.add_pods([S.pod('p', node_name='gpu-7', uid='u-7', claims=['c1'])])
+    assert [(h['kind'], h['name'], h['node']) for h in c.holders()] == [
+        ('Pod', 'p', 'gpu-7'), ('ResourceClaim', 'c1', 'gpu-7')]
