@@ -25,7 +25,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 PYTEST      := $(VPY) -m pytest
 SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
-.PHONY: help venv collection test units integration sanity lint lab emulator clean
+.PHONY: help venv collection test units integration sanity lint lab emulator clean system-deps
 
 help:
 	@echo "make lab    - run the main job (the lab rollout on the emulated fleet)"
@@ -46,10 +46,29 @@ collection: $(STAMP)
 	@ln -sfn $(CURDIR) $(COLL_LINK)
 	@$(VPY) tests/tools/seed_get_pip.py
 
-units: collection
+# Debian packages the tests run for real (Prometheus for metric_gate, Chromium for the evidence
+# report). Installed when missing and running as root with apt-get (one `apt-get update`);
+# otherwise a loud warning, and the tests that need them skip saying why. Append, don't replace.
+SYSTEM_DEPS += prometheus chromium
+system-deps:
+	@missing=""; for p in $(sort $(SYSTEM_DEPS)); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "system-deps: installing$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing \
+	  || echo "WARNING: system-deps: could not install$$missing; the tests that need them will SKIP" >&2; \
+	else \
+	  echo "WARNING: system-deps: missing$$missing and not root with apt-get; the tests that need them will SKIP" >&2; \
+	fi
+
+units: collection system-deps
 	$(PYTEST) tests/unit
 
-integration: collection
+integration: collection system-deps
 	$(PYTEST) tests/integration
 
 # ansible-test wants to run inside ansible_collections/<ns>/<name>: copy the files git would
@@ -65,7 +84,7 @@ sanity: collection
 	  --test compile --python 3.9 --python-interpreter $$(command -v $(PY39) || echo $(PY39)); \
 	else echo "note: no Python 3.9 here; node-side code compiled on the controller Python only"; fi
 
-test: collection
+test: collection system-deps
 	$(PYTEST) tests/unit tests/integration
 	$(MAKE) --no-print-directory sanity
 

@@ -612,6 +612,14 @@ def _dumper_class() -> t.Any:
             def ignore_aliases(self, data: t.Any) -> bool:
                 return True
 
+        def represent_str(dumper: t.Any, data: str) -> t.Any:
+            # PyYAML writes NEL, LS, PS and BOM raw in plain and single-quoted scalars, where a
+            # reader takes them for line breaks: double quotes escape them.
+            style = '"' if any(ch in data for ch in '\x85\u2028\u2029\ufeff') else None
+            return dumper.represent_scalar('tag:yaml.org,2002:str', data, style=style)
+
+        RecordDumper.add_representer(str, represent_str)
+
         # Timestamps stay plain (as in seed 004): the loader never resolves them either. Every
         # other YAML 1.1 type stays quoted when it is a string, so other parsers read strings too.
         RecordDumper.yaml_implicit_resolvers = {
@@ -652,4 +660,6 @@ def dump_record(record: t.Union[Record, t.Dict[str, t.Any]]) -> str:
     except yaml.YAMLError as exc:
         raise QualificationError(['the record cannot be written as YAML: %s' % exc])
     parse_record(text)  # raises QualificationError with every problem
+    if _load_yaml(text) != doc:
+        raise QualificationError(['the record cannot be written faithfully as YAML'])
     return text

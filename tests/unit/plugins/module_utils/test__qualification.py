@@ -694,3 +694,12 @@ def test_dump_record_refuses_what_the_parser_refuses():
     with pytest.raises(q.QualificationError) as err:
         q.dump_record(['x'])
     assert err.value.problems == ['the record must be a mapping, got a list']
+
+
+def test_dump_record_escapes_characters_yaml_reads_as_line_breaks():
+    # Found by the property test: PyYAML writes NEL raw, and reads it back as a line break.
+    data = with_canary(with_target(seed_dict(), dcgmExporter='4.4.1\x85'), evidence='a\u2028b\u2029c\ufeffd')
+    out = q.dump_record(data)
+    record = q.parse_record(out)
+    assert record.target['dcgmExporter'] == '4.4.1\x85'
+    assert record.evidence == 'a\u2028b\u2029c\ufeffd'

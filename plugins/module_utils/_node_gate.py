@@ -1,0 +1,238 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to the collection: no compatibility promise. Used by the node_gate module.
+
+"""Node integration gate (seed 000, gate 1): the node is back in Kubernetes as expected.
+
+Checks, each a named verdict with its evidence; all must pass:
+
+* ``ready``: the Node's Ready condition is True;
+* ``allocatable``: allocatable equals the expected count for every expected GPU resource
+  (``nvidia.com/gpu``, MIG resources ``nvidia.com/mig-<profile>``), and no other GPU resource is
+  advertised (a MIG strategy or layout change shows up here);
+* ``device_plugin``: a device plugin pod runs on the node and is Ready (it registered the
+  resources: they are in capacity);
+* ``validator``: the GPU Operator validator pod on the node is Ready, when present (or required);
+* ``taints``: no taint besides the allowed ones (the cordon's own taint is always allowed: the gate
+  runs before the uncordon).
+
+The result has the same shape as the other gates: ``{passed, msg, problems, checks: {name:
+{passed, problems, evidence}}}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'GPU_RESOURCE_PATTERNS', 'NodeGateError', 'evaluate', 'label_selector_matches',
+           'parse_label_selector', 'pod_ready']
+
+DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
+DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
+# node.kubernetes.io/unschedulable is the cordon's taint: the gate runs while the node is cordoned.
+ALWAYS_ALLOWED_TAINTS = ('node.kubernetes.io/unschedulable',)
+GPU_RESOURCE_PATTERNS = (re.compile(r'^nvidia\.com/gpu(\.shared)?$'), re.compile(r'^nvidia\.com/mig-[0-9a-z.+-]+$'))
+
+_SEL_RE = re.compile(r'^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9._-]*))?\s*$')
+
+
+class NodeGateError(ValueError):
+    """Bad input: the message names the field and the value."""
+
+
+def parse_label_selector(selector: str, field: str = 'selector') -> List[Tuple[str, str, Optional[str]]]:
+    """Equality-based selector 'a=b,c!=d,e,!f' -> [(op, key, value)]; op in =, !=, exists, !exists."""
+    out: List[Tuple[str, str, Optional[str]]] = []
+    if not isinstance(selector, str) or not selector.strip():
+        raise NodeGateError('%s: %r is not a label selector (e.g. app=nvidia-device-plugin-daemonset)' % (field, selector))
+    for part in selector.split(','):
+        m = _SEL_RE.match(part)
+        if not m or (m.group(1) and m.group(3)):
+            raise NodeGateError('%s: %r is not an equality-based label selector (k=v, k!=v, k, !k)' % (field, selector))
+        neg, key, op, value = m.groups()
+        if op:
+            out.append(('!=' if op == '!=' else '=', key, value or ''))
+        else:
+            out.append(('!exists' if neg else 'exists', key, None))
+    return out
+
+
+def label_selector_matches(labels: Dict[str, Any], selector: Sequence[Tuple[str, str, Optional[str]]]) -> bool:
+    labels = labels or {}
+    for op, key, value in selector:
+        if op == '=' and labels.get(key) != value:
+            return False
+        if op == '!=' and labels.get(key) == value:
+            return False
+        if op == 'exists' and key not in labels:
+            return False
+        if op == '!exists' and key in labels:
+            return False
+    return True
+
+
+def _condition(obj: Dict[str, Any], kind: str) -> Optional[Dict[str, Any]]:
+    for c in ((obj.get('status') or {}).get('conditions') or []):
+        if c.get('type') == kind:
+            return c
+    return None
+
+
+def pod_ready(pod: Dict[str, Any]) -> bool:
+    cond = _condition(pod, 'Ready')
+    return (pod.get('status') or {}).get('phase') == 'Running' and bool(cond) and cond.get('status') == 'True'
+
+
+def _quantity(value: Any) -> Optional[int]:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def is_gpu_resource(name: str) -> bool:
+    return any(p.match(name) for p in GPU_RESOURCE_PATTERNS)
+
+
+def _pod_evidence(pod: Dict[str, Any]) -> Dict[str, Any]:
+    meta = pod.get('metadata') or {}
+    status = pod.get('status') or {}
+    cond = _condition(pod, 'Ready') or {}
+    return {
+        'name': meta.get('name'), 'namespace': meta.get('namespace'), 'phase': status.get('phase'),
+        'ready': pod_ready(pod), 'ready_reason': cond.get('reason'),
+        'restarts': sum(int(c.get('restartCount') or 0) for c in (status.get('containerStatuses') or [])),
+        'images': sorted({c.get('image') for c in ((pod.get('spec') or {}).get('containers') or []) if c.get('image')}),
+    }
+
+
+def validate_expected(expected: Any) -> Dict[str, int]:
+    if not isinstance(expected, dict) or not expected:
+        raise NodeGateError('expected_gpus: %r is not a non-empty dict of resource name to count '
+                            '(e.g. {"nvidia.com/gpu": 8})' % (expected,))
+    out: Dict[str, int] = {}
+    for res, count in expected.items():
+        if not isinstance(res, str) or not is_gpu_resource(res):
+            raise NodeGateError('expected_gpus: %r is not a GPU resource (nvidia.com/gpu, nvidia.com/gpu.shared or '
+                                'nvidia.com/mig-<profile>)' % (res,))
+        n = _quantity(count) if not isinstance(count, bool) else None
+        if n is None or n < 0:
+            raise NodeGateError('expected_gpus.%s: %r is not a non-negative integer' % (res, count))
+        out[res] = n
+    return out
+
+
+def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict[str, Any]],
+             expected_gpus: Dict[str, Any], device_plugin_selector: str = DEFAULT_DEVICE_PLUGIN_SELECTOR,
+             validator_selector: Optional[str] = DEFAULT_VALIDATOR_SELECTOR, validator_required: bool = False,
+             allowed_taints: Sequence[str] = ()) -> Dict[str, Any]:
+    """Evaluate the gate over the Node object and the pods bound to it (any namespace)."""
+    expected = validate_expected(expected_gpus)
+    dp_sel = parse_label_selector(device_plugin_selector, 'device_plugin_selector')
+    val_sel = parse_label_selector(validator_selector, 'validator_selector') if validator_selector else None
+    allowed = set(ALWAYS_ALLOWED_TAINTS)
+    for t in allowed_taints or ():
+        if not isinstance(t, str) or not t:
+            raise NodeGateError('allowed_taints: %r is not a taint key or key=value' % (t,))
+        allowed.add(t)
+
+    checks: Dict[str, Dict[str, Any]] = {}
+    if node is None:
+        problems = ['node %s does not exist' % node_name]
+        checks['ready'] = {'passed': False, 'problems': problems, 'evidence': {'exists': False}}
+        return _result(node_name, checks)
+
+    # ready
+    cond = _condition(node, 'Ready') or {}
+    ready = cond.get('status') == 'True'
+    checks['ready'] = {
+        'passed': ready,
+        'problems': [] if ready else ['node %s is not Ready (Ready=%s%s)' % (
+            node_name, cond.get('status', 'missing'), (', reason %s' % cond['reason']) if cond.get('reason') else '')],
+        'evidence': {'status': cond.get('status'), 'reason': cond.get('reason'), 'message': cond.get('message'),
+                     'last_transition_time': cond.get('lastTransitionTime'),
+                     'unschedulable': bool((node.get('spec') or {}).get('unschedulable'))},
+    }
+
+    # allocatable
+    status = node.get('status') or {}
+    alloc = status.get('allocatable') or {}
+    cap = status.get('capacity') or {}
+    probs: List[str] = []
+    ev: Dict[str, Any] = {}
+    for res in sorted(expected):
+        have = _quantity(alloc.get(res)) if res in alloc else None
+        ev[res] = {'expected': expected[res], 'allocatable': have, 'capacity': _quantity(cap.get(res)) if res in cap else None}
+        if have is None:
+            probs.append('%s: not in allocatable (expected %d): the device plugin has not registered it'
+                         % (res, expected[res]))
+        elif have != expected[res]:
+            probs.append('%s: allocatable %d, expected %d' % (res, have, expected[res]))
+    for res in sorted(set(alloc) | set(cap)):
+        if res in expected or not is_gpu_resource(res):
+            continue
+        have = _quantity(alloc.get(res)) or 0
+        ev[res] = {'expected': 0, 'allocatable': have, 'capacity': _quantity(cap.get(res))}
+        if have:
+            probs.append('%s: allocatable %d, not expected (partition layout or MIG strategy changed?)' % (res, have))
+    checks['allocatable'] = {'passed': not probs, 'problems': probs, 'evidence': ev}
+
+    on_node = [p for p in pods if (p.get('spec') or {}).get('nodeName') == node_name]
+
+    # device plugin
+    dps = [p for p in on_node if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, dp_sel)]
+    probs = []
+    if not dps:
+        probs.append('no device plugin pod (%s) on node %s' % (device_plugin_selector, node_name))
+    for p in dps:
+        if not pod_ready(p):
+            probs.append('device plugin pod %s/%s is not Ready (phase %s)' % (
+                (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
+                (p.get('status') or {}).get('phase')))
+    registered = sorted(r for r in expected if r in cap)
+    checks['device_plugin'] = {'passed': not probs, 'problems': probs,
+                               'evidence': {'selector': device_plugin_selector,
+                                            'pods': [_pod_evidence(p) for p in dps],
+                                            'registered_resources': registered}}
+
+    # validator
+    if val_sel is not None:
+        vals = [p for p in on_node if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, val_sel)]
+        probs = []
+        if not vals and validator_required:
+            probs.append('no GPU Operator validator pod (%s) on node %s' % (validator_selector, node_name))
+        for p in vals:
+            if not pod_ready(p):
+                probs.append('GPU Operator validator pod %s/%s is not Ready (phase %s)' % (
+                    (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
+                    (p.get('status') or {}).get('phase')))
+        checks['validator'] = {'passed': not probs, 'problems': probs,
+                               'evidence': {'selector': validator_selector, 'present': bool(vals),
+                                            'required': validator_required,
+                                            'pods': [_pod_evidence(p) for p in vals]}}
+
+    # taints
+    taints = (node.get('spec') or {}).get('taints') or []
+    probs = []
+    for t in taints:
+        key = t.get('key')
+        kv = '%s=%s' % (key, t.get('value')) if t.get('value') is not None else key
+        if key in allowed or kv in allowed:
+            continue
+        probs.append('unexpected taint %s:%s' % (kv, t.get('effect')))
+    checks['taints'] = {'passed': not probs, 'problems': probs,
+                        'evidence': {'taints': [{'key': t.get('key'), 'value': t.get('value'), 'effect': t.get('effect')}
+                                                for t in taints], 'allowed': sorted(allowed)}}
+    return _result(node_name, checks)
+
+
+def _result(node_name: str, checks: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    problems = [p for c in checks.values() for p in c['problems']]
+    passed = not problems
+    msg = ('node gate: PASS for %s (%s)' % (node_name, ', '.join(sorted(checks))) if passed
+           else 'node gate: FAIL for %s: %s' % (node_name, '; '.join(problems)))
+    return {'node': node_name, 'passed': passed, 'msg': msg, 'problems': problems, 'checks': checks}

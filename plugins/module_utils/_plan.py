@@ -1,0 +1,579 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to the collection: no compatibility promise. Used by the upgrade_plan module and filter.
+
+"""The upgrade planner: matrix, canaries, batches and the availability budget.
+
+The method is seed 000's: group the nodes into *material combinations* (GPU PCI identity,
+server platform, kernel line, partition mode, driver install method), pick at least N canaries
+per combination, list every combination left without a canary, then cut the rest into batches.
+Batch size and availability are two separate limits:
+
+* ``batch_size`` (count or percent of the pool, rounded down, at least 1) caps how many nodes
+  one batch upgrades;
+* ``max_unavailable`` (count or percent of the pool, rounded down; 0 refuses) caps how many
+  nodes are out of service *while* a batch runs, counted from the nodes actually out of service:
+  already cordoned, NotReady, and canaries still isolated, plus the batch's in-service nodes;
+* ``failure_allowance`` (nodes and/or GPUs that must stay in service) is checked on the same
+  step: in-service capacity while the batch runs must stay at or above it.
+
+A batch that would break either availability rule is shrunk; a plan whose next node cannot move
+even alone fails with the reason. Everything here is deterministic: the same input gives the
+same plan, byte for byte, and the same digest (sha256 of the canonical JSON).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import hashlib
+import json
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+__all__ = [
+    'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
+    'build_plan', 'kernel_line', 'natural_key', 'resolve_count',
+]
+
+DEFAULT_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'partition_mode', 'install_method')
+# Keys a combination can be made of. `label:<name>` (a node label) is accepted too.
+KNOWN_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'kernel', 'kernel_flavour',
+                          'partition_mode', 'install_method')
+
+_PERCENT_RE = re.compile(r'^\s*(\d+)\s*%\s*$')
+_INT_RE = re.compile(r'^\s*(\d+)\s*$')
+_KERNEL_RE = re.compile(r'^(\d+)\.(\d+)(?:\.(\d+))?(.*)$')
+_FLAVOUR_RE = re.compile(r'^-\d+(?:\.\d+)*-(?P<flavour>[a-z][a-z0-9-]*)$')
+_NATURAL_RE = re.compile(r'(\d+)')
+_SUMMARY_NAMES = 8
+
+
+class PlanInputError(ValueError):
+    """Bad input: the message names the field and the value."""
+
+
+class PlanRefused(Exception):
+    """The plan cannot proceed. ``problems`` says why; ``plan`` holds what was computed."""
+
+    def __init__(self, problems: List[str], plan: Dict[str, Any]) -> None:
+        super().__init__('upgrade plan refused: ' + '; '.join(problems))
+        self.problems = problems
+        self.plan = plan
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def natural_key(name: str) -> Tuple[Any, ...]:
+    """Sort key that orders gpu-2 before gpu-10 (digits compared as numbers)."""
+    parts = _NATURAL_RE.split(name)
+    return tuple((0, int(p), p) if i % 2 else (1, 0, p) for i, p in enumerate(parts))
+
+
+@functools.lru_cache(maxsize=1024)
+def kernel_line(kernel: str) -> str:
+    """The kernel line: the release's major.minor, e.g. '6.8' for '6.8.0-134-generic'.
+
+    Ubuntu's ABI number (134) moves with every security update of the same line and the flavour
+    is a separate combination key (`kernel_flavour`); the line is what changes the driver's
+    kernel interface materially (GA 6.8 versus HWE 6.11, RHEL 5.14).
+    """
+    m = _KERNEL_RE.match(kernel.strip()) if isinstance(kernel, str) else None
+    if not m:
+        raise PlanInputError('kernel %r has no major.minor release (expected e.g. 6.8.0-134-generic)' % (kernel,))
+    return '%s.%s' % (m.group(1), m.group(2))
+
+
+def kernel_flavour(kernel: str) -> str:
+    """The Ubuntu-style flavour suffix ('generic', 'nvidia', 'generic-64k'); '' when none."""
+    m = _KERNEL_RE.match(kernel.strip())
+    if not m:
+        return ''
+    fm = _FLAVOUR_RE.match(m.group(4) or '')
+    return fm.group('flavour') if fm else ''
+
+
+def _parse_count(value: Any, field: str, allow_percent: bool = True) -> Tuple[int, bool]:
+    """Return (number, is_percent) for an int, 'N' or 'P%'."""
+    if isinstance(value, bool) or value is None:
+        raise PlanInputError('%s: %r is not a count or a percentage (e.g. 4 or "10%%")' % (field, value))
+    if isinstance(value, int):
+        if value < 0:
+            raise PlanInputError('%s: %r is negative' % (field, value))
+        return value, False
+    if isinstance(value, str):
+        m = _PERCENT_RE.match(value)
+        if m and allow_percent:
+            pct = int(m.group(1))
+            if pct > 100:
+                raise PlanInputError('%s: %r is over 100%%' % (field, value))
+            return pct, True
+        m = _INT_RE.match(value)
+        if m:
+            return int(m.group(1)), False
+    raise PlanInputError('%s: %r is not a count or a percentage (e.g. 4 or "10%%")' % (field, value))
+
+
+def resolve_count(value: Any, base: int, field: str, round_up: bool = False) -> Dict[str, Any]:
+    """Resolve a count or percentage of `base`; percentages round down unless `round_up`.
+
+    Returns the arithmetic as a dict: requested, base, resolved, rule.
+    """
+    number, is_percent = _parse_count(value, field)
+    if not is_percent:
+        return {'requested': value, 'base': base, 'resolved': number, 'rule': '%d (a count)' % number}
+    product = number * base
+    resolved = -(-product // 100) if round_up else product // 100
+    way = 'rounded up' if round_up else 'rounded down'
+    exact = product / 100.0
+    return {'requested': value, 'base': base, 'resolved': resolved,
+            'rule': '%d%% of %d = %s, %s = %d' % (number, base, ('%g' % exact), way, resolved)}
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(',', ':'), ensure_ascii=True)
+
+
+def _tuple_key(current: Dict[str, Any]) -> Any:
+    """A hashable key for a tuple dict (its canonical JSON when a value is not hashable)."""
+    try:
+        key = tuple(sorted(current.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return _canonical(current)
+
+
+def digest_of(plan: Dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the plan without its `digest` and `summary`."""
+    body = dict((k, v) for k, v in plan.items() if k not in ('digest', 'summary'))
+    return 'sha256:' + hashlib.sha256(_canonical(body).encode('ascii')).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Input validation
+
+
+class _Node(object):
+    __slots__ = ('name', 'pci_ids', 'platform', 'kernel', 'kernel_line', 'partition_mode',
+                 'install_method', 'current', 'ready', 'unschedulable', 'gpus', 'holders',
+                 'labels', 'sort_key')
+
+    def __init__(self, raw: Any, index: int) -> None:
+        where = 'nodes[%d]' % index
+        if not isinstance(raw, dict):
+            raise PlanInputError('%s: expected a dict, got %r' % (where, raw))
+        name = raw.get('name')
+        if not isinstance(name, str) or not name:
+            raise PlanInputError('%s.name: %r is not a non-empty string' % (where, name))
+        where = 'nodes[%d] (%s)' % (index, name)
+        self.name = name
+        pci = raw.get('pci_ids')
+        if not isinstance(pci, (list, tuple)) or not all(isinstance(p, str) and p for p in pci):
+            raise PlanInputError('%s.pci_ids: %r is not a list of PCI id strings' % (where, pci))
+        self.pci_ids = tuple(sorted(set(p.strip().lower() for p in pci)))
+        for field in ('platform', 'kernel', 'partition_mode', 'install_method'):
+            val = raw.get(field)
+            if not isinstance(val, str):
+                raise PlanInputError('%s.%s: %r is not a string' % (where, field, val))
+        self.platform = raw['platform']
+        self.kernel = raw['kernel']
+        try:
+            self.kernel_line = kernel_line(self.kernel)
+        except PlanInputError as exc:
+            raise PlanInputError('%s.kernel: %s' % (where, exc))
+        self.partition_mode = raw['partition_mode']
+        self.install_method = raw['install_method']
+        cur = raw.get('current')
+        if not isinstance(cur, dict):
+            raise PlanInputError('%s.current: %r is not a dict (the current tuple)' % (where, cur))
+        self.current = dict(cur)
+        for field in ('ready', 'unschedulable'):
+            if not isinstance(raw.get(field), bool):
+                raise PlanInputError('%s.%s: %r is not a boolean' % (where, field, raw.get(field)))
+        self.ready = raw['ready']
+        self.unschedulable = raw['unschedulable']
+        gpus = raw.get('gpus')
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise PlanInputError('%s.gpus: %r is not a non-negative integer' % (where, gpus))
+        self.gpus = gpus
+        holders = raw.get('holders')
+        if holders is not None and (isinstance(holders, bool) or not isinstance(holders, int) or holders < 0):
+            raise PlanInputError('%s.holders: %r is not a non-negative integer' % (where, holders))
+        self.holders = holders
+        labels = raw.get('labels') or {}
+        if not isinstance(labels, dict):
+            raise PlanInputError('%s.labels: %r is not a dict' % (where, labels))
+        self.labels = labels
+        self.sort_key = natural_key(name)
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.unschedulable or not self.ready
+
+    def out_reason(self) -> str:
+        reasons = []
+        if self.unschedulable:
+            reasons.append('cordoned')
+        if not self.ready:
+            reasons.append('NotReady')
+        return ', '.join(reasons)
+
+    def key_value(self, key: str) -> str:
+        if key == 'pci_ids':
+            return ','.join(self.pci_ids)
+        if key == 'kernel_flavour':
+            return kernel_flavour(self.kernel)
+        if key.startswith('label:'):
+            val = self.labels.get(key[len('label:'):])
+            return '' if val is None else str(val)
+        return getattr(self, key)
+
+
+def _validate_keys(keys: Any) -> Tuple[str, ...]:
+    if not isinstance(keys, (list, tuple)) or not keys:
+        raise PlanInputError('combination_keys: %r is not a non-empty list' % (keys,))
+    out: List[str] = []
+    for k in keys:
+        if not isinstance(k, str) or not (k in KNOWN_COMBINATION_KEYS or (k.startswith('label:') and len(k) > 6)):
+            raise PlanInputError('combination_keys: %r is not one of %s or label:<name>'
+                                 % (k, ', '.join(KNOWN_COMBINATION_KEYS)))
+        if k not in out:
+            out.append(k)
+    return tuple(out)
+
+
+def _needs_upgrade(node: _Node, target: Dict[str, Any]) -> bool:
+    if not target:
+        return True
+    return any(node.current.get(k) != v for k, v in target.items())
+
+
+# --------------------------------------------------------------------------------------------
+# The planner
+
+
+def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
+               canaries_per_combination: int = 1, batch_size: Any = '10%',
+               max_unavailable: Any = '25%', failure_allowance: Optional[Dict[str, Any]] = None,
+               combination_keys: Sequence[str] = DEFAULT_COMBINATION_KEYS,
+               exclude: Sequence[str] = (), omitted_block: bool = True,
+               single_node_pool_acknowledged: bool = False,
+               canaries_isolated: bool = True) -> Dict[str, Any]:
+    """Plan the rollout. Returns the plan dict; raises PlanInputError or PlanRefused."""
+    # ---- inputs
+    if not isinstance(nodes, (list, tuple)):
+        raise PlanInputError('nodes: %r is not a list' % (nodes,))
+    target = dict(target or {})
+    if isinstance(canaries_per_combination, bool) or not isinstance(canaries_per_combination, int) \
+            or canaries_per_combination < 0:
+        raise PlanInputError('canaries_per_combination: %r is not a non-negative integer' % (canaries_per_combination,))
+    keys = _validate_keys(list(combination_keys))
+    exclude = list(exclude or ())
+    for pat in exclude:
+        if not isinstance(pat, str) or not pat:
+            raise PlanInputError('exclude: %r is not a node name or glob' % (pat,))
+    fa = failure_allowance or {}
+    if not isinstance(fa, dict) or set(fa) - {'nodes', 'gpus'}:
+        raise PlanInputError('failure_allowance: %r must be a dict with keys nodes and/or gpus' % (failure_allowance,))
+
+    parsed: List[_Node] = []
+    seen: Dict[str, int] = {}
+    for i, raw in enumerate(nodes):
+        n = _Node(raw, i)
+        if n.name in seen:
+            raise PlanInputError('nodes[%d].name: %r repeats nodes[%d]' % (i, n.name, seen[n.name]))
+        seen[n.name] = i
+        parsed.append(n)
+    parsed.sort(key=lambda n: n.sort_key)
+
+    pool_nodes = len(parsed)
+    pool_gpus = sum(n.gpus for n in parsed)
+    excluded = [n for n in parsed if any(fnmatch.fnmatchcase(n.name, p) for p in exclude)]
+    excluded_names = set(n.name for n in excluded)
+    up_to_date = [n for n in parsed if n.name not in excluded_names and not _needs_upgrade(n, target)]
+    up_names = set(n.name for n in up_to_date)
+    todo = [n for n in parsed if n.name not in excluded_names and n.name not in up_names]
+
+    bs = resolve_count(batch_size, pool_nodes, 'batch_size')
+    if bs['resolved'] < 1:
+        bs['rule'] += ', raised to the minimum of 1'
+        bs['resolved'] = 1
+    mu = resolve_count(max_unavailable, pool_nodes, 'max_unavailable')
+    fa_nodes = resolve_count(fa['nodes'], pool_nodes, 'failure_allowance.nodes', round_up=True) if 'nodes' in fa else None
+    fa_gpus = resolve_count(fa['gpus'], pool_gpus, 'failure_allowance.gpus', round_up=True) if 'gpus' in fa else None
+
+    problems: List[str] = []
+    warnings: List[str] = []
+    single_node = pool_nodes == 1 and len(todo) == 1
+    if single_node:
+        only = todo[0]
+        if not single_node_pool_acknowledged:
+            problems.append(
+                'single-node GPU pool: upgrading %s takes all %d GPU(s) of the pool offline for the maintenance '
+                'window; set single_node_pool_acknowledged=true to accept that (seed 004, step 2)' % (only.name, only.gpus))
+        else:
+            if mu['resolved'] < 1:
+                mu['rule'] += '; single-node pool acknowledged: the whole pool (1) may be unavailable'
+                mu['resolved'] = 1
+            warnings.append('single-node GPU pool acknowledged: %s and its %d GPU(s) are offline for the '
+                            'maintenance window' % (only.name, only.gpus))
+    if mu['resolved'] == 0 and todo and not single_node:
+        problems.append('max_unavailable resolves to 0 (%s): no node may leave service, so nothing can be upgraded'
+                        % mu['rule'])
+
+    # ---- matrix
+    groups: Dict[Tuple[str, ...], List[_Node]] = {}
+    for n in todo:
+        groups.setdefault(tuple(n.key_value(k) for k in keys), []).append(n)
+    combinations: List[Dict[str, Any]] = []
+    canaries: List[str] = []
+    omitted: List[Dict[str, Any]] = []
+    undersampled: List[Dict[str, Any]] = []
+    canary_nodes: List[_Node] = []
+    for values in sorted(groups):
+        members = groups[values]  # already in natural order
+        key = dict(zip(keys, values))
+        cid = '|'.join('%s=%s' % (k, v) for k, v in zip(keys, values))
+        eligible = [n for n in members if n.ready]
+        eligible.sort(key=lambda n: (n.unschedulable, (n.holders or 0) > 0, n.holders or 0, n.sort_key))
+        chosen = eligible[:canaries_per_combination]
+        chosen_names = sorted((n.name for n in chosen), key=natural_key)
+        distinct: Dict[Any, Dict[str, Any]] = {}
+        for n in members:
+            distinct.setdefault(_tuple_key(n.current), n.current)
+        sources = sorted((_canonical(cur), cur) for cur in distinct.values())
+        combo = {
+            'id': cid, 'key': key, 'nodes': [n.name for n in members], 'count': len(members),
+            'gpus': sum(n.gpus for n in members), 'canaries': chosen_names,
+            'source_tuples': [s for dummy, s in sources], 'target': target,
+        }
+        combinations.append(combo)
+        if not chosen:
+            reason = ('canaries_per_combination is 0' if canaries_per_combination == 0
+                      else 'no Ready node in the combination')
+            omitted.append({'id': cid, 'key': key, 'count': len(members), 'nodes': combo['nodes'], 'reason': reason})
+        elif len(chosen) < canaries_per_combination:
+            undersampled.append({'id': cid, 'key': key, 'count': len(members), 'canaries': len(chosen),
+                                 'wanted': canaries_per_combination,
+                                 'reason': ('only %d Ready node(s) of %d' % (len(chosen), len(members)))})
+        canary_nodes.extend(chosen)
+        for n in chosen:
+            if n.unschedulable or (n.holders or 0) > 0:
+                warnings.append('canary %s of %s was picked although it is %s' % (
+                    n.name, cid, ', '.join(x for x in (
+                        'already cordoned' if n.unschedulable else '',
+                        ('holding %d GPU workload(s)' % n.holders) if (n.holders or 0) > 0 else '') if x)))
+    canary_nodes.sort(key=lambda n: n.sort_key)
+    canaries = [n.name for n in canary_nodes]
+    if omitted:
+        msg = 'combination(s) without a canary: %s' % '; '.join(
+            '%s (%d node(s): %s)' % (o['id'], o['count'], o['reason']) for o in omitted)
+        if omitted_block:
+            problems.append(msg + '; set omitted_block=false to accept the omission')
+        else:
+            warnings.append(msg + ' (accepted: omitted_block=false)')
+
+    # ---- batches and budget
+    out_now = [n for n in parsed if n.out_of_service]
+    out_set = set(n.name for n in out_now)
+    in_service_gpus = pool_gpus - sum(n.gpus for n in out_now)
+    min_nodes = fa_nodes['resolved'] if fa_nodes else 0
+    min_gpus = fa_gpus['resolved'] if fa_gpus else 0
+    if todo and fa_nodes and pool_nodes - len(out_now) < min_nodes:
+        problems.append('failure_allowance.nodes: %d node(s) in service now, below the %d that must stay in '
+                        'service (%s)' % (pool_nodes - len(out_now), min_nodes, fa_nodes['rule']))
+    if todo and fa_gpus and in_service_gpus < min_gpus:
+        problems.append('failure_allowance.gpus: %d GPU(s) in service now, below the %d that must stay in '
+                        'service (%s)' % (in_service_gpus, min_gpus, fa_gpus['rule']))
+
+    canary_set = set(canaries)
+    rest = [n for n in todo if n.name not in canary_set]
+    reasons = dict((n.name, n.out_reason()) for n in out_now)
+    state = {'out': set(out_set), 'out_gpus': pool_gpus - in_service_gpus}
+    batches: List[List[str]] = []
+    steps: List[Dict[str, Any]] = []
+
+    def cut(phase: str, queue: List[_Node]) -> None:
+        i = 0
+        while i < len(queue) and not problems:
+            batch: List[_Node] = []
+            adds = 0
+            add_gpus = 0
+            limited_by = 'end of %s nodes' % phase
+            while i < len(queue):
+                n = queue[i]
+                cost = 0 if n.name in state['out'] else 1
+                cost_gpus = 0 if n.name in state['out'] else n.gpus
+                unavailable = len(state['out']) + adds + cost
+                in_nodes = pool_nodes - unavailable
+                in_gpus = pool_gpus - state['out_gpus'] - add_gpus - cost_gpus
+                why = None
+                if len(batch) + 1 > bs['resolved']:
+                    why = 'batch_size'
+                elif unavailable > mu['resolved']:
+                    why = 'max_unavailable'
+                elif in_nodes < min_nodes:
+                    why = 'failure_allowance.nodes'
+                elif in_gpus < min_gpus:
+                    why = 'failure_allowance.gpus'
+                if why:
+                    limited_by = why
+                    if not batch:
+                        problems.append(_stuck_reason(why, n, state, mu, pool_nodes, pool_gpus, min_nodes,
+                                                      min_gpus, fa_nodes, fa_gpus, reasons))
+                    break
+                batch.append(n)
+                adds += cost
+                add_gpus += cost_gpus
+                i += 1
+            if not batch:
+                return
+            unavailable = len(state['out']) + adds
+            isolated = sorted(state['out'] & canary_set, key=natural_key)
+            steps.append({
+                'batch': len(batches) + 1, 'phase': phase, 'nodes': len(batch),
+                'out_of_service_before': len(state['out']),
+                'canaries_isolated_before': len(isolated),
+                'taken_out_of_service': adds,
+                'unavailable_during': unavailable, 'max_unavailable': mu['resolved'],
+                'in_service_nodes_during': pool_nodes - unavailable,
+                'in_service_gpus_during': pool_gpus - state['out_gpus'] - add_gpus,
+                'min_in_service_nodes': min_nodes, 'min_in_service_gpus': min_gpus,
+                'limited_by': limited_by,
+                'shrunk': limited_by not in ('batch_size',) and not limited_by.startswith('end of'),
+            })
+            batches.append([n.name for n in batch])
+            if phase == 'canary' and canaries_isolated:
+                for n in batch:
+                    if n.name not in state['out']:
+                        state['out'].add(n.name)
+                        state['out_gpus'] += n.gpus
+                        reasons[n.name] = 'canary still isolated'
+
+    if todo and not problems:
+        cut('canary', canary_nodes)
+    if todo and not problems:
+        cut('rollout', rest)
+
+    budget = {
+        'pool_nodes': pool_nodes, 'pool_gpus': pool_gpus,
+        'batch_size': bs, 'max_unavailable': mu,
+        'failure_allowance': {'nodes': fa_nodes, 'gpus': fa_gpus},
+        'out_of_service_now': [{'name': n.name, 'reason': n.out_reason(), 'gpus': n.gpus} for n in out_now],
+        'canaries_isolated': canaries_isolated,
+        'steps': steps,
+    }
+    plan: Dict[str, Any] = {
+        'target': target,
+        'policy': {
+            'canaries_per_combination': canaries_per_combination, 'batch_size': batch_size,
+            'max_unavailable': max_unavailable, 'failure_allowance': failure_allowance,
+            'combination_keys': list(keys), 'exclude': exclude, 'omitted_block': omitted_block,
+            'single_node_pool_acknowledged': single_node_pool_acknowledged,
+            'canaries_isolated': canaries_isolated,
+        },
+        'combinations': combinations, 'canaries': canaries, 'omitted': omitted,
+        'undersampled': undersampled,
+        'excluded': [n.name for n in excluded], 'up_to_date': [n.name for n in up_to_date],
+        'batches': batches if not problems else [],
+        'batch_size': bs['resolved'], 'max_unavailable': mu['resolved'],
+        'budget': budget, 'warnings': warnings, 'problems': problems,
+    }
+    plan['digest'] = digest_of(plan)
+    plan['summary'] = render_summary(plan)
+    if problems:
+        raise PlanRefused(problems, plan)
+    return plan
+
+
+def _stuck_reason(why: str, n: _Node, state: Dict[str, Any], mu: Dict[str, Any],
+                  pool_nodes: int, pool_gpus: int, min_nodes: int, min_gpus: int,
+                  fa_nodes: Optional[Dict[str, Any]], fa_gpus: Optional[Dict[str, Any]],
+                  reasons: Dict[str, str]) -> str:
+    out = sorted(state['out'], key=natural_key)
+    shown = ', '.join('%s: %s' % (name, reasons.get(name, 'out')) for name in out[:_SUMMARY_NAMES])
+    shown += ', ...' if len(out) > _SUMMARY_NAMES else ''
+    if why == 'max_unavailable':
+        return ('cannot proceed at node %s: %d node(s) already out of service (%s) + 1 = %d > max_unavailable %d (%s); '
+                'raise max_unavailable to at least %d, or return nodes to service'
+                % (n.name, len(out), shown, len(out) + 1, mu['resolved'], mu['rule'], len(out) + 1))
+    if why == 'failure_allowance.nodes':
+        return ('cannot proceed at node %s: taking it out leaves %d node(s) in service, below failure_allowance.nodes '
+                '%d (%s)' % (n.name, pool_nodes - len(out) - 1, min_nodes, fa_nodes['rule'] if fa_nodes else ''))
+    left = pool_gpus - state['out_gpus'] - n.gpus
+    return ('cannot proceed at node %s: taking its %d GPU(s) out leaves %d GPU(s) in service, below '
+            'failure_allowance.gpus %d (%s)' % (n.name, n.gpus, left, min_gpus, fa_gpus['rule'] if fa_gpus else ''))
+
+
+# --------------------------------------------------------------------------------------------
+# The human summary
+
+
+def _names(names: Sequence[str]) -> str:
+    if len(names) <= _SUMMARY_NAMES:
+        return ', '.join(names)
+    return '%s, … (+%d)' % (', '.join(names[:_SUMMARY_NAMES]), len(names) - _SUMMARY_NAMES)
+
+
+def _md(text: Any) -> str:
+    return str(text).replace('|', '\\|')
+
+
+def render_summary(plan: Dict[str, Any]) -> str:
+    """Markdown: the matrix, canaries, omissions, and the batch arithmetic step by step."""
+    b = plan['budget']
+    lines: List[str] = ['# Upgrade plan', '']
+    if plan['target']:
+        lines.append('Target tuple: ' + ', '.join('%s `%s`' % (k, v) for k, v in sorted(plan['target'].items())))
+    lines.append('Pool: %d node(s), %d GPU(s); %d to upgrade in %d combination(s); %d already at target; %d excluded.'
+                 % (b['pool_nodes'], b['pool_gpus'], sum(c['count'] for c in plan['combinations']),
+                    len(plan['combinations']), len(plan['up_to_date']), len(plan['excluded'])))
+    lines.append('Digest: `%s`' % plan['digest'])
+    lines += ['', '## Arithmetic', '',
+              '- batch size: %s → **%d** node(s) per batch' % (b['batch_size']['rule'], plan['batch_size']),
+              '- max unavailable (separate from batch size): %s → **%d** node(s) out of service at most'
+              % (b['max_unavailable']['rule'], plan['max_unavailable'])]
+    for what in ('nodes', 'gpus'):
+        fa = b['failure_allowance'][what]
+        if fa:
+            lines.append('- failure allowance: %s → at least **%d** %s stay in service'
+                         % (fa['rule'], fa['resolved'], 'node(s)' if what == 'nodes' else 'GPU(s)'))
+    oos = b['out_of_service_now']
+    lines.append('- out of service now: %d%s' % (len(oos), (' (' + ', '.join(
+        '%s: %s' % (o['name'], o['reason']) for o in oos[:_SUMMARY_NAMES]) + (', …' if len(oos) > _SUMMARY_NAMES else '') + ')') if oos else ''))
+    lines.append('- canaries %s' % ('stay isolated (out of service) until the rollout ends' if b['canaries_isolated']
+                                    else 'return to service after the canary phase'))
+    lines += ['', '## Matrix', '', '| combination | nodes | GPUs | canaries | source tuple(s) |', '|---|---|---|---|---|']
+    for c in plan['combinations']:
+        src = '; '.join(', '.join('%s %s' % (k, v) for k, v in sorted(s.items())) for s in c['source_tuples'])
+        lines.append('| %s | %d | %d | %s | %s |' % (_md(c['id']), c['count'], c['gpus'],
+                                                     _md(', '.join(c['canaries']) or '—'), _md(src or '—')))
+    if plan['omitted']:
+        lines += ['', '## Omitted combinations (no canary)', '']
+        for o in plan['omitted']:
+            lines.append('- %s: %d node(s), %s' % (_md(o['id']), o['count'], o['reason']))
+    if plan['undersampled']:
+        lines += ['', '## Combinations with fewer canaries than asked', '']
+        for u in plan['undersampled']:
+            lines.append('- %s: %d of %d canaries (%s)' % (_md(u['id']), u['canaries'], u['wanted'], u['reason']))
+    lines += ['', '## Batches', '',
+              '| # | phase | nodes | out before | taken out | unavailable during (≤ max) | in service during | limited by |',
+              '|---|---|---|---|---|---|---|---|']
+    for s, names in zip(b['steps'], plan['batches']):
+        lines.append('| %d | %s | %d: %s | %d | %d | %d + %d = %d ≤ %d | %d nodes, %d GPUs | %s%s |' % (
+            s['batch'], s['phase'], s['nodes'], _md(_names(names)), s['out_of_service_before'],
+            s['taken_out_of_service'], s['out_of_service_before'], s['taken_out_of_service'],
+            s['unavailable_during'], s['max_unavailable'], s['in_service_nodes_during'],
+            s['in_service_gpus_during'], s['limited_by'], ' (shrunk)' if s['shrunk'] else ''))
+    if plan['warnings']:
+        lines += ['', '## Warnings', ''] + ['- ' + w for w in plan['warnings']]
+    if plan['problems']:
+        lines += ['', '## Refused', ''] + ['- ' + p for p in plan['problems']]
+    lines += ['', 'Stop rule: one failed critical gate stops expansion, whatever the aggregate metrics say.', '']
+    return '\n'.join(lines)

@@ -1,0 +1,366 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+# PRIVATE to the collection: no compatibility promise.
+"""Node snapshots for rollback: capture, digest, verify, plan and apply a restore.
+
+A snapshot document is `{"format": FORMAT, "sha256": <hex>, "snapshot": {...}}`; the digest is the
+SHA-256 of the canonical JSON of `snapshot` (sorted keys, no spaces, UTF-8). A restore verifies
+the digest (and, when given, the digest recorded elsewhere) before it reads anything else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import socket
+from typing import Any, Dict, List, Optional, Sequence
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+
+FORMAT = 'gpufleet.upgrade/node-snapshot/v1'
+DEFAULT_PACKAGE_PATTERNS = ('*nvidia*', 'cuda-drivers*')
+KERNEL_PACKAGE_PATTERNS = ('linux-image-*', 'linux-modules-[0-9]*', 'kernel', 'kernel-core', 'kernel-modules')
+MODPROBE_DIRS = ('etc/modprobe.d', 'usr/lib/modprobe.d', 'lib/modprobe.d')
+GRUBENV_PATHS = ('boot/grub/grubenv', 'boot/grub2/grubenv')
+MIG_CONFIG_PATHS = ('etc/nvidia-mig-manager/config.yaml',)
+GRUBENV_SIZE = 1024
+GRUBENV_HEADER = '# GRUB Environment Block\n'
+
+
+class SnapshotError(Exception):
+    """A clear, user-facing error."""
+
+
+# --------------------------------------------------------------------------------------------
+# Digest and document
+# --------------------------------------------------------------------------------------------
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode('utf-8')
+
+
+def digest(snapshot: Dict[str, Any]) -> str:
+    return hashlib.sha256(canonical(snapshot)).hexdigest()
+
+
+def make_document(snapshot: Dict[str, Any]) -> Dict[str, Any]:
+    return {'format': FORMAT, 'sha256': digest(snapshot), 'snapshot': snapshot}
+
+
+def dump_document(doc: Dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + '\n'
+
+
+def verify_document(doc: Any, expected_sha256: Optional[str] = None) -> Dict[str, Any]:
+    """The snapshot inside `doc` (a dict or JSON text) once its digest checks out."""
+    if isinstance(doc, (str, bytes)):
+        try:
+            doc = json.loads(doc)
+        except ValueError as e:
+            raise SnapshotError('the snapshot is not valid JSON: %s' % e)
+    if not isinstance(doc, dict):
+        raise SnapshotError('the snapshot must be a JSON object, got %s' % type(doc).__name__)
+    if doc.get('format') != FORMAT:
+        raise SnapshotError('unknown snapshot format %r (expected %r)' % (doc.get('format'), FORMAT))
+    snap = doc.get('snapshot')
+    recorded = doc.get('sha256')
+    if not isinstance(snap, dict) or not isinstance(recorded, str):
+        raise SnapshotError('the snapshot document lacks its snapshot or sha256 field')
+    actual = digest(snap)
+    if actual != recorded:
+        raise SnapshotError('snapshot digest mismatch: recorded sha256 %s, content hashes to %s; '
+                            'the snapshot was modified or corrupted, nothing was restored' % (recorded, actual))
+    if expected_sha256 and expected_sha256.lower() != actual:
+        raise SnapshotError('snapshot digest %s does not match the expected sha256 %s; nothing was restored'
+                            % (actual, expected_sha256))
+    for key in ('packages', 'pins', 'holds', 'boot'):
+        if key not in snap:
+            raise SnapshotError('the snapshot lacks %r' % key)
+    return snap
+
+
+# --------------------------------------------------------------------------------------------
+# Boot configuration: /etc/default/grub and grubenv
+# --------------------------------------------------------------------------------------------
+
+def parse_default_grub(text: Optional[str]) -> Optional[str]:
+    """The value of the last GRUB_DEFAULT= line, unquoted; None when absent."""
+    value = None
+    for line in (text or '').splitlines():
+        m = re.match(r'^\s*GRUB_DEFAULT=(.*)$', line)
+        if m:
+            value = m.group(1).strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in '"\'':
+                value = value[1:-1]
+    return value
+
+
+def set_default_grub(text: Optional[str], value: Optional[str]) -> Optional[str]:
+    """`text` with GRUB_DEFAULT set to `value` (quoted), or removed when None."""
+    lines = (text or '').splitlines()
+    out = [line for line in lines if not re.match(r'^\s*GRUB_DEFAULT=', line)] if value is None else []
+    if value is not None:
+        new = 'GRUB_DEFAULT="%s"' % value.replace('"', '\\"')
+        done = False
+        for line in lines:
+            if re.match(r'^\s*GRUB_DEFAULT=', line):
+                if not done:
+                    out.append(new)
+                    done = True
+                continue
+            out.append(line)
+        if not done:
+            out.append(new)
+    if text is None and value is None:
+        return None
+    return '\n'.join(out) + '\n'
+
+
+def parse_grubenv(text: Optional[str]) -> Dict[str, str]:
+    res = {}
+    for line in (text or '').splitlines():
+        if line.startswith('#') or '=' not in line:
+            continue
+        k, v = line.split('=', 1)
+        res[k] = v
+    return res
+
+
+def render_grubenv(env: Dict[str, str]) -> str:
+    """A 1024-byte GRUB environment block, as grub-editenv writes it."""
+    body = GRUBENV_HEADER + ''.join('%s=%s\n' % kv for kv in env.items())
+    if len(body.encode('utf-8')) > GRUBENV_SIZE:
+        raise SnapshotError('the GRUB environment block would exceed %d bytes' % GRUBENV_SIZE)
+    return body + '#' * (GRUBENV_SIZE - len(body.encode('utf-8')))
+
+
+def find_grubenv(path_of) -> str:
+    for rel in GRUBENV_PATHS:
+        if os.path.exists(path_of(rel)):
+            return rel
+    return GRUBENV_PATHS[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Capture
+# --------------------------------------------------------------------------------------------
+
+def _read_proc(proc_path: str, rel: str) -> Optional[str]:
+    text = pk.read_text(os.path.join(proc_path, rel))
+    return text.strip() if text is not None else None
+
+
+def modprobe_files(path_of) -> Dict[str, str]:
+    """{relative path: content} of modprobe.d files that name or configure nvidia."""
+    res = {}
+    for d in MODPROBE_DIRS:
+        full = path_of(d)
+        if not os.path.isdir(full):
+            continue
+        for name in sorted(os.listdir(full)):
+            p = os.path.join(full, name)
+            if not os.path.isfile(p):
+                continue
+            text = pk.read_text(p) or ''
+            if 'nvidia' in name.lower() or 'nvidia' in text.lower() or 'nvreg' in text.lower():
+                res['%s/%s' % (d, name)] = text
+    return res
+
+
+def _matching(names: Sequence[str], patterns: Sequence[str]) -> List[str]:
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+
+
+RESULT_KEYS = ('changed', 'failed', 'invocation', 'warnings', 'deprecations', 'msg', 'skipped')
+
+
+def clean_facts(gpu_facts: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """GPU facts without the task-result keys of a registered gpu_info result."""
+    if gpu_facts is None:
+        return None
+    return {k: v for k, v in gpu_facts.items() if k not in RESULT_KEYS and not k.startswith('_ansible')}
+
+
+def mig_from_facts(gpu_facts: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    out = []
+    for g in (gpu_facts or {}).get('gpus') or []:
+        if isinstance(g, dict):
+            out.append({'index': g.get('index'), 'uuid': g.get('uuid'), 'pci_id': g.get('pci_id'),
+                        'bus_id': g.get('bus_id'), 'mig_mode': g.get('mig_mode')})
+    return out
+
+
+def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any]] = None,
+            package_patterns: Sequence[str] = DEFAULT_PACKAGE_PATTERNS, hostname: Optional[str] = None,
+            now: Optional[datetime.datetime] = None) -> Dict[str, Any]:
+    """Read everything a rollback needs from the node (nothing is changed)."""
+    runner = backend.runner
+    path_of = runner.path
+    gpu_facts = clean_facts(gpu_facts)
+    if backend.name == 'apt':
+        entries = backend.dpkg_entries()
+        installed = {n: e.version for n, e in entries.items() if e.installed}
+        held = sorted(n for n, e in entries.items() if e.want == 'hold')
+        pref_dir = path_of('etc/apt/preferences.d')
+        preferences = {}
+        if os.path.isdir(pref_dir):
+            for name in sorted(os.listdir(pref_dir)):
+                if os.path.isfile(os.path.join(pref_dir, name)):
+                    preferences['etc/apt/preferences.d/' + name] = pk.read_text(os.path.join(pref_dir, name)) or ''
+    else:
+        r = runner(['rpm'] + (['--root=%s' % runner.installroot] if runner.installroot else [])
+                   + ['-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n'], env=backend.env())
+        installed = pk.parse_rpm_query(r.stdout)
+        held = []
+        preferences = {}
+        vl = pk.read_text(backend.pin_path)
+        if vl is not None:
+            preferences[pk.VERSIONLOCK_FILE] = vl
+    driver = _matching(list(installed), package_patterns)
+    kernel = _matching(list(installed), KERNEL_PACKAGE_PATTERNS)
+    pin_text = pk.read_text(backend.pin_path)
+    grubenv_rel = find_grubenv(path_of)
+    default_grub = pk.read_text(path_of('etc/default/grub'))
+    snap = {
+        'captured_at': (now or datetime.datetime.now(datetime.timezone.utc)).strftime('%Y-%m-%dT%H:%M:%SZ'),
+        'hostname': hostname or socket.gethostname(),
+        'installroot': runner.installroot,
+        'backend': backend.name,
+        'packages': {n: installed[n] for n in driver},
+        'kernel_packages': {n: installed[n] for n in kernel},
+        'holds': [h for h in held if h in driver],
+        'pins': {'pin_file': os.path.relpath(backend.pin_path, path_of('')), 'content': pin_text,
+                 'pins': backend_parse_pins(backend, pin_text)},
+        'preferences': preferences,
+        'boot': {
+            'running_kernel': _read_proc(proc_path, 'sys/kernel/osrelease'),
+            'cmdline': _read_proc(proc_path, 'cmdline'),
+            'grub_default': parse_default_grub(default_grub),
+            'grubenv_path': grubenv_rel,
+            'saved_entry': parse_grubenv(pk.read_text(path_of(grubenv_rel))).get('saved_entry'),
+        },
+        'modprobe': modprobe_files(path_of),
+        'mig': {'gpus': mig_from_facts(gpu_facts),
+                'config_files': {rel: pk.read_text(path_of(rel)) for rel in MIG_CONFIG_PATHS
+                                 if os.path.isfile(path_of(rel))}},
+        'gpu_facts': gpu_facts,
+    }
+    return snap
+
+
+def backend_parse_pins(backend, text: Optional[str]) -> Dict[str, str]:
+    return pk.parse_preferences(text) if backend.name == 'apt' else pk.parse_versionlock(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Restore
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class FileChange:
+    rel: str
+    before: Optional[str]
+    after: Optional[str]
+
+
+@dataclasses.dataclass
+class RestorePlan:
+    pin_plan: pk.PinPlan
+    files: List[FileChange]
+    extra_packages: Dict[str, str]
+    grub_default_changed: bool
+    warnings: List[str]
+
+    @property
+    def changed(self) -> bool:
+        return self.pin_plan.changed or bool(self.files)
+
+    def diff(self) -> List[Dict[str, str]]:
+        out = self.pin_plan.diff()
+        if not self.pin_plan.install:
+            b, a = self.pin_plan.before, self.pin_plan.after
+            if b.installed != a.installed:
+                out.append({'before_header': 'installed versions', 'after_header': 'installed versions',
+                            'before': ''.join('%s=%s\n' % kv for kv in sorted(b.installed.items())),
+                            'after': ''.join('%s=%s\n' % kv for kv in sorted(a.installed.items()))})
+        for f in self.files:
+            out.append({'before_header': f.rel, 'after_header': f.rel, 'before': f.before or '', 'after': f.after or ''})
+        return out
+
+
+def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAULT_PACKAGE_PATTERNS) -> RestorePlan:
+    """What a restore changes; fails before any change when a snapshot version is unavailable."""
+    if snap.get('backend') and snap['backend'] != backend.name:
+        raise SnapshotError('the snapshot was taken with backend %r, this node uses %r' % (snap['backend'], backend.name))
+    path_of = backend.runner.path
+    packages: Dict[str, str] = dict(snap.get('packages') or {})
+    names = sorted(packages)
+    before = backend.read_state(names)
+    if backend.name == 'apt':
+        all_installed = {n: e.version for n, e in backend.dpkg_entries().items() if e.installed}
+    else:
+        all_installed = dict(before.installed)
+    to_install = {n: v for n, v in packages.items() if before.installed.get(n) != v}
+    problems = []
+    if to_install:
+        policy = backend.available(sorted(to_install))
+        for n, v in sorted(to_install.items()):
+            entry = policy.get(n)
+            offered = entry.downloadable() if entry else []
+            if v not in offered:
+                problems.append('%s %s (offered: %s)' % (n, v, ', '.join(sorted(offered, key=pk._deb_key, reverse=True)) or 'none'))
+    if problems:
+        raise SnapshotError('the snapshot needs package versions the configured repositories do not offer, '
+                            'nothing was changed: %s' % '; '.join(problems))
+    pins_snap = snap.get('pins') or {}
+    pin_text = pins_snap.get('content')
+    after_installed = dict(before.installed)
+    after_installed.update(packages)
+    after = pk.PinState(before.pin_file, pin_text, backend_parse_pins(backend, pin_text),
+                        sorted(h for h in snap.get('holds') or [] if h in packages), after_installed)
+    pin_plan = pk.PinPlan(backend.name, 'pinned', None, dict(packages), [], before, after,
+                          dict(packages) if to_install else {})
+    extra = {n: v for n, v in all_installed.items()
+             if n not in packages and any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    files: List[FileChange] = []
+    warnings: List[str] = []
+    # modprobe.d files as captured (files created since then are reported, not removed).
+    for rel, text in sorted((snap.get('modprobe') or {}).items()):
+        cur = pk.read_text(path_of(rel))
+        if cur != text:
+            files.append(FileChange(rel, cur, text))
+    now_modprobe = modprobe_files(path_of)
+    for rel in sorted(set(now_modprobe) - set(snap.get('modprobe') or {})):
+        warnings.append('%s mentions nvidia and is not in the snapshot; left as it is' % rel)
+    boot = snap.get('boot') or {}
+    grub_changed = False
+    cur_grub = pk.read_text(path_of('etc/default/grub'))
+    if boot.get('grub_default') is not None and parse_default_grub(cur_grub) != boot['grub_default']:
+        files.append(FileChange('etc/default/grub', cur_grub, set_default_grub(cur_grub, boot['grub_default'])))
+        grub_changed = True
+    envrel = boot.get('grubenv_path') or find_grubenv(path_of)
+    cur_env_text = pk.read_text(path_of(envrel))
+    cur_env = parse_grubenv(cur_env_text)
+    if cur_env.get('saved_entry') != boot.get('saved_entry'):
+        new_env = dict(cur_env)
+        if boot.get('saved_entry') is None:
+            new_env.pop('saved_entry', None)
+        else:
+            new_env['saved_entry'] = boot['saved_entry']
+        files.append(FileChange(envrel, cur_env_text, render_grubenv(new_env)))
+    return RestorePlan(pin_plan, files, extra, grub_changed, warnings)
+
+
+def apply_restore(backend, plan: RestorePlan) -> pk.PinState:
+    now = plan.pin_plan.before
+    if plan.pin_plan.changed:
+        now = pk.apply_pin(backend, plan.pin_plan)
+    for f in plan.files:
+        pk.write_text(backend.runner.path(f.rel), f.after)
+    return now

@@ -1,0 +1,293 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: evidence
+short_description: Add to the upgrade evidence bundle and render its HTML report
+version_added: 0.1.0
+author:
+  - gpufleet.upgrade maintainers (@gpufleet)
+description:
+  - Keeps one JSON evidence bundle per rollout on the controller (run it with C(delegate_to) set to V(localhost)).
+    Gates and actions add to it node identities (Node UID, machine-id, system UUID, PCI ids), the tuple before
+    and after, artifact digests (driver package SHA-256, images named in the tuple), each gate's inputs and
+    result, timings, batches, and the combinations left out.
+  - Every entry has a key (nodes by name, artifacts by kind and name, batches by index, gates and actions by
+    their C(id), omitted combinations by key); adding an entry with an existing key replaces it, so re-running
+    a task does not duplicate evidence.
+  - Optionally writes a self-contained HTML report (inline CSS and SVG, no external assets) with a timeline of
+    batches and gates drawn as a picture, and tables of gates, nodes, artifacts and omitted combinations.
+  - Writes are atomic and serialised with a lock file next to the bundle, so parallel hosts delegating to the
+    controller do not lose each other's entries.
+extends_documentation_fragment:
+  - gpufleet.upgrade.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  idempotent:
+    support: full
+    description: Adding the same entries again changes nothing.
+options:
+  path:
+    description: The bundle file (JSON) on the controller. Created when missing (then O(id) is required).
+    type: path
+    required: true
+  id:
+    description: Bundle id when the bundle is created; lowercase letters and digits with C(.) or C(-) inside.
+      Must match an existing bundle's id.
+    type: str
+  tuple_before:
+    description: The fleet's tuple before the upgrade (keys kernel, rke2, driver, gpu_operator, dcgm_exporter).
+    type: dict
+  tuple_after:
+    description: The target tuple (same keys as O(tuple_before)).
+    type: dict
+  nodes:
+    description:
+      - Node identities, merged field by field into the node of the same C(name). Keys C(name) (required),
+        C(role) (canary, control, batch, other), C(uid) (the Kubernetes Node UID), C(machine_id), C(system_uuid),
+        C(pci_ids) (list), C(batch) (index), C(tuple_before), C(tuple_after), C(labels).
+    type: list
+    elements: dict
+    default: []
+  artifacts:
+    description:
+      - Artifacts with their digests. Keys C(kind) (for example V(driver-package) or V(image)) and C(name)
+        (required), C(version), C(sha256) (64 hex), C(digest) (V(sha256:...), for images), C(path) (a file on
+        the controller whose SHA-256 is computed when C(sha256) is not given).
+    type: list
+    elements: dict
+    default: []
+  batches:
+    description: Batches of the rollout. Keys C(index) (required), C(kind) (V(canary) or V(batch)), C(nodes),
+      C(started), C(finished) (RFC 3339).
+    type: list
+    elements: dict
+    default: []
+  gates:
+    description:
+      - Gate results. Keys C(name) and C(passed) (required), C(id) (default C(name@node#batch)), C(kind)
+        (node, gpu, workload, metric, rollback, cuda, upgrade_check, ...), C(category) (allocation, monitoring,
+        rollback, compatibility, health, other; derived from C(kind) when not given), C(node), C(batch),
+        C(critical) (default true), C(started), C(finished), C(inputs), C(result) (for example a gate module's
+        registered result), C(problems) (default C(result.problems)).
+    type: list
+    elements: dict
+    default: []
+  actions:
+    description: Actions with timings. Keys C(name) (required), C(id), C(node), C(batch), C(ok) (default true),
+      C(started), C(finished), C(result).
+    type: list
+    elements: dict
+    default: []
+  omitted:
+    description: Combinations without a canary. Keys C(key) (required, a string or dict), C(nodes) (a count or
+      the list of names), C(reason), C(blocks) (whether it blocks promotion, default true).
+    type: list
+    elements: dict
+    default: []
+  report:
+    description: Write the HTML report to this path after the update.
+    type: path
+  lock_timeout:
+    description: Seconds to wait for the bundle's lock file.
+    type: int
+    default: 30
+seealso:
+  - module: gpufleet.upgrade.metric_gate
+  - module: gpufleet.upgrade.gpu_gate
+  - module: gpufleet.upgrade.qualification_record
+"""
+
+EXAMPLES = r"""
+---
+- name: Start the canary bundle
+  gpufleet.upgrade.evidence:
+    path: evidence/canary-2026-07-14.json
+    id: canary-2026-07-14
+    tuple_before: "{{ current_tuple }}"
+    tuple_after: "{{ target_tuple }}"
+    artifacts:
+      - kind: driver-package
+        name: nvidia-driver-580-server
+        version: 580.130.00-0ubuntu1
+        path: repo/nvidia-driver-580-server_580.130.00-0ubuntu1_amd64.deb
+      - kind: image
+        name: nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04
+        digest: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+  delegate_to: localhost
+  run_once: true
+
+- name: Record the metric gate of this node
+  gpufleet.upgrade.evidence:
+    path: evidence/canary-2026-07-14.json
+    nodes:
+      - name: "{{ inventory_hostname }}"
+        role: canary
+        uid: "{{ node_uid }}"
+        machine_id: "{{ ansible_machine_id }}"
+        system_uuid: "{{ ansible_product_uuid }}"
+        pci_ids: "{{ gpu.pci_ids }}"
+    gates:
+      - name: metrics
+        kind: metric
+        node: "{{ inventory_hostname }}"
+        batch: 0
+        passed: "{{ metrics.passed }}"
+        started: "{{ gate_started }}"
+        finished: "{{ now(utc=true).isoformat() }}Z"
+        result: "{{ metrics }}"
+    report: evidence/canary-2026-07-14.html
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+path:
+  description: The bundle file.
+  returned: always
+  type: str
+report:
+  description: The HTML report written, when O(report) was given.
+  returned: when O(report) is given
+  type: str
+summary:
+  description: Counts and verdict of the bundle after the update (gates, gates_passed, failed_critical,
+    failed_noncritical, omitted, omitted_blocking, nodes, batches, artifacts_without_digest,
+    tuple_artifacts_without_digest (target components with no digested artifact), stop).
+  returned: success
+  type: dict
+bundle:
+  description: The whole bundle after the update.
+  returned: success
+  type: dict
+"""
+
+import errno
+import fcntl
+import os
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import (
+    EvidenceError, dumps, loads, merge, new_bundle, render_html, summary)
+
+
+def _read(path):
+    try:
+        with open(path, 'rb') as handle:
+            return to_text(handle.read(), errors='surrogate_or_strict')
+    except IOError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+
+
+def _write_atomic(module, path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix='.evidence-', dir=directory)
+    try:
+        with os.fdopen(fd, 'wb') as handle:
+            handle.write(to_bytes(text))
+        module.atomic_move(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _lock(module, path, timeout):
+    lock_path = path + '.lock'
+    handle = open(lock_path, 'a')
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except (IOError, OSError):
+            if time.monotonic() > deadline:
+                handle.close()
+                module.fail_json(msg='evidence: %s is locked by another task for more than %ss' % (lock_path, timeout))
+            time.sleep(0.1)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type='path', required=True),
+            id=dict(type='str'),
+            tuple_before=dict(type='dict'),
+            tuple_after=dict(type='dict'),
+            nodes=dict(type='list', elements='dict', default=[]),
+            artifacts=dict(type='list', elements='dict', default=[]),
+            batches=dict(type='list', elements='dict', default=[]),
+            gates=dict(type='list', elements='dict', default=[]),
+            actions=dict(type='list', elements='dict', default=[]),
+            omitted=dict(type='list', elements='dict', default=[]),
+            report=dict(type='path'),
+            lock_timeout=dict(type='int', default=30),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    path = p['path']
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        module.fail_json(msg='evidence: directory %s of path does not exist' % directory)
+    if p['lock_timeout'] < 1 or p['lock_timeout'] > 3600:
+        module.fail_json(msg='evidence: lock_timeout %r must be between 1 and 3600 seconds' % p['lock_timeout'])
+    handle = None if module.check_mode else _lock(module, path, p['lock_timeout'])
+    try:
+        try:
+            text = _read(path)
+            if text is None:
+                if not p['id']:
+                    raise EvidenceError('id is required to create the bundle %s' % path)
+                before = None
+                bundle = new_bundle(p['id'])
+            else:
+                before = loads(text, path)
+                if p['id'] and p['id'] != before['id']:
+                    raise EvidenceError('id: %r does not match the bundle id %r in %s' % (p['id'], before['id'], path))
+                bundle = before
+            updates = dict((k, p[k]) for k in ('tuple_before', 'tuple_after', 'nodes', 'artifacts', 'batches',
+                                               'gates', 'actions', 'omitted'))
+            after, changed = merge(bundle, updates)
+            changed = changed or before is None
+            report_html = render_html(after) if p['report'] else None
+        except EvidenceError as exc:
+            module.fail_json(msg='evidence: %s' % exc)
+        report_changed = False
+        if report_html is not None:
+            old = _read(p['report'])
+            report_changed = old != report_html
+        if not module.check_mode:
+            if changed:
+                _write_atomic(module, path, dumps(after))
+            if report_changed:
+                rdir = os.path.dirname(os.path.abspath(p['report']))
+                if not os.path.isdir(rdir):
+                    module.fail_json(msg='evidence: directory %s of report does not exist' % rdir)
+                _write_atomic(module, p['report'], report_html)
+    finally:
+        if handle is not None:
+            handle.close()
+    result = dict(changed=changed or report_changed, path=path, summary=summary(after), bundle=after)
+    if p['report']:
+        result['report'] = p['report']
+    if module._diff:
+        result['diff'] = dict(before=dumps(before) if before is not None else '', after=dumps(after),
+                              before_header=path, after_header=path)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

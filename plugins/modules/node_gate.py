@@ -1,0 +1,204 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_gate
+short_description: Gate - a GPU node is back in Kubernetes as expected (Ready, allocatable GPUs, device plugin, validator, taints)
+version_added: 0.1.0
+author:
+  - gpufleet.upgrade maintainers (@gpufleet)
+description:
+  - The node-integration gate of an upgrade (seed 000, gate 1). It is read-only and returns each check's
+    evidence and a verdict. A failed gate fails the task.
+  - C(ready) - the Node's Ready condition is True.
+  - C(allocatable) - the allocatable count of each resource in O(expected_gpus) (C(nvidia.com/gpu) or a MIG
+    resource such as C(nvidia.com/mig-1g.10gb)) equals the expected count, and no other GPU resource is advertised.
+  - C(device_plugin) - a device plugin pod (O(device_plugin_selector)) runs on the node and is Ready; the
+    resources it registered are in the node's capacity.
+  - C(validator) - the GPU Operator validator pod (O(validator_selector)) on the node is Ready, when present
+    (or when O(validator_required)).
+  - C(taints) - the node has no taint besides O(allowed_taints) and the cordon's own
+    C(node.kubernetes.io/unschedulable) (the gate runs before the uncordon).
+  - With O(timeout), the gate re-reads every O(interval) seconds until it passes or the time is up, and
+    returns the last evaluation. The wait is always bounded.
+extends_documentation_fragment:
+  - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.info_module
+  - gpufleet.upgrade.k8s_auth_options
+options:
+  node:
+    description: The node's name.
+    type: str
+    required: true
+  expected_gpus:
+    description:
+      - Expected allocatable count per GPU resource, for example C(nvidia.com/gpu=8) or, with the MIG
+        mixed strategy, C(nvidia.com/mig-1g.10gb=56) (a dict of resource name to count).
+    type: dict
+    required: true
+  device_plugin_selector:
+    description: Label selector (equality-based) of the device plugin pods.
+    type: str
+    default: app=nvidia-device-plugin-daemonset
+  validator_selector:
+    description: Label selector of the GPU Operator validator pods. An empty string skips the check.
+    type: str
+    default: app=nvidia-operator-validator
+  validator_required:
+    description: Fail when no validator pod runs on the node (by default an absent validator passes, with the evidence saying so).
+    type: bool
+    default: false
+  allowed_taints:
+    description:
+      - Taints the node may carry, as C(key) or C(key=value), for example the canary taint C(gpufleet.io/canary).
+        C(node.kubernetes.io/unschedulable) is always allowed.
+    type: list
+    elements: str
+    default: []
+  timeout:
+    description: Seconds to keep re-evaluating until the gate passes; V(0) evaluates once.
+    type: int
+    default: 0
+  interval:
+    description: Seconds between evaluations while O(timeout) lasts.
+    type: float
+    default: 5
+notes:
+  - The stop rule is conjunctive - one failed critical gate stops expansion.
+  - Reads Nodes and Pods (get, list) only.
+seealso:
+  - module: gpufleet.upgrade.workload_gate
+"""
+
+EXAMPLES = r"""
+---
+- name: Node integration gate after the driver upgrade
+  gpufleet.upgrade.node_gate:
+    kubeconfig: ~/.kube/config
+    node: gpu-07
+    expected_gpus:
+      nvidia.com/gpu: 8
+    allowed_taints: [gpufleet.io/canary]
+    timeout: 600
+    interval: 10
+  register: node_gate
+"""
+
+RETURN = r"""
+passed:
+  description: Every check passed.
+  returned: always
+  type: bool
+  sample: true
+msg:
+  description: The verdict in one line.
+  returned: always
+  type: str
+  sample: "node gate: PASS for gpu-07 (allocatable, device_plugin, ready, taints, validator)"
+problems:
+  description: Every failed check's problems.
+  returned: always
+  type: list
+  elements: str
+  sample: ["nvidia.com/gpu: allocatable 7, expected 8"]
+checks:
+  description: Each check by name (C(ready), C(allocatable), C(device_plugin), C(validator), C(taints)) with C(passed), C(problems) and C(evidence).
+  returned: always
+  type: dict
+node:
+  description: The node.
+  returned: always
+  type: str
+attempts:
+  description: Evaluations made.
+  returned: always
+  type: int
+  sample: 1
+elapsed:
+  description: Seconds spent.
+  returned: always
+  type: float
+"""
+
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate as G
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
+    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec, path_for)
+
+
+def read_and_evaluate(k8s: K8sClient, params: dict) -> dict:
+    node = k8s.get_or_none(path_for('v1', 'nodes', params['node']))
+    pods = []
+    if node is not None:
+        pods = k8s.list_all(path_for('v1', 'pods'), {'fieldSelector': 'spec.nodeName=%s' % params['node']})
+    return G.evaluate(params['node'], node, pods, params['expected_gpus'],
+                      device_plugin_selector=params['device_plugin_selector'],
+                      validator_selector=params['validator_selector'] or None,
+                      validator_required=params['validator_required'], allowed_taints=params['allowed_taints'])
+
+
+def main() -> None:
+    argument_spec = auth_argument_spec()
+    argument_spec.update(
+        node={'type': 'str', 'required': True},
+        expected_gpus={'type': 'dict', 'required': True},
+        device_plugin_selector={'type': 'str', 'default': G.DEFAULT_DEVICE_PLUGIN_SELECTOR},
+        validator_selector={'type': 'str', 'default': G.DEFAULT_VALIDATOR_SELECTOR},
+        validator_required={'type': 'bool', 'default': False},
+        allowed_taints={'type': 'list', 'elements': 'str', 'default': []},
+        timeout={'type': 'int', 'default': 0},
+        interval={'type': 'float', 'default': 5},
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    params = module.params
+    if not params['node'].strip():
+        module.fail_json(msg='node: %r is not a node name' % params['node'])
+    if params['timeout'] < 0:
+        module.fail_json(msg='timeout: %r must be 0 or more seconds' % params['timeout'])
+    if params['interval'] <= 0:
+        module.fail_json(msg='interval: %r must be more than 0 seconds' % params['interval'])
+    try:
+        # Bad options fail before any request.
+        G.validate_expected(params['expected_gpus'])
+        G.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')
+        if params['validator_selector']:
+            G.parse_label_selector(params['validator_selector'], 'validator_selector')
+    except G.NodeGateError as exc:
+        module.fail_json(msg=str(exc))
+    start = time.monotonic()
+    deadline = start + params['timeout']
+    attempts = 0
+    try:
+        k8s = K8sClient.from_params(params)
+        while True:
+            attempts += 1
+            result = read_and_evaluate(k8s, params)
+            if result['passed'] or time.monotonic() + params['interval'] > deadline:
+                break
+            time.sleep(params['interval'])
+    except (K8sError, G.NodeGateError) as exc:
+        module.fail_json(msg=str(exc), passed=False)
+    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
+        module.fail_json(msg='node_gate failed: %s' % exc, exception=traceback.format_exc())
+    result.update(attempts=attempts, elapsed=round(time.monotonic() - start, 3), changed=False)
+    if not result['passed']:
+        if params['timeout']:
+            result['msg'] += ' (still failing after %d evaluation(s) in %ss)' % (attempts, params['timeout'])
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,245 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: node_snapshot
+short_description: Capture and restore what a GPU node's driver rollback needs
+version_added: 0.1.0
+author:
+  - gpufleet.upgrade maintainers (@gpufleet)
+description:
+  - "O(state=captured) reads, without changing anything, the installed driver, Fabric Manager and kernel
+    package versions, the driver pin file, every apt preferences file (or the dnf versionlock list), the
+    holds, the running kernel and kernel command line, the default-boot setting (C(GRUB_DEFAULT) in
+    C(/etc/default/grub) and C(saved_entry) in the GRUB environment block), the C(modprobe.d) files that
+    configure nvidia, the MIG mode per GPU and the mig-manager configuration, and the node's GPU facts.
+    It writes them as JSON with a SHA-256 digest to O(path) B(on the controller)."
+  - "O(state=restored) reads O(path) on the controller, verifies the digest (and O(sha256) when given) before
+    anything else, checks that every package version of the snapshot is installed or offered, then puts the
+    pin file, the exact package versions (downgrades included), the holds, the C(modprobe.d) files and the
+    default-boot setting back."
+  - An action plugin of the same name does the controller side (reading and writing O(path)); the module
+    runs on the node.
+extends_documentation_fragment:
+  - gpufleet.upgrade.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details:
+      - Captured, the snapshot file; restored, the pin file, holds, installed versions and boot and modprobe files.
+  idempotent:
+    support: full
+    description: >-
+      Capturing again keeps an existing snapshot unless O(force=true); restoring again changes nothing.
+options:
+  state:
+    description:
+      - V(captured) takes a snapshot; V(restored) puts the node back to one.
+    type: str
+    choices: [captured, restored]
+    default: captured
+  path:
+    description:
+      - The snapshot file on the controller. A relative path is relative to the playbook directory.
+    type: path
+    required: true
+    aliases: [dest, src]
+  force:
+    description:
+      - With O(state=captured), replace an existing snapshot file. By default an existing snapshot is kept, so a
+        rerun after the upgrade cannot overwrite the rollback point.
+    type: bool
+    default: false
+  sha256:
+    description:
+      - With O(state=restored), the digest the snapshot must have (for example the one recorded in the evidence
+        when it was captured). The digest inside the file is always checked as well.
+    type: str
+  snapshot:
+    description:
+      - The snapshot document. Filled in by the action plugin from O(path); set it only when running the module
+        without its action plugin.
+    type: dict
+  gpu_facts:
+    description:
+      - The node's GPU facts (the registered result of M(gpufleet.upgrade.gpu_info)); MIG mode per GPU is taken
+        from them. Task result keys (C(changed), C(failed), C(invocation), ...) are dropped.
+    type: dict
+  installroot:
+    description:
+      - Operate on the system under this directory instead of C(/) (packages, pin files, boot and modprobe files).
+    type: path
+  proc_path:
+    description:
+      - Where to read the running kernel (C(sys/kernel/osrelease)) and the kernel command line (C(cmdline)).
+    type: path
+    default: /proc
+  package_patterns:
+    description:
+      - Shell patterns of the package names that belong to the driver set (captured and restored).
+    type: list
+    elements: str
+    default: ['*nvidia*', 'cuda-drivers*']
+  backend:
+    description:
+      - The package manager. V(auto) uses apt when C(apt-get) exists, else dnf.
+    type: str
+    choices: [auto, apt, dnf]
+    default: auto
+  update_bootloader:
+    description:
+      - When a restore changes C(GRUB_DEFAULT) on C(/), run C(update-grub) (or C(grub2-mkconfig)) afterwards.
+        Never run with O(installroot).
+    type: bool
+    default: true
+notes:
+  - Packages of the driver set installed after the snapshot was taken are reported in RV(extra_packages) and left
+    installed; kernel packages are recorded but not reinstalled.
+  - Only the collection's own pin file is restored; other apt preference files are recorded for evidence.
+seealso:
+  - module: gpufleet.upgrade.driver_pin
+"""
+
+EXAMPLES = r"""
+- name: Read GPU facts
+  gpufleet.upgrade.gpu_info:
+  register: gpu
+
+- name: Snapshot the node before the driver upgrade
+  gpufleet.upgrade.node_snapshot:
+    state: captured
+    path: "snapshots/{{ inventory_hostname }}.json"
+    gpu_facts: "{{ gpu }}"
+  register: snap
+
+- name: Roll the node back to the snapshot
+  gpufleet.upgrade.node_snapshot:
+    state: restored
+    path: "snapshots/{{ inventory_hostname }}.json"
+    sha256: "{{ snap.sha256 }}"
+"""
+
+RETURN = r"""
+path:
+  description: The snapshot file on the controller.
+  returned: always
+  type: str
+sha256:
+  description: SHA-256 of the canonical JSON of the snapshot.
+  returned: always
+  type: str
+document:
+  description: The snapshot file's content (format, sha256, snapshot), as written to O(path).
+  returned: always
+  type: dict
+snapshot:
+  description: The snapshot (packages, kernel_packages, holds, pins, preferences, boot, modprobe, mig, gpu_facts).
+  returned: always
+  type: dict
+restored:
+  description: With O(state=restored), the pin state after the restore (pin file, pins, holds, installed versions).
+  returned: when state is restored
+  type: dict
+extra_packages:
+  description: Driver-set packages installed now that the snapshot does not have (left installed).
+  returned: when state is restored
+  type: dict
+changed_files:
+  description: Files (relative to the root) that the restore rewrote or would rewrite.
+  returned: when state is restored
+  type: list
+  elements: str
+"""
+
+import shutil
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
+
+
+def backend_for(module):
+    p = module.params
+
+    def run(argv, env):
+        return module.run_command(argv, environ_update=env)
+
+    runner = pk.Runner(run, p['installroot'])
+    name = pk.detect_backend() if p['backend'] == 'auto' else p['backend']
+    return pk.AptBackend(runner) if name == 'apt' else pk.DnfBackend(runner)
+
+
+def regenerate_bootloader(module, backend):
+    for argv in (['update-grub'], ['grub2-mkconfig', '-o', '/boot/grub2/grub.cfg']):
+        if shutil.which(argv[0]):
+            backend.runner(argv)
+            return True
+    module.warn('GRUB_DEFAULT was restored but neither update-grub nor grub2-mkconfig was found; '
+                'regenerate the boot loader configuration before rebooting')
+    return False
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type='str', default='captured', choices=['captured', 'restored']),
+            path=dict(type='path', required=True, aliases=['dest', 'src']),
+            force=dict(type='bool', default=False),
+            sha256=dict(type='str'),
+            snapshot=dict(type='dict'),
+            gpu_facts=dict(type='dict'),
+            installroot=dict(type='path'),
+            proc_path=dict(type='path', default='/proc'),
+            package_patterns=dict(type='list', elements='str', default=list(sn.DEFAULT_PACKAGE_PATTERNS)),
+            backend=dict(type='str', default='auto', choices=['auto', 'apt', 'dnf']),
+            update_bootloader=dict(type='bool', default=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    backend = None
+    try:
+        backend = backend_for(module)
+        if p['state'] == 'captured':
+            snap = sn.capture(backend, proc_path=p['proc_path'], gpu_facts=p['gpu_facts'],
+                              package_patterns=p['package_patterns'])
+            module.exit_json(changed=False, path=p['path'], sha256=sn.digest(snap), snapshot=snap,
+                             document=sn.make_document(snap))
+        if p['snapshot'] is None:
+            module.fail_json(msg='state=restored needs the snapshot document (the action plugin reads it from path %r)'
+                             % p['path'])
+        snap = sn.verify_document(p['snapshot'], p['sha256'])
+        plan = sn.plan_restore(backend, snap, p['package_patterns'])
+        for w in plan.warnings:
+            module.warn(w)
+        current = plan.pin_plan.after
+        if plan.changed and not module.check_mode:
+            current = sn.apply_restore(backend, plan)
+            if plan.grub_default_changed and p['update_bootloader'] and not backend.runner.installroot:
+                regenerate_bootloader(module, backend)
+        result = dict(changed=plan.changed, path=p['path'], sha256=sn.digest(snap), snapshot=snap,
+                      restored=current.as_dict(), extra_packages=plan.extra_packages,
+                      changed_files=[f.rel for f in plan.files], commands=backend.runner.commands)
+        if module._diff:
+            result['diff'] = plan.diff()
+        module.exit_json(**result)
+    except (pk.PackageError, sn.SnapshotError) as e:
+        module.fail_json(msg=str(e), commands=backend.runner.commands if backend else [])
+    except (OSError, subprocess.SubprocessError) as e:
+        module.fail_json(msg='node_snapshot: %s' % e)
+    finally:
+        if backend is not None:
+            backend.close()
+
+
+if __name__ == '__main__':
+    main()

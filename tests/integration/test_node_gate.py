@@ -1,0 +1,135 @@
+"""node_gate through ansible-playbook against the Kubernetes API emulator (real kubernetes client)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import rbac_check
+
+pytestmark = pytest.mark.slow
+
+NODE = 'gpu-1'
+DP_LABELS = {'app': 'nvidia-device-plugin-daemonset'}
+VAL_LABELS = {'app': 'nvidia-operator-validator'}
+
+
+@pytest.fixture
+def emu(emulator):
+    return emulator
+
+
+def node(name=NODE, ready=True, alloc=None, taints=None, unschedulable=True):
+    alloc = {'cpu': '64', 'memory': '512Gi', 'pods': '110', 'nvidia.com/gpu': '8'} if alloc is None else alloc
+    taint_list = [{'key': 'node.kubernetes.io/unschedulable', 'effect': 'NoSchedule'}] if unschedulable else []
+    taint_list += taints or []
+    return {'apiVersion': 'v1', 'kind': 'Node',
+            'metadata': {'name': name, 'labels': {'kubernetes.io/hostname': name}},
+            'spec': {'unschedulable': unschedulable, 'taints': taint_list},
+            'status': {'allocatable': dict(alloc), 'capacity': dict(alloc),
+                       'conditions': [{'type': 'Ready', 'status': 'True' if ready else 'False',
+                                       'reason': 'KubeletReady' if ready else 'KubeletNotReady'}]}}
+
+
+def pod(name, labels, node_name=NODE, ready=True, ns='gpu-operator'):
+    cond = [{'type': t, 'status': 'True' if ready or t == 'PodScheduled' else 'False'}
+            for t in ('Initialized', 'Ready', 'ContainersReady', 'PodScheduled')]
+    return {'apiVersion': 'v1', 'kind': 'Pod',
+            'metadata': {'name': name, 'namespace': ns, 'labels': labels,
+                         'annotations': {'emulator.gpufleet.io/managed': 'false'}},
+            'spec': {'nodeName': node_name, 'containers': [{'name': 'main', 'image': 'nvcr.io/nvidia/k8s-device-plugin:v0.18.0'}]},
+            'status': {'phase': 'Running', 'conditions': cond,
+                       'containerStatuses': [{'name': 'main', 'ready': ready, 'restartCount': 0,
+                                              'image': 'nvcr.io/nvidia/k8s-device-plugin:v0.18.0',
+                                              'state': {'running': {'startedAt': '2026-01-01T00:00:00Z'}}}]}}
+
+
+def healthy(emu, **node_kw):
+    emu.apply([node(**node_kw), node('gpu-2'),
+               pod('nvidia-device-plugin-daemonset-a1', DP_LABELS),
+               pod('nvidia-device-plugin-daemonset-b2', DP_LABELS, node_name='gpu-2', ready=False),
+               pod('nvidia-operator-validator-a1', VAL_LABELS)])
+
+
+def gate(emu, **args):
+    task = {'gpufleet.upgrade.node_gate': dict({'kubeconfig': emu.kubeconfig, 'node': NODE,
+                                                'expected_gpus': {'nvidia.com/gpu': 8},
+                                                'allowed_taints': ['gpufleet.io/canary']}, **args),
+            'name': 'gate', 'ignore_errors': True}
+    return [{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]
+
+
+def test_node_gate_passes_read_only_and_within_the_reader_role(emu, run_playbook):
+    healthy(emu, taints=[{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}])
+    emu.clear_requests()
+    r = run_playbook(gate(emu))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['passed'] is True and res['changed'] is False and res['attempts'] == 1
+    assert res['msg'] == 'node gate: PASS for gpu-1 (allocatable, device_plugin, ready, taints, validator)'
+    assert res['checks']['allocatable']['evidence']['nvidia.com/gpu'] == {'expected': 8, 'allocatable': 8, 'capacity': 8}
+    assert [p['name'] for p in res['checks']['device_plugin']['evidence']['pods']] == ['nvidia-device-plugin-daemonset-a1']
+    assert emu.mutating_requests() == []
+    assert rbac_check.violations('gpufleet-upgrade-reader', emu.requests) == []
+
+
+def test_node_gate_fails_with_the_reasons(emu, run_playbook):
+    healthy(emu, alloc={'cpu': '64', 'nvidia.com/gpu': '7', 'nvidia.com/mig-1g.10gb': '7'},
+            taints=[{'key': 'nvidia.com/gpu-broken', 'effect': 'NoExecute'}])
+    emu.patch('v1', 'Pod', 'nvidia-operator-validator-a1', {'status': {'phase': 'Pending', 'conditions': [
+        {'type': 'Ready', 'status': 'False'}]}}, namespace='gpu-operator', subresource='status')
+    r = run_playbook(gate(emu))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed' and res['passed'] is False
+    assert res['problems'] == [
+        'nvidia.com/gpu: allocatable 7, expected 8',
+        'nvidia.com/mig-1g.10gb: allocatable 7, not expected (partition layout or MIG strategy changed?)',
+        'GPU Operator validator pod gpu-operator/nvidia-operator-validator-a1 is not Ready (phase Pending)',
+        'unexpected taint nvidia.com/gpu-broken:NoExecute']
+    assert res['msg'].startswith('node gate: FAIL for gpu-1: nvidia.com/gpu: allocatable 7, expected 8; ')
+
+
+def test_node_gate_mig_and_missing_plugin_and_missing_node(emu, run_playbook):
+    emu.apply([node(alloc={'cpu': '64', 'nvidia.com/mig-1g.10gb': '56'})])
+    r = run_playbook(gate(emu, expected_gpus={'nvidia.com/mig-1g.10gb': 56}))
+    res = r.result('gate')
+    assert res['checks']['allocatable']['passed'] is True
+    assert res['problems'] == ['no device plugin pod (app=nvidia-device-plugin-daemonset) on node gpu-1']
+    r = run_playbook(gate(emu, node='gpu-9'))
+    assert r.result('gate')['problems'] == ['node gpu-9 does not exist']
+
+
+def test_node_gate_waits_until_the_node_is_ready(emu, run_playbook):
+    healthy(emu, ready=False)
+
+    def recover():
+        # once the gate has read the node NotReady, the kubelet comes back
+        emu.wait_for(lambda: any(q['verb'] == 'GET' and q['path'] == '/api/v1/nodes/gpu-1' for q in emu.requests),
+                     timeout=60, message='the gate reading the node')
+        emu.patch('v1', 'Node', NODE, {'status': {'conditions': [{'type': 'Ready', 'status': 'True',
+                                                                  'reason': 'KubeletReady'}]}}, subresource='status')
+
+    t = threading.Thread(target=recover)
+    t.start()
+    try:
+        r = run_playbook(gate(emu, timeout=60, interval=0.2))
+    finally:
+        t.join(timeout=70)
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['attempts'] >= 2 and res['checks']['ready']['evidence']['status'] == 'True'
+
+
+def test_node_gate_times_out_bounded(emu, run_playbook):
+    healthy(emu, ready=False)
+    r = run_playbook(gate(emu, timeout=1, interval=0.3))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('node gate: FAIL for gpu-1: node gpu-1 is not Ready (Ready=False, reason KubeletNotReady)')
+    assert 'still failing after' in res['msg'] and res['attempts'] >= 1
+
+
+def test_node_gate_bad_input(emu, run_playbook):
+    r = run_playbook(gate(emu, expected_gpus={'cpu': 8}))
+    assert "expected_gpus: 'cpu' is not a GPU resource" in r.result('gate')['msg']
+    assert emu.requests == []

@@ -1,0 +1,105 @@
+"""upgrade_plan module and filters run through ansible-playbook (ansible-runner)."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+H100 = '10de:2330/10de:16c1'
+A100 = '10de:20b5/10de:1533'
+CURRENT = {'driver': '570.172.08', 'gpu_operator': 'v26.3.3'}
+TARGET = {'driver': '580.126.20', 'gpu_operator': 'v26.3.4'}
+
+
+def nodes_40():
+    out = []
+    for i in range(1, 41):
+        out.append({'name': 'gpu-%02d' % i, 'pci_ids': [H100 if i <= 20 else A100], 'platform': 'SYS-821GE',
+                    'kernel': '6.8.0-134-generic', 'partition_mode': 'none', 'install_method': 'apt',
+                    'current': CURRENT, 'ready': True, 'unschedulable': False, 'gpus': 8})
+    return out
+
+
+def play(tasks):
+    return [{'name': 'plan', 'hosts': 'localhost', 'gather_facts': False, 'tasks': tasks}]
+
+
+def test_module_plans_the_worked_example_and_is_read_only(run_playbook):
+    r = run_playbook(play([
+        {'name': 'plan', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ fleet }}', 'target': TARGET, 'canaries_per_combination': 2, 'max_unavailable': '20%'},
+         'register': 'plan'},
+        {'name': 'plan in check mode', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ fleet }}', 'target': TARGET, 'canaries_per_combination': 2, 'max_unavailable': '20%'},
+         'check_mode': True, 'register': 'plan_check'},
+        {'name': 'filter', 'ansible.builtin.set_fact': {
+            'filtered': "{{ fleet | gpufleet.upgrade.upgrade_plan(target=target, canaries_per_combination=2, "
+                        "max_unavailable='20%') }}",
+            'line': "{{ '6.11.0-29-generic' | gpufleet.upgrade.kernel_line }}"}},
+    ]), extravars={'fleet': nodes_40(), 'target': TARGET})
+    assert r.rc == 0, r.stdout
+    res = r.result('plan')
+    assert res['changed'] is False
+    assert res['canaries'] == ['gpu-01', 'gpu-02', 'gpu-21', 'gpu-22']
+    assert res['batch_size'] == 4 and res['max_unavailable'] == 8
+    assert res['batches'][0] == ['gpu-01', 'gpu-02', 'gpu-21', 'gpu-22']
+    assert res['batches'][1] == ['gpu-03', 'gpu-04', 'gpu-05', 'gpu-06']
+    assert len(res['batches']) == 10
+    assert res['budget']['steps'][1]['unavailable_during'] == 8
+    assert '10% of 40 = 4, rounded down = 4' in res['summary']
+    assert [c['count'] for c in res['combinations']] == [20, 20]
+    check = r.result('plan in check mode')
+    assert check['changed'] is False and check['digest'] == res['digest']
+    facts = r.result('filter')['ansible_facts']
+    assert facts['filtered']['digest'] == res['digest']
+    assert facts['line'] == '6.11'
+
+
+def test_module_refusal_says_why(run_playbook):
+    fleet = nodes_40()
+    r = run_playbook(play([
+        {'name': 'plan', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ fleet }}', 'target': TARGET, 'canaries_per_combination': 2, 'max_unavailable': '10%'}},
+    ]), extravars={'fleet': fleet})
+    assert r.rc != 0
+    res = r.result('plan')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('upgrade plan refused: cannot proceed at node gpu-03: 4 node(s) already out of '
+                                 'service (gpu-01: canary still isolated')
+    assert 'raise max_unavailable to at least 5' in res['msg']
+    assert res['plan']['canaries'] == ['gpu-01', 'gpu-02', 'gpu-21', 'gpu-22']
+    assert 'Traceback' not in r.stdout
+
+
+def test_module_bad_input_and_single_node(run_playbook):
+    solo = nodes_40()[:1]
+    bad = nodes_40()[:2]
+    bad[1]['gpus'] = 'eight'
+    r = run_playbook(play([
+        {'name': 'solo', 'gpufleet.upgrade.upgrade_plan': {'nodes': '{{ solo }}', 'target': TARGET},
+         'ignore_errors': True},
+        {'name': 'solo acknowledged', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ solo }}', 'target': TARGET, 'single_node_pool_acknowledged': True}},
+        {'name': 'bad', 'gpufleet.upgrade.upgrade_plan': {'nodes': '{{ bad }}', 'target': TARGET},
+         'ignore_errors': True},
+        {'name': 'allowance', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ fleet }}', 'target': TARGET, 'batch_size': 4, 'max_unavailable': 8,
+            'failure_allowance': {'gpus': '87%'}}},
+        {'name': 'bad filter', 'ansible.builtin.debug': {
+            'msg': "{{ bad | gpufleet.upgrade.upgrade_plan(target=target) }}"}, 'ignore_errors': True},
+    ]), extravars={'solo': solo, 'bad': bad, 'target': TARGET, 'fleet': nodes_40()})
+    assert r.rc == 0, r.stdout
+    assert 'set single_node_pool_acknowledged=true' in r.result('solo')['msg']
+    ok = r.result('solo acknowledged')
+    assert ok['batches'] == [['gpu-01']]
+    assert any('single-node GPU pool acknowledged' in w for w in ok.get('warnings', []))
+    fa = r.result('allowance')
+    # 87% of 320 GPUs: 279 must stay in service; 2 isolated canaries leave 304, so a batch may take
+    # 3 nodes (24 GPUs), not the 4 the batch size allows
+    assert fa['budget']['failure_allowance']['gpus']['rule'] == '87% of 320 = 278.4, rounded up = 279'
+    assert fa['budget']['failure_allowance']['nodes'] is None
+    assert fa['batches'][1] == ['gpu-02', 'gpu-03', 'gpu-04']
+    assert fa['budget']['steps'][1]['limited_by'] == 'failure_allowance.gpus'
+    assert fa['budget']['steps'][1]['in_service_gpus_during'] == 280
+    assert r.result('bad')['msg'] == "nodes[1] (gpu-02).gpus: 'eight' is not a non-negative integer"
+    assert "gpufleet.upgrade.upgrade_plan: nodes[1] (gpu-02).gpus: 'eight'" in r.result('bad filter')['msg']

@@ -1,0 +1,177 @@
+"""workload_gate through ansible-playbook against the Kubernetes API emulator and its pod-lifecycle
+simulator: Jobs pinned to the node, repeated, compared, cleaned up."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+import rbac_check
+
+pytestmark = pytest.mark.slow
+
+NODE = 'gpu-1'
+NS = 'qualify'
+ANN = 'emulator.gpufleet.io/'
+
+
+@pytest.fixture
+def emu(emulator):
+    emulator.apply([
+        # gpu-0 sorts first and takes anything not pinned elsewhere: pinning is what puts the pods on gpu-1
+        node('gpu-0', cordoned=False, taints=[]),
+        node(NODE, cordoned=True, taints=[{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}]),
+        {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': NS}},
+    ])
+    return emulator
+
+
+def node(name, cordoned, taints):
+    t = list(taints)
+    if cordoned:
+        t.append({'key': 'node.kubernetes.io/unschedulable', 'effect': 'NoSchedule'})
+    return {'apiVersion': 'v1', 'kind': 'Node',
+            'metadata': {'name': name, 'labels': {'kubernetes.io/hostname': name}},
+            'spec': {'unschedulable': cordoned, 'taints': t},
+            'status': {'allocatable': {'nvidia.com/gpu': '8'}, 'capacity': {'nvidia.com/gpu': '8'},
+                       'conditions': [{'type': 'Ready', 'status': 'True'}]}}
+
+
+def job(logs='', duration='0.1', outcome='Succeeded', extra_ann=None):
+    ann = {ANN + 'duration': duration, ANN + 'outcome': outcome, ANN + 'logs': logs}
+    ann.update(extra_ann or {})
+    return {'apiVersion': 'batch/v1', 'kind': 'Job', 'metadata': {'name': 'template'},
+            'spec': {'template': {'metadata': {'annotations': ann},
+                                  'spec': {'containers': [{'name': 'main', 'image': 'registry.local/qual:1',
+                                                           'resources': {'limits': {'nvidia.com/gpu': '1'}}}]}}}}
+
+
+def play(emu, cases, **args):
+    task = {'gpufleet.upgrade.workload_gate': dict({'kubeconfig': emu.kubeconfig, 'node': NODE, 'namespace': NS,
+                                                    'cases': cases, 'poll_interval': 0.1, 'timeout': 30}, **args),
+            'name': 'gate', 'ignore_errors': True}
+    return [{'name': 'workload gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]
+
+
+def leftovers(emu):
+    return ([j['metadata']['name'] for j in emu.list('batch/v1', 'Job', namespace=NS)],
+            [p['metadata']['name'] for p in emu.list('v1', 'Pod', namespace=NS)])
+
+
+def test_workload_gate_passes_pinned_repeated_and_cleaned_up(emu, run_playbook):
+    cases = [
+        {'name': 'device-query', 'manifest': job('Device 0: NVIDIA H100\nResult = PASS\n'), 'expected': 'Result = PASS'},
+        {'name': 'matmul', 'manifest': job('warmup\n{"checksum": 1234.5004, "gpus": 1}\n'),
+         'result': {'json_path': 'checksum'}, 'expected': 1234.5, 'tolerance': 0.001},
+        {'name': 'tput', 'manifest': job('images/s=1985\n'), 'result': {'regex': r'images/s=(\d+)'},
+         'expected': 2000, 'tolerance_percent': 1},
+    ]
+    emu.clear_requests()
+    r = run_playbook(play(emu, cases))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['passed'] is True and res['changed'] is False
+    assert res['msg'] == 'workload gate: PASS on gpu-1 (3 case(s) x 3 run(s))'
+    for name in ('device-query', 'matmul', 'tput'):
+        runs = res['checks'][name]['evidence']['runs']
+        assert [x['attempt'] for x in runs] == [1, 2, 3]
+        assert all(x['ok'] and x['node'] == NODE and x['outcome'] == 'match' for x in runs)
+    assert res['checks']['matmul']['evidence']['runs'][0]['value'] == 1234.5004
+    assert res['checks']['tput']['evidence']['runs'][0]['value'] == '1985'
+    assert len(res['jobs']['created']) == 9 and res['jobs']['deleted'] == res['jobs']['created']
+    assert res['jobs']['left'] == []
+    assert leftovers(emu) == ([], [])
+    # what was created: pinned by nodeSelector, with the canary and cordon tolerations, labelled
+    posts = [q for q in emu.requests if q['verb'] == 'POST']
+    assert len(posts) == 9
+    body = posts[0]['body'] if isinstance(posts[0]['body'], dict) else json.loads(posts[0]['body'])
+    pspec = body['spec']['template']['spec']
+    assert pspec['nodeSelector'] == {'kubernetes.io/hostname': NODE}
+    assert {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'} in pspec['tolerations']
+    assert {'key': 'node.kubernetes.io/unschedulable', 'operator': 'Exists', 'effect': 'NoSchedule'} in pspec['tolerations']
+    assert body['metadata']['labels']['gpufleet.io/workload-gate'] == res['run_id']
+    assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests) == []
+
+
+def test_workload_gate_mismatch_and_failed_job(emu, run_playbook):
+    cases = [
+        {'name': 'matmul', 'manifest': job('{"checksum": 1240.0}'), 'result': {'json_path': 'checksum'},
+         'expected': 1234.5, 'tolerance': 0.001},
+        {'name': 'nccl', 'manifest': job('NCCL WARN cudaErrorUnsupportedPtxVersion\n', outcome='Failed'),
+         'expected': 'ok'},
+    ]
+    r = run_playbook(play(emu, cases, repeat=2))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed' and res['passed'] is False
+    p = res['problems']
+    assert len(p) == 4
+    assert p[0].startswith('matmul run 1/2 (Job matmul-%s-1): result mismatch: 1240.0 vs expected 1234.5: '
+                           '|difference| 5.5 > tolerance 0.001' % res['run_id'])
+    assert p[2].startswith('nccl run 1/2 (Job nccl-%s-1): the Job failed (BackoffLimitExceeded' % res['run_id'])
+    assert p[2].endswith('last log line: NCCL WARN cudaErrorUnsupportedPtxVersion')
+    assert leftovers(emu) == ([], [])
+
+
+def test_workload_gate_timeout(emu, run_playbook):
+    r = run_playbook(play(emu, [{'name': 'slow', 'manifest': job('done', duration='120'), 'expected': 'done'}],
+                          repeat=1, timeout=2))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['problems'] == ['slow run 1/1 (Job slow-%s-1): timeout: the Job did not finish within 2s' % res['run_id']]
+    assert leftovers(emu) == ([], [])
+
+
+def test_workload_gate_unschedulable_without_cordon_toleration_times_out(emu, run_playbook):
+    r = run_playbook(play(emu, [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}], repeat=1, timeout=2,
+                          tolerate_cordon=False))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed'
+    assert 'timeout: the Job did not finish within 2s (pod unschedulable:' in res['problems'][0]
+
+
+def test_workload_gate_init_failure(emu, run_playbook):
+    manifest = job('never', extra_ann={ANN + 'managed': 'false'})
+
+    def crash_init():
+        # the kubelet's view of a broken CUDA init container: bound to the node, init in CrashLoopBackOff
+        pods = emu.wait_for(lambda: emu.list('v1', 'Pod', namespace=NS), timeout=60, message='the Job pod')
+        name = pods[0]['metadata']['name']
+        emu.patch('v1', 'Pod', name, {'spec': {'nodeName': NODE}}, namespace=NS)
+        emu.patch('v1', 'Pod', name, {'status': {'phase': 'Pending', 'initContainerStatuses': [
+            {'name': 'cuda-check', 'ready': False, 'restartCount': 3,
+             'state': {'waiting': {'reason': 'CrashLoopBackOff', 'message': 'back-off 40s restarting failed container'}}}]}},
+            namespace=NS, subresource='status')
+
+    t = threading.Thread(target=crash_init)
+    t.start()
+    try:
+        r = run_playbook(play(emu, [{'name': 'q', 'manifest': manifest, 'expected': 'ok'}], repeat=1))
+    finally:
+        t.join(timeout=70)
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed'
+    run = res['checks']['q']['evidence']['runs'][0]
+    assert run['outcome'] == 'init_failure' and run['node'] == NODE
+    assert res['problems'][0].endswith('initialisation failure: init container cuda-check of pod %s: CrashLoopBackOff: '
+                                       'back-off 40s restarting failed container' % run['pod'])
+    assert leftovers(emu) == ([], [])
+
+
+def test_workload_gate_check_mode_and_no_cleanup(emu, run_playbook):
+    cases = [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}]
+    emu.clear_requests()
+    r = run_playbook(play(emu, cases), cmdline='--check')
+    # the gate reports itself skipped: Ansible shows the task as skipped, nothing was sent
+    assert r.result('gate')['_event'] == 'runner_on_skipped'
+    assert r.rc == 0
+    assert emu.requests == []
+    r = run_playbook(play(emu, cases, repeat=1, cleanup=False))
+    res = r.result('gate')
+    assert res['passed'] is True and res['changed'] is True
+    assert leftovers(emu)[0] == res['jobs']['left'] == res['jobs']['created']
+
+
+def test_workload_gate_bad_case(emu, run_playbook):
+    r = run_playbook(play(emu, [{'name': 'q', 'manifest': {'kind': 'Pod', 'apiVersion': 'v1'}, 'expected': 1}]))
+    assert r.result('gate')['msg'] == "cases[0] (q).manifest: not a batch/v1 Job manifest (kind 'Pod', apiVersion 'v1')"

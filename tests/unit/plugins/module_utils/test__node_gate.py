@@ -1,0 +1,136 @@
+"""Node integration gate: every check passes and fails with its evidence and message."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate as G
+
+
+def node(name='gpu-1', ready='True', alloc=None, cap=None, taints=None, unschedulable=True):
+    alloc = {'cpu': '64', 'nvidia.com/gpu': '8'} if alloc is None else alloc
+    return {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': name},
+            'spec': {'unschedulable': unschedulable, 'taints': taints if taints is not None else [
+                {'key': 'node.kubernetes.io/unschedulable', 'effect': 'NoSchedule'}]},
+            'status': {'allocatable': alloc, 'capacity': dict(alloc if cap is None else cap),
+                       'conditions': [{'type': 'Ready', 'status': ready, 'reason': 'KubeletReady'}]}}
+
+
+def pod(name, labels, node_name='gpu-1', ready=True, phase='Running', ns='gpu-operator'):
+    return {'metadata': {'name': name, 'namespace': ns, 'labels': labels},
+            'spec': {'nodeName': node_name, 'containers': [{'name': 'c', 'image': 'nvcr.io/x:1'}]},
+            'status': {'phase': phase, 'conditions': [{'type': 'Ready', 'status': 'True' if ready else 'False'}],
+                       'containerStatuses': [{'restartCount': 2}]}}
+
+
+DP = {'app': 'nvidia-device-plugin-daemonset'}
+VAL = {'app': 'nvidia-operator-validator'}
+
+
+def pods(dp_ready=True, validator=True, val_ready=True):
+    out = [pod('nvidia-device-plugin-daemonset-abc', DP, ready=dp_ready),
+           pod('nvidia-device-plugin-daemonset-xyz', DP, node_name='gpu-2', ready=False)]
+    if validator:
+        out.append(pod('nvidia-operator-validator-abc', VAL, ready=val_ready, phase='Running' if val_ready else 'Pending'))
+    return out
+
+
+def test_pass_with_evidence():
+    r = G.evaluate('gpu-1', node(), pods(), {'nvidia.com/gpu': 8})
+    assert r['passed'] is True and r['problems'] == []
+    assert r['msg'] == 'node gate: PASS for gpu-1 (allocatable, device_plugin, ready, taints, validator)'
+    assert r['checks']['allocatable']['evidence'] == {'nvidia.com/gpu': {'expected': 8, 'allocatable': 8, 'capacity': 8}}
+    dp = r['checks']['device_plugin']['evidence']
+    assert [p['name'] for p in dp['pods']] == ['nvidia-device-plugin-daemonset-abc']  # the other node's pod is not ours
+    assert dp['pods'][0]['restarts'] == 2 and dp['registered_resources'] == ['nvidia.com/gpu']
+    assert r['checks']['validator']['evidence']['present'] is True
+
+
+def test_not_ready():
+    r = G.evaluate('gpu-1', node(ready='False'), pods(), {'nvidia.com/gpu': 8})
+    assert r['passed'] is False
+    assert r['checks']['ready']['problems'] == ['node gpu-1 is not Ready (Ready=False, reason KubeletReady)']
+
+
+def test_missing_node():
+    r = G.evaluate('gpu-9', None, [], {'nvidia.com/gpu': 8})
+    assert r['passed'] is False and r['problems'] == ['node gpu-9 does not exist']
+
+
+def test_allocatable_short_missing_and_unexpected():
+    r = G.evaluate('gpu-1', node(alloc={'nvidia.com/gpu': '7'}), pods(), {'nvidia.com/gpu': 8})
+    assert r['checks']['allocatable']['problems'] == ['nvidia.com/gpu: allocatable 7, expected 8']
+    r = G.evaluate('gpu-1', node(alloc={'cpu': '4'}), pods(), {'nvidia.com/gpu': 8})
+    assert r['checks']['allocatable']['problems'] == [
+        'nvidia.com/gpu: not in allocatable (expected 8): the device plugin has not registered it']
+    assert r['checks']['device_plugin']['evidence']['registered_resources'] == []
+    # MIG mixed strategy: per-profile resources; a left-over full-GPU resource is unexpected
+    mig = {'nvidia.com/mig-1g.10gb': '56', 'nvidia.com/gpu': '1'}
+    r = G.evaluate('gpu-1', node(alloc=mig), pods(), {'nvidia.com/mig-1g.10gb': 56})
+    assert r['checks']['allocatable']['problems'] == [
+        'nvidia.com/gpu: allocatable 1, not expected (partition layout or MIG strategy changed?)']
+    r = G.evaluate('gpu-1', node(alloc={'nvidia.com/mig-1g.10gb': '56', 'nvidia.com/gpu': '0'}), pods(),
+                   {'nvidia.com/mig-1g.10gb': 56})
+    assert r['passed'] is True
+
+
+def test_device_plugin_missing_or_not_ready():
+    r = G.evaluate('gpu-1', node(), pods(dp_ready=False), {'nvidia.com/gpu': 8})
+    assert r['checks']['device_plugin']['problems'] == [
+        'device plugin pod gpu-operator/nvidia-device-plugin-daemonset-abc is not Ready (phase Running)']
+    r = G.evaluate('gpu-1', node(), [p for p in pods() if p['metadata']['labels'] != DP], {'nvidia.com/gpu': 8})
+    assert r['checks']['device_plugin']['problems'] == [
+        'no device plugin pod (app=nvidia-device-plugin-daemonset) on node gpu-1']
+
+
+def test_validator_optional_unless_required():
+    r = G.evaluate('gpu-1', node(), pods(validator=False), {'nvidia.com/gpu': 8})
+    assert r['passed'] is True and r['checks']['validator']['evidence']['present'] is False
+    r = G.evaluate('gpu-1', node(), pods(validator=False), {'nvidia.com/gpu': 8}, validator_required=True)
+    assert r['problems'] == ['no GPU Operator validator pod (app=nvidia-operator-validator) on node gpu-1']
+    r = G.evaluate('gpu-1', node(), pods(val_ready=False), {'nvidia.com/gpu': 8})
+    assert r['problems'] == ['GPU Operator validator pod gpu-operator/nvidia-operator-validator-abc is not Ready '
+                             '(phase Pending)']
+    r = G.evaluate('gpu-1', node(), pods(val_ready=False), {'nvidia.com/gpu': 8}, validator_selector=None)
+    assert r['passed'] is True and 'validator' not in r['checks']
+
+
+def test_taints():
+    taints = [{'key': 'node.kubernetes.io/unschedulable', 'effect': 'NoSchedule'},
+              {'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'},
+              {'key': 'nvidia.com/gpu-broken', 'effect': 'NoExecute'}]
+    r = G.evaluate('gpu-1', node(taints=taints), pods(), {'nvidia.com/gpu': 8}, allowed_taints=['gpufleet.io/canary'])
+    assert r['checks']['taints']['problems'] == ['unexpected taint nvidia.com/gpu-broken:NoExecute']
+    r = G.evaluate('gpu-1', node(taints=taints), pods(), {'nvidia.com/gpu': 8},
+                   allowed_taints=['gpufleet.io/canary=false', 'nvidia.com/gpu-broken'])
+    assert r['checks']['taints']['problems'] == ['unexpected taint gpufleet.io/canary=true:NoSchedule']
+
+
+def test_selectors():
+    sel = G.parse_label_selector('app=x, tier!=web,gpu,!cpu')
+    assert sel == [('=', 'app', 'x'), ('!=', 'tier', 'web'), ('exists', 'gpu', None), ('!exists', 'cpu', None)]
+    assert G.label_selector_matches({'app': 'x', 'gpu': ''}, sel)
+    assert not G.label_selector_matches({'app': 'x', 'gpu': '', 'cpu': '1'}, sel)
+    assert not G.label_selector_matches({'app': 'x', 'tier': 'web', 'gpu': ''}, sel)
+    with pytest.raises(G.NodeGateError, match=r"device_plugin_selector: 'app in \(a\)' is not an equality-based"):
+        G.parse_label_selector('app in (a)', 'device_plugin_selector')
+
+
+@pytest.mark.parametrize('expected, message', [
+    ({}, 'expected_gpus: {} is not a non-empty dict'),
+    ({'cpu': 8}, "expected_gpus: 'cpu' is not a GPU resource"),
+    ({'nvidia.com/gpu': 'eight'}, "expected_gpus.nvidia.com/gpu: 'eight' is not a non-negative integer"),
+    ({'nvidia.com/gpu': True}, 'expected_gpus.nvidia.com/gpu: True is not a non-negative integer'),
+])
+def test_bad_expected(expected, message):
+    with pytest.raises(G.NodeGateError) as exc:
+        G.evaluate('gpu-1', node(), pods(), expected)
+    assert message in str(exc.value)
+
+
+def test_inputs_not_modified():
+    n, p = node(), pods()
+    before = copy.deepcopy((n, p))
+    G.evaluate('gpu-1', n, p, {'nvidia.com/gpu': 8})
+    assert (n, p) == before

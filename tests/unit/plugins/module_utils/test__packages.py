@@ -1,0 +1,364 @@
+"""Unit tests of the package core: versions, presets, preference files, parsers, dnf commands."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+
+# Recorded from apt 2.6.1 under a test install root (tests/tools/debrepo.py).
+POLICY = """\
+libnvidia-compute-580-server:
+  Installed: 580.126.20-0ubuntu1
+  Candidate: 580.126.20-0ubuntu1
+  Version table:
+     580.130.00-0ubuntu1 500
+        500 file:/tmp/repo ./ Packages
+ *** 580.126.20-0ubuntu1 1001
+        500 file:/tmp/repo ./ Packages
+        100 /tmp/root/var/lib/dpkg/status
+libnvidia-nscq-580:
+  Installed: (none)
+  Candidate: 580.130.00-1
+  Version table:
+     580.130.00-1 500
+        500 file:/tmp/repo ./ Packages
+     580.126.20-1 500
+        500 file:/tmp/repo ./ Packages
+nvidia-driver-565-server:
+  Installed: 565.57.01-0ubuntu1
+  Candidate: 565.57.01-0ubuntu1
+  Version table:
+ *** 565.57.01-0ubuntu1 100
+        100 /var/lib/dpkg/status
+"""
+
+DPKG_QUERY = (
+    'nvidia-driver-580-server\t580.126.20-0ubuntu1\thold ok installed\n'
+    'libnvidia-compute-580-server:amd64\t580.126.20-0ubuntu1\tinstall ok installed\n'
+    'nvidia-dkms-580-server\t580.126.20-0ubuntu1\tdeinstall ok config-files\n'
+    'nvidia-utils-580-server\t\thold ok not-installed\n'
+    'garbage line\n'
+)
+
+
+# -- versions -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('a,b,expected', [
+    ('580.126.20-0ubuntu1', '580.130.00-0ubuntu1', -1),
+    ('580.130.00-0ubuntu1', '580.126.20-0ubuntu1', 1),
+    ('580.126.20-0ubuntu1', '580.126.20-0ubuntu1', 0),
+    ('580.126.20-0ubuntu0.24.04.1', '580.126.20-0ubuntu1', -1),
+    ('1:535.0-1', '580.0-1', 1),
+    ('580.95.05-1', '580.95.05~rc1-1', 1),
+    ('580.65.06', '580.65.06-1', -1),
+    ('1.0a', '1.0', 1),
+    ('1.0+b1', '1.0', 1),
+])
+def test_deb_compare(a, b, expected):
+    assert pk.deb_compare(a, b) == expected
+
+
+_part = st.text(alphabet='0123456789.+~abz', min_size=1, max_size=8).filter(lambda s: s[0].isdigit())
+
+
+@pytest.mark.skipif(not shutil.which('dpkg'), reason='needs dpkg')
+@settings(max_examples=60, deadline=None)
+@given(_part, _part, st.sampled_from(['', '-1', '-0ubuntu1', '-1~rc']), st.sampled_from(['', '-1', '-2']))
+def test_deb_compare_agrees_with_dpkg(u1, u2, r1, r2):
+    a, b = u1 + r1, u2 + r2
+    ours = pk.deb_compare(a, b)
+    dpkg = [op for op in ('lt', 'eq', 'gt')
+            if subprocess.run(['dpkg', '--compare-versions', a, op, b], stderr=subprocess.DEVNULL, check=False).returncode == 0]
+    assert len(dpkg) == 1, (a, b, dpkg)
+    assert ours == {'lt': -1, 'eq': 0, 'gt': 1}[dpkg[0]], (a, b)
+
+
+def test_version_matching_and_pick():
+    assert pk.version_matches('580.126.20-0ubuntu1', '580.126.20')
+    assert pk.version_matches('3:580.126.20-1.el9', '580.126.20')
+    assert pk.version_matches('580.126.20-1', '580.126.20-1')
+    assert pk.version_matches('1:580.126.20-1', '580.126.20-1')
+    assert not pk.version_matches('580.126.200-1', '580.126.20')
+    assert not pk.version_matches('580.126.20-0ubuntu1', '580.126.20-1')
+    offered = ['580.126.20-0ubuntu0.24.04.1', '580.126.20-0ubuntu1', '580.130.00-0ubuntu1']
+    assert pk.pick_version(offered, '580.126.20') == '580.126.20-0ubuntu1'
+    assert pk.pick_version(offered, '580.999.99') is None
+
+
+# -- presets ------------------------------------------------------------------------------------
+
+def test_presets():
+    s = pk.preset_packages('ubuntu-server', '580')
+    assert s.required[0] == 'nvidia-driver-580-server'
+    assert 'nvidia-kernel-common-580-server' in s.required
+    assert s.optional == ('nvidia-fabricmanager-580', 'libnvidia-nscq-580')
+    assert pk.preset_packages('ubuntu', '570').required[0] == 'nvidia-driver-570'
+    assert pk.preset_packages('cuda-repo', '580').required == ('libnvidia-compute-580', 'nvidia-dkms-580-open')
+    assert pk.preset_packages('cuda-repo', '590').required == ('libnvidia-compute', 'nvidia-dkms-open')
+    assert pk.preset_backend('rhel-dnf') == 'dnf'
+    with pytest.raises(pk.PackageError, match="branch must be a driver branch such as '580', got '58x'"):
+        pk.preset_packages('ubuntu-server', '58x')
+    with pytest.raises(pk.PackageError, match="unknown preset 'suse'"):
+        pk.preset_packages('suse', '580')
+    with pytest.raises(pk.PackageError, match="version '570.1.2' is not in driver branch '580'"):
+        pk.check_version_in_branch('570.1.2', '580')
+
+
+# -- apt preferences, holds, policy -------------------------------------------------------------
+
+def test_render_preferences_exact_text():
+    text = pk.render_preferences({'nvidia-driver-580-server': '580.126.20-0ubuntu1',
+                                  'libnvidia-compute-580-server': '580.126.20-0ubuntu1',
+                                  'nvidia-fabricmanager-580': '580.126.20-1'})
+    assert text == (
+        'Explanation: managed by gpufleet.upgrade.driver_pin; exact driver version\n'
+        'Package: libnvidia-compute-580-server nvidia-driver-580-server\n'
+        'Pin: version 580.126.20-0ubuntu1\n'
+        'Pin-Priority: 1001\n'
+        '\n'
+        'Explanation: managed by gpufleet.upgrade.driver_pin; exact driver version\n'
+        'Package: nvidia-fabricmanager-580\n'
+        'Pin: version 580.126.20-1\n'
+        'Pin-Priority: 1001\n')
+    assert pk.render_preferences({}) is None
+    with pytest.raises(pk.PackageError, match='>= 1000'):
+        pk.render_preferences({'a': '1'}, priority=990)
+
+
+def test_parse_preferences_roundtrip_and_foreign_stanzas():
+    pins = {'a': '1.0-1', 'b': '1.0-1', 'c': '2:3.0'}
+    assert pk.parse_preferences(pk.render_preferences(pins)) == pins
+    foreign = ('# comment\nPackage: *\nPin: release o=Ubuntu\nPin-Priority: 500\n\n'
+               'Package: nvidia-*\nPin: version 580.95.05*\nPin-Priority: 1000\n')
+    assert pk.parse_preferences(foreign) == {'nvidia-*': '580.95.05*'}
+    assert pk.parse_preferences(None) == {}
+
+
+def test_parse_dpkg_query_holds():
+    e = pk.parse_dpkg_query(DPKG_QUERY)
+    assert sorted(e) == ['libnvidia-compute-580-server', 'nvidia-dkms-580-server', 'nvidia-driver-580-server',
+                         'nvidia-utils-580-server']
+    assert e['nvidia-driver-580-server'].want == 'hold' and e['nvidia-driver-580-server'].installed
+    assert not e['nvidia-dkms-580-server'].installed
+    assert e['nvidia-utils-580-server'].want == 'hold' and not e['nvidia-utils-580-server'].installed
+    assert pk.parse_showhold('nvidia-driver-580-server\nlibnvidia-compute-580-server:amd64\n\n') == [
+        'libnvidia-compute-580-server', 'nvidia-driver-580-server']
+
+
+def test_parse_policy():
+    p = pk.parse_policy(POLICY)
+    lc = p['libnvidia-compute-580-server']
+    assert lc.installed == '580.126.20-0ubuntu1' and lc.candidate == '580.126.20-0ubuntu1'
+    assert list(lc.versions) == ['580.130.00-0ubuntu1', '580.126.20-0ubuntu1']
+    assert lc.downloadable() == ['580.130.00-0ubuntu1', '580.126.20-0ubuntu1']
+    assert p['libnvidia-nscq-580'].installed is None
+    # Installed only (from the status file): not downloadable.
+    assert p['nvidia-driver-565-server'].downloadable() == []
+
+
+def test_apt_config_for_root_confines_apt_and_dpkg():
+    text = pk.apt_config_for_root('/srv/root', as_root=False)
+    assert 'Dir "/srv/root/";' in text
+    assert 'Dir::State::status "/srv/root/var/lib/dpkg/status";' in text
+    assert '"--root=/srv/root"; "--admindir=/srv/root/var/lib/dpkg";' in text
+    assert '"--force-not-root";' in text
+    assert '--force-not-root' not in pk.apt_config_for_root('/srv/root', as_root=True)
+
+
+# -- resolution ---------------------------------------------------------------------------------
+
+def _policy(versions_by_name):
+    return {n: pk.PolicyEntry(None, None, {v: ['500 file:/r ./ Packages'] for v in vs})
+            for n, vs in versions_by_name.items()}
+
+
+def test_resolve_optional_members_and_errors():
+    pkgs = pk.PackageSet(('drv',), ('fm', 'nscq'))
+    policy = _policy({'drv': ['580.126.20-0ubuntu1'], 'fm': ['580.126.20-1']})
+    resolved, skipped = pk.resolve(pkgs, '580.126.20', policy, {}, install=True)
+    assert resolved == {'drv': '580.126.20-0ubuntu1', 'fm': '580.126.20-1'}
+    assert skipped == ['nscq']
+    # An installed optional member that cannot follow the driver is an error, not a skip.
+    with pytest.raises(pk.PackageError) as e:
+        pk.resolve(pkgs, '580.126.20', policy, {'nscq': '580.95.05-1'}, install=True)
+    assert str(e.value) == ('version 580.126.20 is not available, nothing was changed: nscq 580.126.20 is not '
+                            'offered by the configured repositories (offered: none; installed: 580.95.05-1)')
+    # An installed matching version is kept even when another revision is offered.
+    resolved = pk.resolve(pk.PackageSet(('drv',)), '580.126.20',
+                          _policy({'drv': ['580.126.20-0ubuntu2']}), {'drv': '580.126.20-0ubuntu1'}, install=True)[0]
+    assert resolved == {'drv': '580.126.20-0ubuntu1'}
+
+
+class FakeRunner(pk.Runner):
+    """A runner answering from recorded outputs (argv prefix -> (rc, stdout, stderr))."""
+
+    def __init__(self, answers, installroot=None):
+        def run(argv, env):
+            for prefix, answer in answers:
+                if argv[:len(prefix)] == prefix:
+                    return answer
+            raise AssertionError('unexpected command %s' % argv)
+        super().__init__(run, installroot)
+
+
+def test_apt_plan_reads_only(tmp_path):
+    runner = FakeRunner([
+        (['dpkg-query'], (0, 'nvidia-driver-580-server\t580.126.20-0ubuntu1\thold ok installed\n', '')),
+        (['apt-cache', 'policy'], (0, 'nvidia-driver-580-server:\n  Installed: 580.126.20-0ubuntu1\n'
+                                      '  Candidate: 580.126.20-0ubuntu1\n  Version table:\n'
+                                      '     580.130.00-0ubuntu1 500\n        500 file:/r ./ Packages\n'
+                                      ' *** 580.126.20-0ubuntu1 100\n        500 file:/r ./ Packages\n', '')),
+    ], installroot=str(tmp_path))
+    b = pk.AptBackend(runner)
+    try:
+        plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver-580-server',)), '580.130.00', 'pinned', True)
+    finally:
+        b.close()
+    assert plan.install == {'nvidia-driver-580-server': '580.130.00-0ubuntu1'}
+    assert plan.before.holds == ['nvidia-driver-580-server']
+    assert plan.after.pin_text.count('Pin: version 580.130.00-0ubuntu1') == 1
+    assert [c[0] for c in runner.commands] == ['dpkg-query', 'apt-cache']
+    assert runner.commands[0][1] == '--admindir=%s/var/lib/dpkg' % tmp_path
+    assert not (tmp_path / 'etc').exists()
+    d = plan.diff()
+    assert d[0]['before'] == '' and 'Pin-Priority: 1001' in d[0]['after']
+    assert d[2]['before'] == 'nvidia-driver-580-server=580.126.20-0ubuntu1\n'
+
+
+def test_runner_error_names_command():
+    r = FakeRunner([(['apt-get'], (100, '', 'E: Unable to locate package x'))])
+    with pytest.raises(pk.PackageError, match=r'command failed \(rc=100\): apt-get install x: E: Unable to locate package x'):
+        r(['apt-get', 'install', 'x'])
+
+
+# -- dnf ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('os_release,mode', [
+    ('ID="rhel"\nVERSION_ID="9.4"\n', 'module'),
+    ('ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="8.10"\n', 'module'),
+    ('ID="rhel"\nVERSION_ID="10.0"\n', 'versionlock'),
+    ('ID=fedora\nVERSION_ID=42\n', 'versionlock'),
+])
+def test_dnf_lock_mode(os_release, mode):
+    assert pk.dnf_lock_mode(pk.parse_os_release(os_release)) == mode
+
+
+def test_dnf_versionlock_commands():
+    pins = {'nvidia-driver': '3:580.126.20-1.el10', 'nvidia-driver-libs': '3:580.126.20-1.el10'}
+    prev = {'nvidia-driver': '3:580.95.05-1.el10'}
+    cmds = pk.dnf_pin_commands(pins, prev, 'versionlock', '580', '-dkms', {'nvidia-driver': '3:580.126.20-1.el10'}, '/mnt/sysimage')
+    assert cmds == [
+        ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', 'install', '--allowerasing', 'nvidia-driver-3:580.126.20-1.el10'],
+        ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', 'versionlock', 'delete', 'nvidia-driver'],
+        ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', 'versionlock', 'add',
+         'nvidia-driver-3:580.126.20-1.el10', 'nvidia-driver-libs-3:580.126.20-1.el10'],
+    ]
+    # Already locked at that version: nothing to do.
+    assert pk.dnf_pin_commands(pins, dict(pins), 'versionlock', '580', '-dkms', {}, None) == []
+    assert pk.dnf_unpin_commands(['nvidia-driver', 'x'], prev, None) == [
+        ['dnf', '-y', '-q', 'versionlock', 'delete', 'nvidia-driver']]
+
+
+def test_dnf_module_stream_commands():
+    cmds = pk.dnf_pin_commands({'nvidia-driver': '3:580.126.20-1.el9'}, {}, 'module', '580', '-dkms',
+                               {'nvidia-driver': '3:580.126.20-1.el9'}, None)
+    assert cmds == [
+        ['dnf', '-y', '-q', 'module', 'reset', 'nvidia-driver'],
+        ['dnf', '-y', '-q', 'module', 'enable', 'nvidia-driver:580-dkms'],
+        ['dnf', '-y', '-q', 'install', '--allowerasing', 'nvidia-driver-3:580.126.20-1.el9'],
+    ]
+    with pytest.raises(pk.PackageError, match='needs a branch'):
+        pk.dnf_pin_commands({'a': '1-1'}, {}, 'module', None, '-dkms', {}, None)
+
+
+def test_versionlock_parse_and_entries():
+    text = ('# added by dnf\nnvidia-driver-3:580.126.20-1.el10.*\nnvidia-driver-libs-3:580.126.20-1.el10.x86_64\n'
+            '!kernel-6.1-1.fc40.*\nlibnvidia-nscq-580.126.20-1.*\n')
+    assert pk.parse_versionlock(text) == {'nvidia-driver': '3:580.126.20-1.el10', 'nvidia-driver-libs': '3:580.126.20-1.el10',
+                                          'libnvidia-nscq': '580.126.20-1'}
+    assert pk.versionlock_entry('nvidia-driver', '3:580.126.20-1.el10') == 'nvidia-driver-3:580.126.20-1.el10.*'
+    assert pk.parse_versionlock(pk.versionlock_entry('a-b', '1.0-2') + '\n') == {'a-b': '1.0-2'}
+
+
+def test_dnf_list_and_rpm_parsers():
+    out = ('Available Packages\nnvidia-driver.x86_64   3:580.126.20-1.el10   cuda-rhel10-x86_64\n'
+           'nvidia-driver.x86_64   3:580.130.00-1.el10   cuda-rhel10-x86_64\n')
+    assert pk.parse_dnf_list(out) == {'nvidia-driver': ['3:580.126.20-1.el10', '3:580.130.00-1.el10']}
+    assert pk.parse_rpm_query('nvidia-driver\t3:580.126.20-1.el10\nkernel\t0:6.12.0-55.el10\n') == {
+        'nvidia-driver': '3:580.126.20-1.el10', 'kernel': '6.12.0-55.el10'}
+
+
+def test_dnf_plan_with_recorded_outputs(tmp_path):
+    (tmp_path / 'etc').mkdir()
+    (tmp_path / 'etc/os-release').write_text('ID="rhel"\nVERSION_ID="10.0"\n')
+    runner = FakeRunner([
+        (['rpm'], (0, 'nvidia-driver\t3:580.95.05-1.el10\n', '')),
+        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'list'],
+         (0, 'nvidia-driver.x86_64  3:580.126.20-1.el10  cuda\nnvidia-driver.x86_64  3:580.95.05-1.el10  cuda\n', '')),
+    ], installroot=str(tmp_path))
+    b = pk.DnfBackend(runner, branch='580')
+    assert b.mode == 'versionlock'
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', True)
+    assert plan.changed
+    assert plan.commands[-1][-3:] == ['versionlock', 'add', 'nvidia-driver-3:580.126.20-1.el10']
+    assert plan.after.pin_text == 'nvidia-driver-3:580.126.20-1.el10.*\n'
+    assert runner.commands[0] == ['rpm', '--root=%s' % tmp_path, '-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n']
+
+
+def test_detect_backend():
+    assert pk.detect_backend(lambda n: '/usr/bin/' + n) == 'apt'
+    assert pk.detect_backend(lambda n: '/usr/bin/dnf' if n == 'dnf' else None) == 'dnf'
+    with pytest.raises(pk.PackageError, match='neither apt-get'):
+        pk.detect_backend(lambda n: None)
+
+
+MODULE_LIST = """\
+Red Hat Enterprise Linux 9 for x86_64 - AppStream
+Name            Stream         Profiles                     Summary
+nvidia-driver   580-dkms [e]   default [d], fm, ks, src      Nvidia driver for 580-dkms branch
+
+Hint: [d]efault, [e]nabled, [x]disabled, [i]nstalled
+"""
+
+
+def _rhel9(tmp_path, enabled_out):
+    (tmp_path / 'etc').mkdir(exist_ok=True)
+    (tmp_path / 'etc/os-release').write_text('ID="rhel"\nVERSION_ID="9.4"\n')
+    return FakeRunner([
+        (['rpm'], (0, 'nvidia-driver\t3:580.126.20-1.el9\n', '')),
+        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'module', 'list'], (0, enabled_out, '')),
+        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'list'],
+         (0, 'nvidia-driver.x86_64  3:580.126.20-1.el9  cuda\nnvidia-driver.x86_64  3:580.130.00-1.el9  cuda\n', '')),
+    ], installroot=str(tmp_path))
+
+
+def test_parse_module_list():
+    assert pk.parse_module_list(MODULE_LIST) == '580-dkms'
+    assert pk.parse_module_list(MODULE_LIST.replace(' [e]', '')) is None
+
+
+def test_dnf_module_stream_plan(tmp_path):
+    # Stream already enabled and version installed: nothing to do.
+    b = pk.DnfBackend(_rhel9(tmp_path, MODULE_LIST), branch='580')
+    assert b.mode == 'module'
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', True)
+    assert not plan.changed and plan.commands == []
+    # Another version: install only (the stream stays).
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.130.00', 'pinned', True)
+    assert plan.commands == [['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'install', '--allowerasing',
+                              'nvidia-driver-3:580.130.00-1.el9']]
+    # No stream enabled: reset + enable, shown in the diff.
+    b = pk.DnfBackend(_rhel9(tmp_path, ''), branch='580')
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', False)
+    assert [c[4:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver'], ['module', 'enable', 'nvidia-driver:580-dkms']]
+    assert plan.diff()[0] == {'before_header': 'dnf module nvidia-driver', 'after_header': 'dnf module nvidia-driver',
+                              'before': '', 'after': 'nvidia-driver:580-dkms\n'}
+    # Unpinned resets the module when a stream is enabled.
+    b = pk.DnfBackend(_rhel9(tmp_path, MODULE_LIST), branch='580')
+    plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), None, 'unpinned', False)
+    assert [c[4:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver']]

@@ -1,0 +1,102 @@
+"""Unit tests of the snapshot core: digest and verification, boot files, MIG extraction."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
+
+SNAP = {
+    'backend': 'apt', 'packages': {'nvidia-driver-580-server': '580.126.20-0ubuntu1'}, 'holds': ['nvidia-driver-580-server'],
+    'pins': {'pin_file': 'etc/apt/preferences.d/gpufleet-nvidia-driver.pref', 'content': None, 'pins': {}},
+    'boot': {'running_kernel': '6.8.0-134-generic', 'grub_default': 'saved', 'saved_entry': 'x'},
+    'gpu_facts': {'gpus': [{'index': 0, 'name': 'NVIDIA H100 80GB HBM3 ü'}]},
+}
+
+
+def test_digest_is_canonical():
+    reordered = json.loads(json.dumps(SNAP, sort_keys=False))
+    reordered = dict(reversed(list(reordered.items())))
+    assert sn.digest(reordered) == sn.digest(SNAP)
+    assert len(sn.digest(SNAP)) == 64
+    doc = sn.make_document(SNAP)
+    assert doc['format'] == sn.FORMAT and doc['sha256'] == sn.digest(SNAP)
+
+
+def test_verify_round_trip_through_text():
+    text = sn.dump_document(sn.make_document(SNAP))
+    assert sn.verify_document(text) == SNAP
+    assert sn.verify_document(text, sn.digest(SNAP).upper()) == SNAP
+
+
+def test_tampered_snapshot_rejected():
+    doc = sn.make_document(copy.deepcopy(SNAP))
+    doc['snapshot']['packages']['nvidia-driver-580-server'] = '580.130.00-0ubuntu1'
+    with pytest.raises(sn.SnapshotError) as e:
+        sn.verify_document(doc)
+    assert str(e.value).startswith('snapshot digest mismatch: recorded sha256 %s, content hashes to ' % sn.digest(SNAP))
+    assert str(e.value).endswith('nothing was restored')
+
+
+def test_rehashed_tamper_caught_by_expected_digest():
+    doc = sn.make_document(copy.deepcopy(SNAP))
+    expected = doc['sha256']
+    doc['snapshot']['holds'] = []
+    doc = sn.make_document(doc['snapshot'])  # an attacker recomputed the embedded digest
+    assert sn.verify_document(doc)['holds'] == []
+    with pytest.raises(sn.SnapshotError, match='does not match the expected sha256 %s' % expected):
+        sn.verify_document(doc, expected)
+
+
+@pytest.mark.parametrize('doc,msg', [
+    ('{not json', 'not valid JSON'),
+    ('[]', 'must be a JSON object, got list'),
+    ({'format': 'other/v9', 'sha256': 'x', 'snapshot': {}}, "unknown snapshot format 'other/v9'"),
+    ({'format': sn.FORMAT, 'snapshot': {}}, 'lacks its snapshot or sha256'),
+    (sn.make_document({'packages': {}}), "the snapshot lacks 'pins'"),
+])
+def test_malformed_documents(doc, msg):
+    with pytest.raises(sn.SnapshotError, match=msg.replace('(', r'\(')):
+        sn.verify_document(doc)
+
+
+def test_default_grub_parse_and_set():
+    text = '# comment\nGRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DEFAULT="saved"\n'
+    assert sn.parse_default_grub(text) == 'saved'
+    assert sn.parse_default_grub("GRUB_DEFAULT='1>2'\n") == '1>2'
+    assert sn.parse_default_grub('GRUB_TIMEOUT=5\n') is None
+    assert sn.set_default_grub(text, 'gnulinux-advanced>gnulinux-6.8.0-134') == (
+        '# comment\nGRUB_DEFAULT="gnulinux-advanced>gnulinux-6.8.0-134"\nGRUB_TIMEOUT=5\n')
+    assert sn.set_default_grub('GRUB_TIMEOUT=5\n', '0') == 'GRUB_TIMEOUT=5\nGRUB_DEFAULT="0"\n'
+    assert sn.set_default_grub(text, None) == '# comment\nGRUB_TIMEOUT=5\n'
+
+
+def test_grubenv_block():
+    block = sn.render_grubenv({'saved_entry': 'gnulinux-6.8.0-134-generic', 'next_entry': ''})
+    assert len(block.encode()) == 1024
+    assert block.startswith('# GRUB Environment Block\nsaved_entry=gnulinux-6.8.0-134-generic\nnext_entry=\n#')
+    assert sn.parse_grubenv(block) == {'saved_entry': 'gnulinux-6.8.0-134-generic', 'next_entry': ''}
+    with pytest.raises(sn.SnapshotError, match='exceed 1024 bytes'):
+        sn.render_grubenv({'k': 'v' * 1100})
+
+
+def test_mig_from_facts():
+    facts = {'gpus': [{'index': 0, 'uuid': 'GPU-a', 'pci_id': '10de:2330/10de:16c1', 'bus_id': '00000000:17:00.0',
+                       'mig_mode': {'current': True, 'pending': False}, 'temperature_c': 40}, 'junk']}
+    assert sn.mig_from_facts(facts) == [{'index': 0, 'uuid': 'GPU-a', 'pci_id': '10de:2330/10de:16c1',
+                                         'bus_id': '00000000:17:00.0', 'mig_mode': {'current': True, 'pending': False}}]
+    assert sn.mig_from_facts(None) == []
+    registered = dict(facts, changed=False, failed=False, invocation={'module_args': {}}, _ansible_no_log=False)
+    assert sn.clean_facts(registered) == facts
+
+
+def test_modprobe_files_selects_nvidia(tmp_path):
+    d = tmp_path / 'etc/modprobe.d'
+    d.mkdir(parents=True)
+    (d / 'nvidia-graphics-drivers.conf').write_text('blacklist nouveau\n')
+    (d / 'local.conf').write_text('options nvidia NVreg_RestrictProfilingToAdminUsers=0\n')
+    (d / 'floppy.conf').write_text('blacklist floppy\n')
+    files = sn.modprobe_files(lambda rel: str(tmp_path / rel))
+    assert sorted(files) == ['etc/modprobe.d/local.conf', 'etc/modprobe.d/nvidia-graphics-drivers.conf']
