@@ -91,6 +91,24 @@ def test_present_creates_then_idempotent_check_mode_then_update(emulator, run_pl
     assert [r['verb'] for r in emu.mutating_requests()] == ['PATCH', 'PATCH']
 
 
+def test_present_stays_inside_its_rbac_role(emulator, run_playbook):
+    import rbac_check as R
+    from emulator import fixtures as f
+    emu = emulator
+    emu.apply([f.namespace('system-upgrade')])
+    role = R.module_roles()['suc_plan']
+    seen = []
+    for drain in (None, {'force': True}):  # create, then update
+        emu.clear_requests()
+        args = {'target_rke2': TGT, 'current_rke2': CUR, 'drain': drain,
+                'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+        assert run_playbook(_present_play(emu, args)).result('apply')['_event'] == 'runner_on_ok'
+        seen += list(emu.requests)
+        assert R.violations(role, emu.requests) == []
+    verbs = {(a['verb'], a['resource']) for a in (R.attributes(r['verb'], r['path'], r['query']) for r in seen)}
+    assert verbs == {('get', 'plans'), ('create', 'plans'), ('patch', 'plans')}
+
+
 def test_present_refuses_a_plan_it_did_not_create(emulator, run_playbook):
     from emulator import fixtures as f
     emu = emulator
