@@ -232,7 +232,7 @@ def _loader_class() -> t.Any:
         def compose_node(self, parent: t.Any, index: t.Any) -> t.Any:
             event = self.peek_event()
             if isinstance(index, ScalarNode):
-                self._path.append('.' + index.value)
+                self._path.append(_path_part(index.value))
             elif isinstance(index, int):
                 self._path.append('[%d]' % index)
             elif parent is not None:
@@ -289,8 +289,20 @@ def _loader_class() -> t.Any:
     return StrictLoader
 
 
+_PLAIN_KEY_RE = re.compile(r'[A-Za-z0-9_<-]{1,64}')
+
+
+def _path_part(key: str) -> str:
+    """One step of a field path: ``.key``, or ``["odd key"]`` (quoted and bounded) for keys that
+    are not plain words, so that nothing from a record reaches a message raw."""
+    return '.' + key if _PLAIN_KEY_RE.fullmatch(key) else '[%s]' % show(key, 40)
+
+
 def _join(path: str, key: str) -> str:
-    return key if path in ('', 'the record') else path + '.' + key
+    part = _path_part(key)
+    if path in ('', 'the record'):
+        return part[1:] if part.startswith('.') else part
+    return path + part
 
 
 def _load_yaml(text: str) -> t.Any:

@@ -3,6 +3,7 @@ qualification_info, the filters, and the interim lab."""
 from __future__ import annotations
 
 import datetime
+import json
 import pathlib
 import subprocess
 import sys
@@ -157,10 +158,13 @@ def test_qualification_info_and_filters(run_playbook, fresh_record, tmp_path):
     assert 'gpufleet.upgrade.pci_id: PCI id "10de:1db6" is malformed' in run.result('pci filter error')['msg']
 
 
-def test_make_lab_script_passes_and_blocks():
-    out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab.py')], cwd=REPO,
+def test_make_lab_script_passes_and_blocks(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab.py'), '--dir', str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, check=False, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert '== pass tuple: PASS (as expected)' in out.stdout
     assert '== block tuple: BLOCKED (as expected)' in out.stdout
-    assert (REPO / '.lab' / 'gpu-upgrade-qualification.yaml').is_file()
+    assert 'lab: OK: the qualified tuple passed and the other one was blocked' in out.stdout
+    record, problems = q.validate_record((tmp_path / 'gpu-upgrade-qualification.yaml').read_bytes())
+    assert problems == [] and record.id == 'v100-kernel-canary-1'
+    assert json.loads((tmp_path / 'block-vars.json').read_text())['upgrade_check_target']['driver'] == '580.130.01'

@@ -7,6 +7,7 @@ verdicts, and exits 0 only when the PASS passed and the block blocked.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -15,7 +16,6 @@ import shutil
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LAB = REPO / '.lab'
 sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 
 import ansible_runner  # noqa: E402
@@ -26,16 +26,16 @@ from tools.records import CURRENT, PCI_IDS, TARGET, seed_dict, with_canary  # no
 GATE_TASK = 'Run the GPU upgrade gate'
 
 
-def write_record() -> pathlib.Path:
+def write_record(lab: pathlib.Path) -> pathlib.Path:
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    path = LAB / 'gpu-upgrade-qualification.yaml'
+    path = lab / 'gpu-upgrade-qualification.yaml'
     path.write_text(q.dump_record(with_canary(seed_dict(), completedAt=now)))
     return path
 
 
-def run_gate(name: str, extravars: dict) -> tuple[str, dict]:
+def run_gate(lab: pathlib.Path, name: str, extravars: dict) -> tuple[str, dict]:
     """Run the playbook; return (runner status, the gate task's result)."""
-    pdd = LAB / 'runner' / name
+    pdd = lab / 'runner' / name
     shutil.rmtree(pdd, ignore_errors=True)
     (pdd / 'project').mkdir(parents=True)
     gate: dict = {}
@@ -62,9 +62,12 @@ def run_gate(name: str, extravars: dict) -> tuple[str, dict]:
 
 
 def main() -> int:
-    LAB.mkdir(exist_ok=True)
-    record = write_record()
-    print('lab: wrote %s (canary completed now)' % record.relative_to(REPO))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab', help='where to write (default: .lab)')
+    lab = parser.parse_args().dir.resolve()
+    lab.mkdir(parents=True, exist_ok=True)
+    record = write_record(lab)
+    print('lab: wrote %s (canary completed now)' % record)
     cases = [
         ('pass', True, {'upgrade_check_qualification': str(record), 'upgrade_check_pci_ids': PCI_IDS,
                         'upgrade_check_current': CURRENT, 'upgrade_check_target': TARGET}),
@@ -75,14 +78,14 @@ def main() -> int:
     ]
     ok = True
     for name, want_pass, extravars in cases:
-        (LAB / ('%s-vars.json' % name)).write_text(json.dumps(extravars, indent=2))
-        status, gate = run_gate(name, extravars)
+        (lab / ('%s-vars.json' % name)).write_text(json.dumps(extravars, indent=2))
+        status, gate = run_gate(lab, name, extravars)
         passed = gate.get('passed')
         verdict = 'PASS' if passed is True else ('BLOCKED' if passed is False else 'NO VERDICT (%s)' % status)
         expected = status == ('successful' if want_pass else 'failed') and passed is want_pass
         ok = ok and expected
         print('\n== %s tuple: %s (%s)' % (name, verdict, 'as expected' if expected else 'NOT as expected'))
-        print('   ' + gate.get('msg', 'the gate task did not run; see %s' % (LAB / 'runner' / name)))
+        print('   ' + gate.get('msg', 'the gate task did not run; see %s' % (lab / 'runner' / name)))
         for problem in gate.get('problems', []):
             print('   - ' + problem)
     print('\nlab: %s' % ('OK: the qualified tuple passed and the other one was blocked' if ok else 'FAILED'))
