@@ -1,0 +1,41 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise. Do not import from outside gpufleet.upgrade.
+"""Kubernetes timestamps (RFC 3339, ``Z`` or offset, optional fraction) as aware UTC datetimes."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any
+
+_RFC3339_RE = re.compile(
+    r'^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$')
+
+
+def parse_time(value: Any, field_name: str) -> datetime.datetime:
+    """Parse an RFC 3339 timestamp (or accept an aware datetime); ValueError names field and value."""
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            raise ValueError('%s: %r has no time zone; give an RFC 3339 time such as 2026-07-14T12:00:00Z'
+                             % (field_name, value.isoformat()))
+        return value.astimezone(datetime.timezone.utc)
+    m = _RFC3339_RE.match(value.strip()) if isinstance(value, str) else None
+    if not m:
+        raise ValueError('%s: %r is not an RFC 3339 time such as 2026-07-14T12:00:00Z' % (field_name, value))
+    date, clock, frac, zone = m.groups()
+    micro = (frac[1:] + '000000')[:6] if frac else '000000'
+    zone = '+00:00' if zone in ('Z', 'z') else zone
+    try:
+        parsed = datetime.datetime.fromisoformat('%sT%s.%s%s' % (date, clock, micro, zone))
+    except ValueError:
+        raise ValueError('%s: %r is not a valid date and time' % (field_name, value))
+    return parsed.astimezone(datetime.timezone.utc)
+
+
+def format_time(value: datetime.datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, seconds precision (the Kubernetes style)."""
+    return value.astimezone(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')

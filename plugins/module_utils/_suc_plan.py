@@ -1,0 +1,391 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise. Do not import from outside gpufleet.upgrade.
+"""Render System Upgrade Controller (``upgrade.cattle.io/v1``) Plans for a serialized RKE2 upgrade.
+
+One Plan per node, in the order of the reviewed serialized plan: servers first, then agents (the
+RKE2 procedure), ``concurrency: 1``, ``exclusive: true``, ``cordon: true``, a node selector that
+matches exactly one hostname, and a fixed ``version`` (which disables channel polling). Never a
+Plan that selects a group of nodes, and exclusive Plans never run their Jobs side by side, so the
+System Upgrade Controller cannot upgrade two nodes in parallel.
+
+Refuses an RKE2 downgrade and a Kubernetes-minor skip for every node (the rules of ``_rke2``),
+whatever else claims it passed (seed 004), and an agent newer than the control plane (Kubernetes
+version-skew policy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
+
+PLAN_API_VERSION = 'upgrade.cattle.io/v1'
+PLAN_KIND = 'Plan'
+HOSTNAME_LABEL = 'kubernetes.io/hostname'
+CONTROL_PLANE_LABEL = 'node-role.kubernetes.io/control-plane'
+DEFAULT_NAMESPACE = 'system-upgrade'
+DEFAULT_SERVICE_ACCOUNT = 'system-upgrade'
+DEFAULT_IMAGE = 'rancher/rke2-upgrade'
+DEFAULT_NAME_PREFIX = 'gpufleet-rke2'
+MANAGED_BY = 'gpufleet.upgrade'
+ROLES = ('server', 'agent')
+# Plan names become label keys (plan.upgrade.cattle.io/<name>) on the nodes: at most 63 characters.
+MAX_NAME = 63
+
+_DNS_LABEL_RE = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
+
+
+class SucPlanError(Exception):
+    """The Plans cannot be rendered; ``problems`` lists every reason (each names the field and value)."""
+
+    def __init__(self, problems: List[str]) -> None:
+        self.problems = list(problems)
+        super().__init__('; '.join(self.problems))
+
+
+def parse_rke2_version(value: Any, field_name: str = 'version') -> Rke2Version:
+    """Parse an RKE2 release tag (``_rke2.parse``); raise ``SucPlanError`` naming the field and the value."""
+    try:
+        return _rke2.parse(value)
+    except ValueError as exc:
+        raise SucPlanError(['%s: %s' % (field_name, exc)])
+
+
+def check_hop(current: Rke2Version, target: Rke2Version, what: str) -> Optional[str]:
+    """The refusal for one node's current → target hop (``_rke2.transition_problems``), or None."""
+    problems = _rke2.transition_problems(current, target)
+    if not problems:
+        return None
+    if problems[0] == _rke2.DOWNGRADE:
+        return ('%s: %s → %s: %s (restore through the platform recovery procedure instead)'
+                % (what, current, target, _rke2.DOWNGRADE))
+    return ('%s: %s → %s: %s (skips %s; upgrade one minor at a time)'
+            % (what, current, target, '; '.join(problems),
+               ', '.join('1.%d' % m for m in range(current.minor + 1, target.minor))))
+
+
+@dataclass
+class NodePlan:
+    name: str
+    role: str
+    current: str
+    target: str
+    action: str  # 'plan' | 'up_to_date'
+    plan_name: Optional[str] = None
+    sequence: Optional[int] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {'name': self.name, 'role': self.role, 'current_rke2': self.current,
+                'target_rke2': self.target, 'action': self.action, 'plan_name': self.plan_name,
+                'sequence': self.sequence}
+
+
+@dataclass
+class SucPlanResult:
+    plans: List[Dict[str, Any]]
+    nodes: List[NodePlan]
+    notes: List[str] = field(default_factory=list)
+
+
+def plan_name(prefix: str, role: str, node: str) -> str:
+    """A DNS-1123 label of at most 63 characters, unique per (role, node)."""
+    base = re.sub(r'[^a-z0-9-]+', '-', ('%s-%s-%s' % (prefix, role, node)).lower()).strip('-')
+    base = re.sub(r'-{2,}', '-', base)
+    if len(base) <= MAX_NAME and base == '%s-%s-%s' % (prefix, role, node):
+        return base
+    # Changed or too long: keep it readable and make it unique with a digest of the real name.
+    digest = hashlib.sha256(('%s\0%s\0%s' % (prefix, role, node)).encode('utf-8')).hexdigest()[:8]
+    return '%s-%s' % (base[:MAX_NAME - 9].rstrip('-'), digest)
+
+
+def _drain_spec(drain: Dict[str, Any]) -> Dict[str, Any]:
+    spec: Dict[str, Any] = {}
+    if drain.get('timeout') is not None:
+        spec['timeout'] = '%ds' % int(drain['timeout'])  # IntOrString: a string passes to kubectl drain
+    if drain.get('grace_period') is not None:
+        spec['gracePeriod'] = int(drain['grace_period'])
+    for src, dst in (('delete_emptydir_data', 'deleteEmptydirData'), ('ignore_daemonsets', 'ignoreDaemonSets'),
+                     ('force', 'force'), ('disable_eviction', 'disableEviction')):
+        if drain.get(src) is not None:
+            spec[dst] = bool(drain[src])
+    if drain.get('skip_wait_for_delete_timeout') is not None:
+        spec['skipWaitForDeleteTimeout'] = int(drain['skip_wait_for_delete_timeout'])
+    return spec
+
+
+def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Optional[str] = None,
+                 control_plane_rke2: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
+                 service_account: str = DEFAULT_SERVICE_ACCOUNT, image: str = DEFAULT_IMAGE,
+                 name_prefix: str = DEFAULT_NAME_PREFIX, drain: Optional[Dict[str, Any]] = None,
+                 server_plan: Optional[str] = None) -> SucPlanResult:
+    """Render one Plan per node to upgrade, in order; raise ``SucPlanError`` with every problem.
+
+    ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?}]``;
+    a node without ``current_rke2`` takes ``current_rke2``. ``control_plane_rke2``: the control
+    plane's version when no server is in ``nodes`` (agents may not be newer). ``server_plan``: the
+    server Plan agents wait for in their ``prepare`` step when no server is in ``nodes``.
+    """
+    problems: List[str] = []
+    notes: List[str] = []
+
+    target = parse_rke2_version(target_rke2, 'target_rke2')
+    default_current: Optional[Rke2Version] = None
+    if current_rke2 is not None:
+        try:
+            default_current = parse_rke2_version(current_rke2, 'current_rke2')
+        except SucPlanError as exc:
+            problems.extend(exc.problems)
+    control_plane: Optional[Rke2Version] = None
+    if control_plane_rke2 is not None:
+        try:
+            control_plane = parse_rke2_version(control_plane_rke2, 'control_plane_rke2')
+        except SucPlanError as exc:
+            problems.extend(exc.problems)
+
+    for fname, value in (('namespace', namespace), ('name_prefix', name_prefix)):
+        if not isinstance(value, str) or not _DNS_LABEL_RE.match(value) or len(value) > 40:
+            problems.append('%s: %r is not a DNS-1123 label of at most 40 characters' % (fname, value))
+    if server_plan is not None and (not isinstance(server_plan, str) or not _DNS_LABEL_RE.match(server_plan)):
+        problems.append('server_plan: %r is not a DNS-1123 label' % (server_plan,))
+    if not isinstance(image, str) or not image or ':' in image.rsplit('/', 1)[-1] or '@' in image:
+        problems.append('image: %r must be an image name without a tag (the Plan version is the tag)' % (image,))
+    if not isinstance(nodes, list) or not nodes:
+        problems.append('nodes: %r must be a non-empty list of {name, role, current_rke2}' % (nodes,))
+        raise SucPlanError(problems)
+
+    seen: Dict[str, int] = {}
+    parsed: List[Tuple[int, str, str, Optional[Rke2Version]]] = []
+    first_agent: Optional[Tuple[int, str]] = None
+    for i, node in enumerate(nodes):
+        where = 'nodes[%d]' % i
+        if not isinstance(node, dict):
+            problems.append('%s: %r is not a mapping with name and role' % (where, node))
+            continue
+        name = node.get('name')
+        role = node.get('role')
+        if not isinstance(name, str) or not name.strip():
+            problems.append('%s.name: %r must be a node name' % (where, name))
+            continue
+        if name in seen:
+            problems.append('%s.name: node %r appears twice (also nodes[%d]); each node gets exactly one Plan'
+                            % (where, name, seen[name]))
+            continue
+        seen[name] = i
+        if role not in ROLES:
+            problems.append('%s.role: %r for node %r must be one of %s' % (where, role, name, ', '.join(ROLES)))
+            continue
+        if role == 'agent' and first_agent is None:
+            first_agent = (i, name)
+        if role == 'server' and first_agent is not None:
+            problems.append('%s: server %r comes after agent %r (nodes[%d]); RKE2 upgrades every server '
+                            'before any agent' % (where, name, first_agent[1], first_agent[0]))
+        cur: Optional[Rke2Version] = default_current
+        if node.get('current_rke2') is not None:
+            try:
+                cur = parse_rke2_version(node['current_rke2'], '%s.current_rke2' % where)
+            except SucPlanError as exc:
+                problems.extend(exc.problems)
+                continue
+        elif cur is None:
+            problems.append('%s.current_rke2: node %r has no current RKE2 version and current_rke2 is not '
+                            'set; a downgrade or minor skip cannot be ruled out' % (where, name))
+            continue
+        refusal = check_hop(cur, target, 'node %r' % name)
+        if refusal:
+            problems.append(refusal)
+        parsed.append((i, name, role, cur))
+
+    servers_in_plan = [p for p in parsed if p[2] == 'server']
+    agents_to_upgrade = [p for p in parsed if p[2] == 'agent' and p[3] is not None and p[3] < target]
+    if agents_to_upgrade and not servers_in_plan:
+        if control_plane is None:
+            notes.append('no server node in this plan and control_plane_rke2 not given: make sure the '
+                         'control plane already runs %s or newer before applying the agent Plans' % (target,))
+        elif control_plane < target:
+            problems.append('control_plane_rke2: the control plane runs %s, older than target %s; agents '
+                            'may not be newer than the control plane: upgrade the servers first'
+                            % (control_plane, target))
+    if problems:
+        raise SucPlanError(problems)
+
+    plans: List[Dict[str, Any]] = []
+    out_nodes: List[NodePlan] = []
+    last_server_plan: Optional[str] = None
+    for _i, name, role, cur in parsed:
+        if cur is None:  # unreachable: nodes without a version were refused above
+            raise SucPlanError(['node %r: no current RKE2 version' % name])
+        if cur == target:
+            out_nodes.append(NodePlan(name, role, str(cur), str(target), 'up_to_date'))
+            continue
+        pname = plan_name(name_prefix, role, name)
+        seq = len(plans) + 1
+        spec: Dict[str, Any] = {
+            'concurrency': 1,
+            'cordon': True,
+            # Jobs of exclusive Plans never run alongside each other: even if every Plan of the set is
+            # applied at once, the controller upgrades one node at a time.
+            'exclusive': True,
+            'nodeSelector': {'matchExpressions': [
+                {'key': HOSTNAME_LABEL, 'operator': 'In', 'values': [name]},
+                # The role is part of the selector: a node declared with the wrong role matches nothing.
+                ({'key': CONTROL_PLANE_LABEL, 'operator': 'In', 'values': ['true']} if role == 'server'
+                 else {'key': CONTROL_PLANE_LABEL, 'operator': 'DoesNotExist'}),
+            ]},
+            'serviceAccountName': service_account,
+            'upgrade': {'image': image},
+            'version': str(target),
+        }
+        if role == 'server':
+            spec['tolerations'] = [{'key': 'CriticalAddonsOnly', 'operator': 'Equal', 'value': 'true',
+                                    'effect': 'NoExecute'}]
+        else:
+            wait_for = last_server_plan or server_plan
+            if wait_for:
+                spec['prepare'] = {'image': image, 'args': ['prepare', wait_for]}
+        if drain:
+            spec['drain'] = _drain_spec(drain)
+        plans.append({
+            'apiVersion': PLAN_API_VERSION,
+            'kind': PLAN_KIND,
+            'metadata': {
+                'name': pname,
+                'namespace': namespace,
+                'labels': {'app.kubernetes.io/managed-by': MANAGED_BY, 'gpufleet.io/rke2-upgrade': role},
+                'annotations': {'gpufleet.io/node': name, 'gpufleet.io/sequence': str(seq),
+                                'gpufleet.io/from-rke2': str(cur), 'gpufleet.io/to-rke2': str(target)},
+            },
+            'spec': spec,
+        })
+        out_nodes.append(NodePlan(name, role, str(cur), str(target), 'plan', pname, seq))
+        if role == 'server':
+            last_server_plan = pname
+    agents_planned = [n for n in out_nodes if n.role == 'agent' and n.action == 'plan']
+    if agents_planned and not last_server_plan and not server_plan:
+        notes.append('agent Plans have no prepare step: no server Plan in this set and server_plan not given')
+    if not plans:
+        notes.append('every node already runs %s: no Plan to apply' % (target,))
+    return SucPlanResult(plans=plans, nodes=out_nodes, notes=notes)
+
+
+# ------------------------------------------------------------------------------- applying
+def plan_path(namespace: str, name: str) -> str:
+    return '/apis/upgrade.cattle.io/v1/namespaces/%s/plans/%s' % (namespace, name)
+
+
+def merge_patch(current: Any, desired: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``; None when equal.
+
+    Mappings are patched key by key (keys absent from ``desired`` are set to null, i.e. removed);
+    anything else is replaced whole.
+    """
+    if isinstance(current, dict) and isinstance(desired, dict):
+        patch: Dict[str, Any] = {}
+        for key in current:
+            if key not in desired:
+                patch[key] = None
+        for key, value in desired.items():
+            if key not in current:
+                patch[key] = value
+            else:
+                sub = merge_patch(current[key], value)
+                if sub is not None:
+                    patch[key] = sub
+        return patch or None
+    return None if current == desired else desired
+
+
+class PlanClient:
+    """What apply_plans needs from a Kubernetes client (``_k8s.K8sClient`` provides it)."""
+
+    def get_or_none(self, path: str) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def post(self, path: str, body: Dict[str, Any]) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def update(self, path: str, compute: Any) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass
+class ApplyResult:
+    changed: bool
+    applied: List[Dict[str, Any]]
+    before: Dict[str, Any]
+    after: Dict[str, Any]
+
+
+def _ours(obj: Dict[str, Any]) -> bool:
+    return ((obj.get('metadata') or {}).get('labels') or {}).get('app.kubernetes.io/managed-by') == MANAGED_BY
+
+
+def _desired_patch(existing: Dict[str, Any], plan: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    meta = existing.get('metadata') or {}
+    patch: Dict[str, Any] = {}
+    for part in ('labels', 'annotations'):
+        have = meta.get(part) or {}
+        want = {k: v for k, v in plan['metadata'][part].items() if have.get(k) != v}
+        if want:
+            patch.setdefault('metadata', {})[part] = want
+    spec = merge_patch(existing.get('spec') or {}, plan['spec'])
+    if spec is not None:
+        patch['spec'] = spec
+    return patch or None
+
+
+def apply_plans(client: Any, plans: List[Dict[str, Any]], check_mode: bool = False) -> ApplyResult:
+    """Create or update each Plan, in order; never delete, never touch a Plan gpufleet.upgrade did not make.
+
+    A Plan of the same name without the ``app.kubernetes.io/managed-by: gpufleet.upgrade`` label is
+    refused before anything is written (SucPlanError). In check mode only reads are made.
+    """
+    existing: List[Optional[Dict[str, Any]]] = []
+    foreign = []
+    for plan in plans:
+        meta = plan['metadata']
+        obj = client.get_or_none(plan_path(meta['namespace'], meta['name']))
+        if obj is not None and not _ours(obj):
+            foreign.append('Plan %s/%s exists and is not managed by %s (label app.kubernetes.io/managed-by); '
+                           'refusing to change it' % (meta['namespace'], meta['name'], MANAGED_BY))
+        existing.append(obj)
+    if foreign:
+        raise SucPlanError(foreign)
+
+    applied: List[Dict[str, Any]] = []
+    before: Dict[str, Any] = {}
+    after: Dict[str, Any] = {}
+    changed = False
+    for plan, obj in zip(plans, existing):
+        meta = plan['metadata']
+        key = '%s/%s' % (meta['namespace'], meta['name'])
+        path = plan_path(meta['namespace'], meta['name'])
+        if obj is None:
+            action = 'created'
+            if not check_mode:
+                client.post('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % meta['namespace'], plan)
+            after[key] = {'spec': plan['spec']}
+        elif _desired_patch(obj, plan) is None:
+            action = 'unchanged'
+        else:
+            action = 'updated'
+            before[key] = {'spec': obj.get('spec')}
+            after[key] = {'spec': plan['spec']}
+            if not check_mode:
+                def compute(fresh: Dict[str, Any], plan: Dict[str, Any] = plan) -> Optional[Dict[str, Any]]:
+                    if not _ours(fresh):
+                        raise SucPlanError(['Plan %s/%s lost its managed-by label while being updated; refusing to '
+                                            'change it' % (plan['metadata']['namespace'], plan['metadata']['name'])])
+                    return _desired_patch(fresh, plan)
+                client.update(path, compute)
+        changed = changed or action != 'unchanged'
+        applied.append({'name': meta['name'], 'namespace': meta['namespace'],
+                        'node': meta['annotations']['gpufleet.io/node'], 'action': action})
+    return ApplyResult(changed=changed, applied=applied, before=before, after=after)

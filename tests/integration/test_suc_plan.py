@@ -1,0 +1,127 @@
+"""gpufleet.upgrade.suc_plan through ansible-playbook (ansible-runner)."""
+from __future__ import annotations
+
+TGT = 'v1.36.1+rke2r1'
+CUR = 'v1.35.3+rke2r3'
+
+
+def _play(task_args, check=False):
+    return [{'name': 'suc_plan', 'hosts': 'localhost', 'gather_facts': False, 'check_mode': check, 'tasks': [
+        {'name': 'render', 'gpufleet.upgrade.suc_plan': task_args, 'register': 'suc', 'ignore_errors': True},
+    ]}]
+
+
+def test_renders_serialized_plans_for_a_40_node_pool(run_playbook):
+    nodes = [{'name': 'cp-1', 'role': 'server'}] + [{'name': 'gpu-%02d' % i, 'role': 'agent'} for i in range(40)]
+    for check in (False, True):
+        run = run_playbook(_play({'target_rke2': TGT, 'current_rke2': CUR, 'nodes': nodes,
+                                  'drain': {'timeout': 900, 'ignore_daemonsets': True}}, check=check))
+        assert run.rc == 0, run.stdout
+        res = run.result('render')
+        assert res['_event'] == 'runner_on_ok' and res['changed'] is False
+        plans = res['plans']
+        assert len(plans) == 41
+        assert [p['metadata']['annotations']['gpufleet.io/node'] for p in plans] == [n['name'] for n in nodes]
+        assert {p['spec']['concurrency'] for p in plans} == {1}
+        assert all(p['spec']['exclusive'] is True and p['spec']['cordon'] is True for p in plans)
+        assert all(p['spec']['drain'] == {'timeout': '900s', 'ignoreDaemonSets': True} for p in plans)
+        assert plans[5]['spec']['prepare']['args'] == ['prepare', 'gpufleet-rke2-server-cp-1']
+        assert res['nodes'][1] == {'name': 'gpu-00', 'role': 'agent', 'current_rke2': CUR, 'target_rke2': TGT,
+                                   'action': 'plan', 'plan_name': 'gpufleet-rke2-agent-gpu-00', 'sequence': 2}
+
+
+def test_refuses_downgrade_and_minor_skip(run_playbook):
+    run = run_playbook(_play({'target_rke2': TGT, 'nodes': [
+        {'name': 'gpu-1', 'role': 'agent', 'current_rke2': 'v1.36.2+rke2r1'},
+        {'name': 'gpu-2', 'role': 'agent', 'current_rke2': 'v1.34.2+rke2r1'}]}))
+    res = run.result('render')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith("refusing to render RKE2 Plans: node 'gpu-1': v1.36.2+rke2r1 → v1.36.1+rke2r1: "
+                                 "RKE2 downgrade is not allowed")
+    assert ("node 'gpu-2': v1.34.2+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor (skips 1.35;"
+            in res['msg'])
+    assert len(res['problems']) == 2 and 'plans' not in res
+
+
+def test_bad_role_is_an_argument_error(run_playbook):
+    run = run_playbook(_play({'target_rke2': TGT, 'current_rke2': CUR, 'nodes': [{'name': 'x', 'role': 'worker'}]}))
+    res = run.result('render')
+    assert res['_event'] == 'runner_on_failed'
+    assert 'value of role must be one of: server, agent, got: worker' in res['msg']
+
+
+def _present_play(emu, args, check=False, diff=False):
+    return [{'name': 'suc_plan present', 'hosts': 'localhost', 'gather_facts': False, 'check_mode': check,
+             'diff': diff,
+             'module_defaults': {'group/gpufleet.upgrade.k8s': {'kubeconfig': emu.kubeconfig, 'request_timeout': 5}},
+             'tasks': [{'name': 'apply', 'gpufleet.upgrade.suc_plan': dict(args, state='present'),
+                        'register': 'suc', 'ignore_errors': True}]}]
+
+
+def test_present_creates_then_idempotent_check_mode_then_update(emulator, run_playbook):
+    from emulator import fixtures as f
+    emu = emulator
+    emu.apply([f.namespace('system-upgrade')])
+    args = {'target_rke2': TGT, 'current_rke2': CUR,
+            'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True, res.get('msg')
+    assert [(a['node'], a['action']) for a in res['applied']] == [('cp-1', 'created'), ('gpu-a-01', 'created')]
+    stored = {p['metadata']['name']: p for p in emu.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')}
+    assert {n: p['spec'] for n, p in stored.items()} == {p['metadata']['name']: p['spec'] for p in res['plans']}
+
+    emu.clear_requests()
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['changed'] is False and {a['action'] for a in res['applied']} == {'unchanged'}
+    assert emu.mutating_requests() == []
+
+    with_drain = dict(args, drain={'force': True, 'timeout': 600})
+    res = run_playbook(_present_play(emu, with_drain, check=True, diff=True)).result('apply')
+    assert res['changed'] is True and {a['action'] for a in res['applied']} == {'updated'}
+    assert res['diff']['after']['system-upgrade/gpufleet-rke2-agent-gpu-a-01']['spec']['drain'] == {
+        'force': True, 'timeout': '600s'}
+    assert 'drain' not in res['diff']['before']['system-upgrade/gpufleet-rke2-agent-gpu-a-01']['spec']
+    assert emu.mutating_requests() == []  # check mode wrote nothing
+
+    res = run_playbook(_present_play(emu, with_drain)).result('apply')
+    assert res['changed'] is True
+    got = emu.get('upgrade.cattle.io/v1', 'Plan', 'gpufleet-rke2-agent-gpu-a-01', 'system-upgrade')
+    assert got['spec']['drain'] == {'force': True, 'timeout': '600s'}
+    assert [r['verb'] for r in emu.mutating_requests()] == ['PATCH', 'PATCH']
+
+
+def test_present_stays_inside_its_rbac_role(emulator, run_playbook):
+    import rbac_check as R
+    from emulator import fixtures as f
+    emu = emulator
+    emu.apply([f.namespace('system-upgrade')])
+    role = R.module_roles()['suc_plan']
+    seen = []
+    for drain in (None, {'force': True}):  # create, then update
+        emu.clear_requests()
+        args = {'target_rke2': TGT, 'current_rke2': CUR, 'drain': drain,
+                'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+        assert run_playbook(_present_play(emu, args)).result('apply')['_event'] == 'runner_on_ok'
+        seen += list(emu.requests)
+        assert R.violations(role, emu.requests) == []
+    verbs = {(a['verb'], a['resource']) for a in (R.attributes(r['verb'], r['path'], r['query']) for r in seen)}
+    assert verbs == {('get', 'plans'), ('create', 'plans'), ('patch', 'plans')}
+
+
+def test_present_refuses_a_plan_it_did_not_create(emulator, run_playbook):
+    from emulator import fixtures as f
+    emu = emulator
+    foreign = f.plan('gpufleet-rke2-agent-gpu-a-01', version='v1.34.2+rke2r1')
+    emu.apply([f.namespace('system-upgrade'), foreign])
+    emu.clear_requests()
+    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT,
+            'nodes': [{'name': 'gpu-a-00', 'role': 'agent'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == ('refusing to apply RKE2 Plans: Plan system-upgrade/gpufleet-rke2-agent-gpu-a-01 exists and '
+                          'is not managed by gpufleet.upgrade (label app.kubernetes.io/managed-by); refusing to '
+                          'change it')
+    assert emu.mutating_requests() == []  # not even the other node's Plan was created
+    assert emu.get('upgrade.cattle.io/v1', 'Plan', 'gpufleet-rke2-agent-gpu-a-01',
+                   'system-upgrade')['spec']['version'] == 'v1.34.2+rke2r1'

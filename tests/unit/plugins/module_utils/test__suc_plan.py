@@ -1,0 +1,315 @@
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
+    SucPlanError, check_hop, parse_rke2_version, plan_name, render_plans)
+
+CUR = 'v1.35.3+rke2r3'
+TGT = 'v1.36.1+rke2r1'
+
+
+def _problems(**kw):
+    with pytest.raises(SucPlanError) as exc:
+        render_plans(**kw)
+    return exc.value.problems
+
+
+def test_parse_rke2_version_orders_minor_patch_rev():
+    assert parse_rke2_version('v1.36.1+rke2r2') > parse_rke2_version('v1.36.1+rke2r1')
+    assert parse_rke2_version('v1.36.10+rke2r1') > parse_rke2_version('v1.36.9+rke2r9')
+    assert str(parse_rke2_version('v1.36.1+rke2r1')) == 'v1.36.1+rke2r1'
+    # the shared rule (_rke2) accepts the tag without its leading v; Plans always carry it
+    assert str(parse_rke2_version('1.36.1+rke2r1')) == 'v1.36.1+rke2r1'
+
+
+@pytest.mark.parametrize('bad,why', [
+    ('v1.36.1', 'expected v1.MINOR.PATCH+rke2rREV'), ('v1.36.1-rke2r1', 'pre-release versions are not allowed'),
+    ('v1.36+rke2r1', 'expected v1.MINOR.PATCH+rke2rREV'), ('v2.1.1+rke2r1', 'the major version must be 1'),
+    ('', 'expected v1.MINOR.PATCH+rke2rREV')])
+def test_parse_rejects_other_forms_naming_field(bad, why):
+    with pytest.raises(SucPlanError) as exc:
+        parse_rke2_version(bad, 'target_rke2')
+    assert exc.value.problems == ['target_rke2: "%s" is not a valid RKE2 version: %s' % (bad, why)]
+
+
+@pytest.mark.parametrize('bad', [None, 136])
+def test_parse_rejects_non_strings(bad):
+    with pytest.raises(SucPlanError) as exc:
+        parse_rke2_version(bad, 'current_rke2')
+    assert exc.value.problems == ['current_rke2: %r is not an RKE2 version string (expected '
+                                  'v1.MINOR.PATCH+rke2rREV)' % (bad,)]
+
+
+@pytest.mark.parametrize('cur,tgt,word', [
+    ('v1.36.1+rke2r2', 'v1.36.1+rke2r1', 'RKE2 downgrade is not allowed'),
+    ('v1.36.2+rke2r1', 'v1.36.1+rke2r9', 'RKE2 downgrade is not allowed'),
+    ('v1.36.1+rke2r1', 'v1.35.9+rke2r9', 'RKE2 downgrade is not allowed'),
+    ('v1.34.1+rke2r1', 'v1.36.1+rke2r1', 'cannot skip a Kubernetes minor (skips 1.35;'),
+    ('v1.33.1+rke2r1', 'v1.36.1+rke2r1', 'cannot skip a Kubernetes minor (skips 1.34, 1.35;'),
+])
+def test_check_hop_refuses(cur, tgt, word):
+    msg = check_hop(parse_rke2_version(cur), parse_rke2_version(tgt), 'node x')
+    assert msg is not None and word in msg and cur in msg and tgt in msg
+
+
+@pytest.mark.parametrize('cur,tgt', [(CUR, TGT), ('v1.36.1+rke2r1', 'v1.36.1+rke2r2'),
+                                     ('v1.36.1+rke2r1', 'v1.36.3+rke2r1'), (TGT, TGT)])
+def test_check_hop_allows(cur, tgt):
+    assert check_hop(parse_rke2_version(cur), parse_rke2_version(tgt), 'n') is None
+
+
+@given(st.tuples(st.integers(0, 40), st.integers(0, 20), st.integers(1, 9)),
+       st.tuples(st.integers(0, 40), st.integers(0, 20), st.integers(1, 9)))
+def test_check_hop_property(a, b):
+    cur = parse_rke2_version('v1.%d.%d+rke2r%d' % a)
+    tgt = parse_rke2_version('v1.%d.%d+rke2r%d' % b)
+    allowed = check_hop(cur, tgt, 'n') is None
+    assert allowed == (b >= a and b[0] <= a[0] + 1)
+
+
+def test_render_one_plan_per_node_servers_then_agents():
+    res = render_plans(nodes=[{'name': 'cp-1', 'role': 'server'}, {'name': 'cp-2', 'role': 'server'},
+                              {'name': 'gpu-a-01', 'role': 'agent'}, {'name': 'gpu-b-01', 'role': 'agent'}],
+                       target_rke2=TGT, current_rke2=CUR)
+    assert [p['metadata']['name'] for p in res.plans] == [
+        'gpufleet-rke2-server-cp-1', 'gpufleet-rke2-server-cp-2',
+        'gpufleet-rke2-agent-gpu-a-01', 'gpufleet-rke2-agent-gpu-b-01']
+    for seq, (plan, node) in enumerate(zip(res.plans, ['cp-1', 'cp-2', 'gpu-a-01', 'gpu-b-01']), start=1):
+        assert plan['apiVersion'] == 'upgrade.cattle.io/v1' and plan['kind'] == 'Plan'
+        assert plan['metadata']['namespace'] == 'system-upgrade'
+        assert plan['metadata']['annotations']['gpufleet.io/sequence'] == str(seq)
+        spec = plan['spec']
+        assert spec['concurrency'] == 1 and spec['exclusive'] is True and spec['cordon'] is True
+        assert spec['version'] == TGT
+        assert spec['upgrade'] == {'image': 'rancher/rke2-upgrade'}
+        assert spec['serviceAccountName'] == 'system-upgrade'
+        exprs = spec['nodeSelector']['matchExpressions']
+        assert exprs[0] == {'key': 'kubernetes.io/hostname', 'operator': 'In', 'values': [node]}
+        assert 'drain' not in spec and 'channel' not in spec
+    server, agent = res.plans[1]['spec'], res.plans[2]['spec']
+    assert server['nodeSelector']['matchExpressions'][1] == {
+        'key': 'node-role.kubernetes.io/control-plane', 'operator': 'In', 'values': ['true']}
+    assert server['tolerations'][0]['key'] == 'CriticalAddonsOnly' and 'prepare' not in server
+    assert agent['nodeSelector']['matchExpressions'][1] == {
+        'key': 'node-role.kubernetes.io/control-plane', 'operator': 'DoesNotExist'}
+    # agents wait for the last server Plan
+    assert agent['prepare'] == {'image': 'rancher/rke2-upgrade', 'args': ['prepare', 'gpufleet-rke2-server-cp-2']}
+    assert [(n.name, n.action, n.sequence) for n in res.nodes] == [
+        ('cp-1', 'plan', 1), ('cp-2', 'plan', 2), ('gpu-a-01', 'plan', 3), ('gpu-b-01', 'plan', 4)]
+    assert res.notes == []
+
+
+def test_every_plan_selects_exactly_one_hostname():
+    nodes = [{'name': 'gpu-%02d' % i, 'role': 'agent'} for i in range(40)]
+    res = render_plans(nodes=nodes, target_rke2=TGT, current_rke2=CUR, control_plane_rke2=TGT)
+    assert len(res.plans) == 40
+    selected = []
+    for plan in res.plans:
+        host = [e for e in plan['spec']['nodeSelector']['matchExpressions'] if e['key'] == 'kubernetes.io/hostname']
+        assert len(host) == 1 and host[0]['operator'] == 'In' and len(host[0]['values']) == 1
+        selected.append(host[0]['values'][0])
+    assert selected == [n['name'] for n in nodes]
+    assert len({p['metadata']['name'] for p in res.plans}) == 40
+
+
+def test_up_to_date_nodes_get_no_plan_and_per_node_current_overrides():
+    res = render_plans(nodes=[{'name': 'a', 'role': 'agent', 'current_rke2': TGT},
+                              {'name': 'b', 'role': 'agent'}],
+                       target_rke2=TGT, current_rke2=CUR, server_plan='server-plan')
+    assert [(n.name, n.action) for n in res.nodes] == [('a', 'up_to_date'), ('b', 'plan')]
+    assert len(res.plans) == 1 and res.plans[0]['spec']['prepare']['args'] == ['prepare', 'server-plan']
+    assert res.plans[0]['metadata']['annotations']['gpufleet.io/sequence'] == '1'
+    assert any('control_plane_rke2 not given' in n for n in res.notes)
+
+
+def test_all_up_to_date_notes_it():
+    res = render_plans(nodes=[{'name': 'a', 'role': 'agent'}], target_rke2=TGT, current_rke2=TGT)
+    assert res.plans == [] and res.notes == ['every node already runs %s: no Plan to apply' % TGT]
+
+
+def test_agents_without_server_plan_are_noted():
+    res = render_plans(nodes=[{'name': 'a', 'role': 'agent'}], target_rke2=TGT, current_rke2=CUR,
+                       control_plane_rke2=TGT)
+    assert 'prepare' not in res.plans[0]['spec']
+    assert res.notes == ['agent Plans have no prepare step: no server Plan in this set and server_plan not given']
+
+
+def test_refuses_downgrade_and_skip_for_each_node_listing_all():
+    probs = _problems(nodes=[{'name': 'a', 'role': 'agent', 'current_rke2': 'v1.36.2+rke2r1'},
+                             {'name': 'b', 'role': 'agent', 'current_rke2': 'v1.34.9+rke2r1'},
+                             {'name': 'c', 'role': 'agent'}],
+                      target_rke2=TGT, current_rke2=CUR)
+    assert len(probs) == 2
+    assert probs[0] == ("node 'a': v1.36.2+rke2r1 → v1.36.1+rke2r1: RKE2 downgrade is not allowed (restore through "
+                        "the platform recovery procedure instead)")
+    assert probs[1] == ("node 'b': v1.34.9+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor "
+                        "(skips 1.35; upgrade one minor at a time)")
+
+
+def test_refuses_missing_current_version():
+    probs = _problems(nodes=[{'name': 'a', 'role': 'agent'}], target_rke2=TGT)
+    assert probs == ["nodes[0].current_rke2: node 'a' has no current RKE2 version and current_rke2 is not set; "
+                     "a downgrade or minor skip cannot be ruled out"]
+
+
+def test_refuses_server_after_agent_and_duplicates_and_bad_role():
+    probs = _problems(nodes=[{'name': 'g1', 'role': 'agent'}, {'name': 'cp', 'role': 'server'},
+                             {'name': 'g1', 'role': 'agent'}, {'name': 'x', 'role': 'worker'}],
+                      target_rke2=TGT, current_rke2=CUR)
+    assert "nodes[1]: server 'cp' comes after agent 'g1' (nodes[0]); RKE2 upgrades every server before any agent" \
+        in probs
+    assert "nodes[2].name: node 'g1' appears twice (also nodes[0]); each node gets exactly one Plan" in probs
+    assert "nodes[3].role: 'worker' for node 'x' must be one of server, agent" in probs
+
+
+def test_refuses_agents_newer_than_control_plane():
+    probs = _problems(nodes=[{'name': 'g1', 'role': 'agent'}], target_rke2=TGT, current_rke2=CUR,
+                      control_plane_rke2=CUR)
+    assert probs == ['control_plane_rke2: the control plane runs v1.35.3+rke2r3, older than target '
+                     'v1.36.1+rke2r1; agents may not be newer than the control plane: upgrade the servers first']
+
+
+@pytest.mark.parametrize('kw,expected', [
+    ({'target_rke2': 'latest'}, 'target_rke2: "latest" is not a valid RKE2 version'),
+    ({'current_rke2': 'v1.35'}, 'current_rke2: "v1.35" is not a valid RKE2 version'),
+    ({'namespace': 'System_Upgrade'}, "namespace: 'System_Upgrade' is not a DNS-1123 label"),
+    ({'image': 'rancher/rke2-upgrade:v1.36.1-rke2r1'}, 'image: ' + repr('rancher/rke2-upgrade:v1.36.1-rke2r1')),
+    ({'nodes': []}, 'nodes: [] must be a non-empty list'),
+])
+def test_bad_inputs_name_field_and_value(kw, expected):
+    args = dict(nodes=[{'name': 'a', 'role': 'agent'}], target_rke2=TGT, current_rke2=CUR)
+    args.update(kw)
+    probs = _problems(**args)
+    assert any(p.startswith(expected) for p in probs), probs
+
+
+def test_drain_options_rendered_in_suc_field_names():
+    res = render_plans(nodes=[{'name': 'a', 'role': 'agent'}], target_rke2=TGT, current_rke2=CUR,
+                       control_plane_rke2=TGT,
+                       drain={'timeout': 600, 'grace_period': 30, 'delete_emptydir_data': True,
+                              'ignore_daemonsets': True, 'force': False, 'disable_eviction': None,
+                              'skip_wait_for_delete_timeout': 60})
+    assert res.plans[0]['spec']['drain'] == {'timeout': '600s', 'gracePeriod': 30, 'deleteEmptydirData': True,
+                                             'ignoreDaemonSets': True, 'force': False,
+                                             'skipWaitForDeleteTimeout': 60}
+
+
+def test_plan_names_are_dns_labels_and_unique():
+    long = 'gpu-node-' + 'x' * 80 + '.rack7.example.com'
+    n1 = plan_name('gpufleet-rke2', 'agent', long)
+    n2 = plan_name('gpufleet-rke2', 'agent', long + 'y')
+    n3 = plan_name('gpufleet-rke2', 'agent', 'GPU.Node_1')
+    for n in (n1, n2, n3):
+        assert len(n) <= 63 and re.match(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$', n), n
+    assert n1 != n2
+    assert n3.startswith('gpufleet-rke2-agent-gpu-node-1-') and n3 != plan_name('gpufleet-rke2', 'agent', 'gpu-node-1')
+    assert plan_name('p', 'server', 'cp-1') == 'p-server-cp-1'
+
+
+# ------------------------------------------------------------------------------- applying
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (  # noqa: E402
+    apply_plans, merge_patch, plan_path)
+
+
+@pytest.mark.parametrize('cur,want,patch', [
+    ({'a': 1}, {'a': 1}, None),
+    ({'a': 1}, {'a': 2}, {'a': 2}),
+    ({'a': 1, 'drain': {'force': True}}, {'a': 1}, {'drain': None}),
+    ({'drain': {'force': True, 'timeout': '60s'}}, {'drain': {'force': True}}, {'drain': {'timeout': None}}),
+    ({'l': [1, 2]}, {'l': [1]}, {'l': [1]}),
+    ({}, {'x': {'y': 1}}, {'x': {'y': 1}}),
+])
+def test_merge_patch(cur, want, patch):
+    assert merge_patch(cur, want) == patch
+
+
+class FakePlanClient:
+    """A dict store with the three calls apply_plans makes (one function's unit test)."""
+
+    def __init__(self, objs=()):
+        self.store = {plan_path(o['metadata']['namespace'], o['metadata']['name']): o for o in objs}
+        self.writes = []
+
+    def get_or_none(self, path):
+        return copy.deepcopy(self.store.get(path))
+
+    def post(self, path, body):
+        self.writes.append(('POST', path))
+        self.store[plan_path(body['metadata']['namespace'], body['metadata']['name'])] = copy.deepcopy(body)
+
+    def update(self, path, compute):
+        patch = compute(copy.deepcopy(self.store[path]))
+        self.writes.append(('PATCH', path, patch))
+        obj = self.store[path]
+        for part in ('labels', 'annotations'):
+            obj['metadata'].setdefault(part, {}).update((patch.get('metadata') or {}).get(part) or {})
+        if 'spec' in patch:
+            obj['spec'] = _apply_merge(obj['spec'], patch['spec'])
+
+
+def _apply_merge(target, patch):
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _apply_merge(out.get(k), v)
+    return out
+
+
+def _two_plans(**kw):
+    return render_plans(nodes=[{'name': 'cp-1', 'role': 'server'}, {'name': 'g-1', 'role': 'agent'}],
+                        target_rke2=TGT, current_rke2=CUR, **kw).plans
+
+
+def test_apply_creates_then_is_idempotent_then_updates_minimal_patch():
+    client = FakePlanClient()
+    res = apply_plans(client, _two_plans())
+    assert res.changed and [a['action'] for a in res.applied] == ['created', 'created']
+    assert [w[0] for w in client.writes] == ['POST', 'POST']
+    client.writes.clear()
+    res = apply_plans(client, _two_plans())
+    assert not res.changed and [a['action'] for a in res.applied] == ['unchanged', 'unchanged']
+    assert client.writes == []
+    res = apply_plans(client, _two_plans(drain={'force': True}))
+    assert [a['action'] for a in res.applied] == ['updated', 'updated']
+    assert client.writes[0][2] == {'spec': {'drain': {'force': True}}}
+    assert res.before['system-upgrade/gpufleet-rke2-server-cp-1']['spec'].get('drain') is None
+    client.writes.clear()
+    apply_plans(client, _two_plans())  # drain removed again: set to null
+    assert client.writes[0][2] == {'spec': {'drain': None}}
+    assert 'drain' not in client.store[plan_path('system-upgrade', 'gpufleet-rke2-server-cp-1')]['spec']
+
+
+def test_apply_check_mode_reads_only():
+    client = FakePlanClient()
+    res = apply_plans(client, _two_plans(), check_mode=True)
+    assert res.changed and [a['action'] for a in res.applied] == ['created', 'created'] and client.writes == []
+
+
+def test_apply_refuses_foreign_plan_before_writing_anything():
+    foreign = copy.deepcopy(_two_plans()[1])
+    del foreign['metadata']['labels']['app.kubernetes.io/managed-by']
+    client = FakePlanClient([foreign])
+    with pytest.raises(SucPlanError) as exc:
+        apply_plans(client, _two_plans())
+    assert exc.value.problems == ['Plan system-upgrade/gpufleet-rke2-agent-g-1 exists and is not managed by '
+                                  'gpufleet.upgrade (label app.kubernetes.io/managed-by); refusing to change it']
+    assert client.writes == []
+
+
+def test_apply_keeps_foreign_labels_and_annotations():
+    plan = copy.deepcopy(_two_plans()[0])
+    plan['metadata']['labels']['team'] = 'platform'
+    plan['metadata']['annotations']['note'] = 'x'
+    client = FakePlanClient([plan])
+    res = apply_plans(client, _two_plans()[:1])
+    assert not res.changed and client.writes == []
