@@ -171,7 +171,7 @@ def test_eviction_budget_arithmetic(emulator, core, spec, expect_first, expect_s
 
 def test_eviction_deletes_honouring_grace_and_watchers_see_it(emulator, core, api):
     emulator.apply([f.node('n1'), f.pod('p', 'n1', termination_grace=30)])
-    emulator.simulator.max_grace_seconds = 0.3
+    emulator.simulator.max_grace_seconds = 2   # long enough to observe the terminating state under load
     events, ready = [], threading.Event()
 
     def watcher():

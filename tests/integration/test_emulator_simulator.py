@@ -120,7 +120,7 @@ def test_deleted_replicaset_pod_comes_back_with_a_new_uid(emulator, core):
 
 
 def test_graceful_deletion_is_two_phase(emulator, core):
-    emulator.simulator.max_grace_seconds = 0.3
+    emulator.simulator.max_grace_seconds = 2   # long enough to observe the terminating state under load
     emulator.apply([f.node('n1'), f.pod('p', 'n1', termination_grace=60)])
     deleted = core.delete_namespaced_pod('p', 'default')
     assert deleted.metadata.deletion_timestamp is not None and deleted.metadata.deletion_grace_period_seconds == 60
