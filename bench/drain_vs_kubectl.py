@@ -228,8 +228,8 @@ def part_inventory(a: argparse.Namespace) -> None:
                           if not res.get('failed') else 'FAILED: %s' % res.get('msg'))
             n, by = count(emu.requests)
             results.setdefault(tool, []).append(m)
-            print('  %-16s wall %7.2fs  peak RSS %7.1f MiB  requests %4d  %s' % (tool, m['wall'], m['rss_mib'], n,
-                                                                               detail))
+            print('  %-16s wall %7.2fs  peak RSS %7.1f MiB  requests %4d  %s' % (
+                tool, m['wall'], m['rss_mib'], n, detail))
         g = results['gpu_holders_info']
         k = results['kubectl']
         gw, kw = min(r['wall'] for r in g), min(r['wall'] for r in k)
@@ -240,7 +240,7 @@ def part_inventory(a: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     p.add_argument('--part', choices=['drain', 'inventory', 'both'], default='both')
     p.add_argument('--pods', type=int, default=50)
     p.add_argument('--guarded', type=int, default=10)

@@ -17,7 +17,6 @@ if VENV_BIN.is_dir() and str(VENV_BIN) not in os.environ.get('PATH', '').split(o
     os.environ['PATH'] = str(VENV_BIN) + os.pathsep + os.environ.get('PATH', '')
 os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'collections'))
 
-# The Kubernetes API emulator's pytest fixture `emulator` (tests/emulator/pytest_plugin.py).
-pytest_plugins = ['emulator.pytest_plugin']
-# Fixtures of the test tools (additive: keeps whatever plugins are listed above).
-pytest_plugins = list(globals().get('pytest_plugins', [])) + ['tools.nvml_stub']
+# Fixtures of the test tools: the Kubernetes API emulator (`emulator`), the NVML stand-in
+# (`fake_nvml`, `nvml_stub_lib`).
+pytest_plugins = ['emulator.pytest_plugin', 'tools.nvml_stub']

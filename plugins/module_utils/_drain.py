@@ -528,7 +528,7 @@ class Drainer:
         pending = [ref(p) for p in plan.evict + plan.wait] + [ref(v, 'VirtualMachineInstance') for v in plan.vmis_to_leave]
 
         def finish(state: str, changed: bool) -> Dict[str, Any]:
-            _, after, ch = self._update_node(name, lambda n: state_patch(n, state))
+            after, ch = self._update_node(name, lambda n: state_patch(n, state))[1:]
             res['changed'] = bool(cordon['changed'] or changed or ch)
             res['diff'] = {'before': cordon['before'], 'after': node_view(after)}
             res['state'] = state
@@ -544,7 +544,7 @@ class Drainer:
 
         if self.check_mode:
             res['evicted'] = [ref(p) for p in plan.evict]
-            res['stopped_vms'] = [vm_stop_patch(vm)[1] for _, vm in plan.vm_stops]
+            res['stopped_vms'] = [vm_stop_patch(pair[1])[1] for pair in plan.vm_stops]
             return finish('drained', plan.would_change())
 
         if not plan.would_change():
@@ -555,7 +555,7 @@ class Drainer:
             return finish('drain-failed', True)
 
         # Record the VMs before halting them, so a crash cannot lose which ones to restart.
-        records = [vm_stop_patch(vm)[1] for _, vm in plan.vm_stops]
+        records = [vm_stop_patch(pair[1])[1] for pair in plan.vm_stops]
         if records:
             self._update_node(name, lambda n: state_patch(n, 'draining', records))
         items: List[_Item] = []

@@ -268,8 +268,11 @@ class K8sClient:
             raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
-            raise K8sError('%s: no answer within the request timeout of %gs' % (desc, self.request_timeout),
-                           status=None, method=method, path=path, reason='timeout') from exc
+            msg = '%s: no answer within the request timeout of %gs' % (desc, self.request_timeout)
+            if method != 'GET':
+                msg += ('; the change may or may not have been applied (a write is not re-sent blindly): rerun the '
+                        'task, it resumes from what is on the server')
+            raise K8sError(msg, status=None, method=method, path=path, reason='timeout') from exc
         except urllib3.exceptions.HTTPError as exc:
             raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc

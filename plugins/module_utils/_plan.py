@@ -318,12 +318,14 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                 'single-node GPU pool: upgrading %s takes all %d GPU(s) of the pool offline for the maintenance '
                 'window; set single_node_pool_acknowledged=true to accept that (seed 004, step 2)' % (only.name, only.gpus))
         else:
-            if mu['resolved'] < 1:
+            # Only a percentage that rounded down to 0 is raised; an explicit 0 (or 0%) still refuses below.
+            mu_number, mu_percent = _parse_count(max_unavailable, 'max_unavailable')
+            if mu['resolved'] < 1 and mu_percent and mu_number > 0:
                 mu['rule'] += '; single-node pool acknowledged: the whole pool (1) may be unavailable'
                 mu['resolved'] = 1
             warnings.append('single-node GPU pool acknowledged: %s and its %d GPU(s) are offline for the '
                             'maintenance window' % (only.name, only.gpus))
-    if mu['resolved'] == 0 and todo and not single_node:
+    if mu['resolved'] == 0 and todo and (single_node_pool_acknowledged or not single_node):
         problems.append('max_unavailable resolves to 0 (%s): no node may leave service, so nothing can be upgraded'
                         % mu['rule'])
 

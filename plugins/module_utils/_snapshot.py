@@ -147,6 +147,74 @@ def find_grubenv(path_of) -> str:
     return GRUBENV_PATHS[0]
 
 
+GRUB_CFG_PATHS = ('boot/grub/grub.cfg', 'boot/grub2/grub.cfg')
+_KERNEL_IMAGE_RE = re.compile(r'^linux-image-(?:unsigned-)?(\d[^\s]*)$')
+_ENTRY_ID_RE = re.compile(r'^gnulinux-(\d.*?)-(?:advanced|recovery)(?:-.*)?$')
+_ENTRY_TITLE_RE = re.compile(r' with Linux (\S+?)(?: \(recovery mode\))?$')
+
+
+def installed_kernels(package_names: Sequence[str]) -> List[str]:
+    """Kernel releases with an installed `linux-image-<release>` package, newest first (GRUB's order)."""
+    found = set()
+    for name in package_names:
+        m = _KERNEL_IMAGE_RE.match(name)
+        if m:
+            found.add(m.group(1))
+    return sorted(found, key=pk._deb_key, reverse=True)
+
+
+def kernel_of_entry(entry: Optional[str], kernels: Sequence[str]) -> Optional[str]:
+    """The kernel release a GRUB default (`0`, a menu entry id or title, `submenu>entry`) boots.
+
+    `kernels` are the installed releases, newest first: entry 0 (and `gnulinux-simple-*`) boots the
+    newest. None when the entry cannot be resolved without the generated grub.cfg (`1>2`).
+    """
+    if entry is None or entry.strip() in ('', '0'):
+        return kernels[0] if kernels else None
+    last = entry.split('>')[-1].strip()
+    if last.startswith('gnulinux-simple-') and '>' not in entry:
+        return kernels[0] if kernels else None
+    for regex in (_ENTRY_ID_RE, _ENTRY_TITLE_RE):
+        m = regex.search(last)
+        if m:
+            return m.group(1)
+    return None
+
+
+def default_boot_kernel(grub_default: Optional[str], saved_entry: Optional[str], kernels: Sequence[str]) -> Optional[str]:
+    """The kernel release that GRUB_DEFAULT (and, with `saved`, the grubenv saved_entry) boots."""
+    if grub_default == 'saved':
+        return kernel_of_entry(saved_entry, kernels)
+    return kernel_of_entry(grub_default, kernels)
+
+
+def grub_entry_for(kernel: str, grub_cfg: Optional[str]) -> str:
+    """The saved_entry that boots `kernel`.
+
+    The entry id (`gnulinux-advanced-<uuid>>gnulinux-<kernel>-advanced-<uuid>`) when the generated
+    grub.cfg lists it; otherwise Ubuntu's title path `Advanced options for Ubuntu>Ubuntu, with Linux
+    <kernel>`, which update-grub generates on Ubuntu.
+    """
+    submenu_id = None
+    for line in (grub_cfg or '').splitlines():
+        m = re.match(r"^\s*(submenu|menuentry)\s.*\$menuentry_id_option\s+'([^']+)'", line)
+        if not m:
+            continue
+        if m.group(1) == 'submenu':
+            submenu_id = m.group(2)
+        elif m.group(2).startswith('gnulinux-%s-advanced-' % kernel) and line.startswith((' ', '\t')) and submenu_id:
+            return '%s>%s' % (submenu_id, m.group(2))
+    return 'Advanced options for Ubuntu>Ubuntu, with Linux %s' % kernel
+
+
+def find_grub_cfg(path_of) -> Optional[str]:
+    for rel in GRUB_CFG_PATHS:
+        text = pk.read_text(path_of(rel))
+        if text is not None:
+            return text
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Capture
 # --------------------------------------------------------------------------------------------
@@ -227,6 +295,8 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
     pin_text = pk.read_text(backend.pin_path)
     grubenv_rel = find_grubenv(path_of)
     default_grub = pk.read_text(path_of('etc/default/grub'))
+    saved_entry = parse_grubenv(pk.read_text(path_of(grubenv_rel))).get('saved_entry')
+    grub_default = parse_default_grub(default_grub)
     snap = {
         'captured_at': (now or datetime.datetime.now(datetime.timezone.utc)).strftime('%Y-%m-%dT%H:%M:%SZ'),
         'hostname': hostname or socket.gethostname(),
@@ -241,9 +311,12 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
         'boot': {
             'running_kernel': _read_proc(proc_path, 'sys/kernel/osrelease'),
             'cmdline': _read_proc(proc_path, 'cmdline'),
-            'grub_default': parse_default_grub(default_grub),
+            'grub_default': grub_default,
             'grubenv_path': grubenv_rel,
-            'saved_entry': parse_grubenv(pk.read_text(path_of(grubenv_rel))).get('saved_entry'),
+            'saved_entry': saved_entry,
+            # What that configuration boots, with the kernels installed now (apt roots; None when unknown).
+            'default_kernel': default_boot_kernel(grub_default, saved_entry, installed_kernels(list(installed)))
+            if backend.name == 'apt' else None,
         },
         'modprobe': modprobe_files(path_of),
         'mig': {'gpus': mig_from_facts(gpu_facts),
@@ -276,6 +349,7 @@ class RestorePlan:
     extra_packages: Dict[str, str]
     grub_default_changed: bool
     warnings: List[str]
+    boot_kernel: Optional[Dict[str, Any]] = None
 
     @property
     def changed(self) -> bool:
@@ -339,22 +413,70 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
     for rel in sorted(set(now_modprobe) - set(snap.get('modprobe') or {})):
         warnings.append('%s mentions nvidia and is not in the snapshot; left as it is' % rel)
     boot = snap.get('boot') or {}
-    grub_changed = False
-    cur_grub = pk.read_text(path_of('etc/default/grub'))
-    if boot.get('grub_default') is not None and parse_default_grub(cur_grub) != boot['grub_default']:
-        files.append(FileChange('etc/default/grub', cur_grub, set_default_grub(cur_grub, boot['grub_default'])))
-        grub_changed = True
+    grub_default, saved_entry = boot.get('grub_default'), boot.get('saved_entry')
     envrel = boot.get('grubenv_path') or find_grubenv(path_of)
+    cur_grub = pk.read_text(path_of('etc/default/grub'))
     cur_env_text = pk.read_text(path_of(envrel))
     cur_env = parse_grubenv(cur_env_text)
-    if cur_env.get('saved_entry') != boot.get('saved_entry'):
+    boot_kernel = None
+    if backend.name == 'apt':
+        boot_kernel = plan_boot_kernel(boot, installed_kernels(list(snap.get('kernel_packages') or {})),
+                                       installed_kernels(list(all_installed)),
+                                       parse_default_grub(cur_grub), cur_env.get('saved_entry'),
+                                       find_grub_cfg(path_of), backend.runner.installroot)
+        if boot_kernel['set']:
+            grub_default, saved_entry = 'saved', boot_kernel['saved_entry']
+        elif boot_kernel['keep']:
+            grub_default, saved_entry = parse_default_grub(cur_grub), cur_env.get('saved_entry')
+    grub_changed = False
+    if grub_default is not None and parse_default_grub(cur_grub) != grub_default:
+        files.append(FileChange('etc/default/grub', cur_grub, set_default_grub(cur_grub, grub_default)))
+        grub_changed = True
+    if cur_env.get('saved_entry') != saved_entry:
         new_env = dict(cur_env)
-        if boot.get('saved_entry') is None:
+        if saved_entry is None:
             new_env.pop('saved_entry', None)
         else:
-            new_env['saved_entry'] = boot['saved_entry']
+            new_env['saved_entry'] = saved_entry
         files.append(FileChange(envrel, cur_env_text, render_grubenv(new_env)))
-    return RestorePlan(pin_plan, files, extra, grub_changed, warnings)
+    return RestorePlan(pin_plan, files, extra, grub_changed, warnings, boot_kernel)
+
+
+def plan_boot_kernel(boot: Dict[str, Any], captured_kernels: Sequence[str], kernels: Sequence[str],
+                     cur_default: Optional[str],
+                     cur_saved: Optional[str], grub_cfg: Optional[str], installroot: Optional[str]) -> Dict[str, Any]:
+    """How the restore brings the snapshot's default-boot kernel back (apt/GRUB nodes).
+
+    The captured kernel is `boot.default_kernel` (what the captured configuration booted), else the
+    captured configuration resolved over the captured kernel packages, else the running kernel at
+    capture. `captured_kernels`/`kernels`: installed kernel releases then and now, newest first. Its linux-image
+    package must be installed (SnapshotError otherwise, before any change). When the captured
+    GRUB_DEFAULT/saved_entry would boot another kernel now (GRUB_DEFAULT=0 after a newer kernel was
+    installed), the default becomes GRUB_DEFAULT=saved with saved_entry set to the kernel's entry.
+    `captured_cfg` (what the captured configuration boots with today's kernels) equal to the kernel
+    means the captured files are restored as they were; a current configuration that already boots
+    the kernel is kept. Returns {kernel, would_boot_now, would_boot_captured_config, set, keep,
+    saved_entry}.
+    """
+    captured_cfg = default_boot_kernel(boot.get('grub_default'), boot.get('saved_entry'), kernels)
+    kernel = (boot.get('default_kernel')
+              or default_boot_kernel(boot.get('grub_default'), boot.get('saved_entry'), captured_kernels)
+              or boot.get('running_kernel'))
+    res = {'kernel': kernel, 'would_boot_now': default_boot_kernel(cur_default, cur_saved, kernels),
+           'would_boot_captured_config': captured_cfg, 'set': False, 'keep': False, 'saved_entry': None}
+    if not kernel:
+        return res
+    if kernel not in kernels:
+        raise SnapshotError('the snapshot\'s default-boot kernel %s is not installed (no linux-image-%s package under %s; '
+                            'installed kernels: %s); install it before restoring, nothing was changed'
+                            % (kernel, kernel, installroot or '/', ', '.join(kernels) or 'none'))
+    if captured_cfg != kernel:
+        if res['would_boot_now'] == kernel:
+            res['keep'] = True  # the current configuration already boots it: leave it as it is
+        else:
+            res['set'] = True
+            res['saved_entry'] = grub_entry_for(kernel, grub_cfg)
+    return res
 
 
 def apply_restore(backend, plan: RestorePlan) -> pk.PinState:

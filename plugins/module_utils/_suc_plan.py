@@ -273,3 +273,119 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     if not plans:
         notes.append('every node already runs %s: no Plan to apply' % (target,))
     return SucPlanResult(plans=plans, nodes=out_nodes, notes=notes)
+
+
+# ------------------------------------------------------------------------------- applying
+def plan_path(namespace: str, name: str) -> str:
+    return '/apis/upgrade.cattle.io/v1/namespaces/%s/plans/%s' % (namespace, name)
+
+
+def merge_patch(current: Any, desired: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``; None when equal.
+
+    Mappings are patched key by key (keys absent from ``desired`` are set to null, i.e. removed);
+    anything else is replaced whole.
+    """
+    if isinstance(current, dict) and isinstance(desired, dict):
+        patch: Dict[str, Any] = {}
+        for key in current:
+            if key not in desired:
+                patch[key] = None
+        for key, value in desired.items():
+            if key not in current:
+                patch[key] = value
+            else:
+                sub = merge_patch(current[key], value)
+                if sub is not None:
+                    patch[key] = sub
+        return patch or None
+    return None if current == desired else desired
+
+
+class PlanClient:
+    """What apply_plans needs from a Kubernetes client (``_k8s.K8sClient`` provides it)."""
+
+    def get_or_none(self, path: str) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def post(self, path: str, body: Dict[str, Any]) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def update(self, path: str, compute: Any) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass
+class ApplyResult:
+    changed: bool
+    applied: List[Dict[str, Any]]
+    before: Dict[str, Any]
+    after: Dict[str, Any]
+
+
+def _ours(obj: Dict[str, Any]) -> bool:
+    return ((obj.get('metadata') or {}).get('labels') or {}).get('app.kubernetes.io/managed-by') == MANAGED_BY
+
+
+def _desired_patch(existing: Dict[str, Any], plan: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    meta = existing.get('metadata') or {}
+    patch: Dict[str, Any] = {}
+    for part in ('labels', 'annotations'):
+        have = meta.get(part) or {}
+        want = {k: v for k, v in plan['metadata'][part].items() if have.get(k) != v}
+        if want:
+            patch.setdefault('metadata', {})[part] = want
+    spec = merge_patch(existing.get('spec') or {}, plan['spec'])
+    if spec is not None:
+        patch['spec'] = spec
+    return patch or None
+
+
+def apply_plans(client: Any, plans: List[Dict[str, Any]], check_mode: bool = False) -> ApplyResult:
+    """Create or update each Plan, in order; never delete, never touch a Plan gpufleet.upgrade did not make.
+
+    A Plan of the same name without the ``app.kubernetes.io/managed-by: gpufleet.upgrade`` label is
+    refused before anything is written (SucPlanError). In check mode only reads are made.
+    """
+    existing: List[Optional[Dict[str, Any]]] = []
+    foreign = []
+    for plan in plans:
+        meta = plan['metadata']
+        obj = client.get_or_none(plan_path(meta['namespace'], meta['name']))
+        if obj is not None and not _ours(obj):
+            foreign.append('Plan %s/%s exists and is not managed by %s (label app.kubernetes.io/managed-by); '
+                           'refusing to change it' % (meta['namespace'], meta['name'], MANAGED_BY))
+        existing.append(obj)
+    if foreign:
+        raise SucPlanError(foreign)
+
+    applied: List[Dict[str, Any]] = []
+    before: Dict[str, Any] = {}
+    after: Dict[str, Any] = {}
+    changed = False
+    for plan, obj in zip(plans, existing):
+        meta = plan['metadata']
+        key = '%s/%s' % (meta['namespace'], meta['name'])
+        path = plan_path(meta['namespace'], meta['name'])
+        if obj is None:
+            action = 'created'
+            if not check_mode:
+                client.post('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % meta['namespace'], plan)
+            after[key] = {'spec': plan['spec']}
+        elif _desired_patch(obj, plan) is None:
+            action = 'unchanged'
+        else:
+            action = 'updated'
+            before[key] = {'spec': obj.get('spec')}
+            after[key] = {'spec': plan['spec']}
+            if not check_mode:
+                def compute(fresh: Dict[str, Any], plan: Dict[str, Any] = plan) -> Optional[Dict[str, Any]]:
+                    if not _ours(fresh):
+                        raise SucPlanError(['Plan %s/%s lost its managed-by label while being updated; refusing to '
+                                            'change it' % (plan['metadata']['namespace'], plan['metadata']['name'])])
+                    return _desired_patch(fresh, plan)
+                client.update(path, compute)
+        changed = changed or action != 'unchanged'
+        applied.append({'name': meta['name'], 'namespace': meta['namespace'],
+                        'node': meta['annotations']['gpufleet.io/node'], 'action': action})
+    return ApplyResult(changed=changed, applied=applied, before=before, after=after)

@@ -23,6 +23,12 @@ description:
     anything else, checks that every package version of the snapshot is installed or offered, then puts the
     pin file, the exact package versions (downgrades included), the holds, the C(modprobe.d) files and the
     default-boot setting back."
+  - "On apt nodes the restore brings back the default-boot B(kernel), not only the captured GRUB settings: when
+    the captured C(GRUB_DEFAULT)/C(saved_entry) would now boot another kernel (for example C(GRUB_DEFAULT=0)
+    after a newer C(linux-image) package was installed), it sets C(GRUB_DEFAULT=saved) and C(saved_entry) to
+    the captured kernel's menu entry (the entry id when the root's C(boot/grub/grub.cfg) lists it, else
+    C(Advanced options for Ubuntu>Ubuntu, with Linux <release>)). It fails before any change, naming the
+    kernel, when that kernel's C(linux-image) package is not installed."
   - An action plugin of the same name does the controller side (reading and writing O(path)); the module
     runs on the node.
 extends_documentation_fragment:
@@ -101,7 +107,8 @@ options:
     default: true
 notes:
   - Packages of the driver set installed after the snapshot was taken are reported in RV(extra_packages) and left
-    installed; kernel packages are recorded but not reinstalled.
+    installed; kernel packages are recorded but not reinstalled (a missing default-boot kernel fails the restore).
+  - On dnf nodes the default-boot kernel is restored only through the captured C(GRUB_DEFAULT)/C(saved_entry).
   - Only the collection's own pin file is restored; other apt preference files are recorded for evidence.
 seealso:
   - module: gpufleet.upgrade.driver_pin
@@ -151,6 +158,17 @@ extra_packages:
   description: Driver-set packages installed now that the snapshot does not have (left installed).
   returned: when state is restored
   type: dict
+boot_kernel:
+  description:
+    - With O(state=restored) on apt nodes, the default-boot kernel of the snapshot (C(kernel)), what the current
+      configuration boots (C(would_boot_now)), what the captured GRUB configuration would boot with the kernels
+      installed now (C(would_boot_captured_config)), whether the restore sets C(GRUB_DEFAULT=saved) and
+      C(saved_entry) (C(set), C(saved_entry)) or keeps a configuration that already boots it (C(keep)).
+    - Null on dnf nodes.
+  returned: when state is restored
+  type: dict
+  sample: {kernel: 6.8.0-134-generic, would_boot_now: 6.8.0-140-generic, would_boot_captured_config: 6.8.0-140-generic,
+           set: true, keep: false, saved_entry: "Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-134-generic"}
 changed_files:
   description: Files (relative to the root) that the restore rewrote or would rewrite.
   returned: when state is restored
@@ -228,7 +246,8 @@ def main():
                 regenerate_bootloader(module, backend)
         result = dict(changed=plan.changed, path=p['path'], sha256=sn.digest(snap), snapshot=snap,
                       restored=current.as_dict(), extra_packages=plan.extra_packages,
-                      changed_files=[f.rel for f in plan.files], commands=backend.runner.commands)
+                      changed_files=[f.rel for f in plan.files], boot_kernel=plan.boot_kernel,
+                      commands=backend.runner.commands)
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: suc_plan
-short_description: Render serialized RKE2 System Upgrade Controller Plans, one per node
+short_description: Render or apply serialized RKE2 System Upgrade Controller Plans, one per node
 version_added: 0.1.0
 author:
   - gpufleet.upgrade maintainers (@gpufleet)
 description:
   - Renders the C(upgrade.cattle.io/v1) C(Plan) objects that upgrade RKE2 on the nodes of a reviewed,
-    serialized upgrade plan. It does not contact the cluster and never changes anything. Apply the
-    returned objects with M(kubernetes.core.k8s), one at a time, waiting for each Plan to complete.
+    serialized upgrade plan. With O(state=rendered) (the default) it does not contact the cluster;
+    apply the returned objects with M(kubernetes.core.k8s) or with O(state=present).
+  - O(state=present) creates each Plan, or updates it when it differs (a merge patch guarded by the
+    read resourceVersion), in order. It never deletes a Plan and refuses, before writing anything,
+    to change a Plan of the same name that gpufleet.upgrade did not create (label
+    C(app.kubernetes.io/managed-by=gpufleet.upgrade)). Apply the Plan of one node at a time and wait
+    for its C(Complete) condition before the next, as the rollout does.
   - One Plan per node, in the order given. Each Plan has C(concurrency=1), C(exclusive=true),
     C(cordon=true), a fixed C(version) (the target RKE2 release; channel polling is off), and a node
     selector that matches exactly that node (C(kubernetes.io/hostname In [node])) and its role
@@ -28,9 +33,27 @@ description:
     after agents; refuses agents newer than the control plane when I(control_plane_rke2) is given and
     no server is in the plan. Nodes already at the target get no Plan.
 extends_documentation_fragment:
+  - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
-  - gpufleet.upgrade.attributes.info_module
+attributes:
+  check_mode:
+    support: full
+    details:
+      - With O(state=present), reads the Plans and reports RV(applied) and the diff without writing.
+  diff_mode:
+    support: full
+    details:
+      - With O(state=present), shows the C(spec) of each Plan created or updated, before and after.
+  idempotent:
+    support: full
+    description: A second run with the same input reports no change and writes nothing.
 options:
+  state:
+    description:
+      - V(rendered) only returns the Plans (no cluster access); V(present) also creates or updates them.
+    type: str
+    choices: [rendered, present]
+    default: rendered
   nodes:
     description:
       - The serialized plan, in order. Servers must come before agents.
@@ -116,8 +139,8 @@ options:
 seealso:
   - module: kubernetes.core.k8s
 notes:
-  - Render-only. Applying is up to the caller; apply Plan N+1 only after Plan N reports C(Complete)
-    and the node passed its gates.
+  - Apply Plan N+1 only after Plan N reports C(Complete) and its node passed its gates.
+  - The Kubernetes auth options are used only with O(state=present).
 """
 
 EXAMPLES = r"""
@@ -135,6 +158,17 @@ EXAMPLES = r"""
   kubernetes.core.k8s:
     state: present
     definition: "{{ suc.plans[0] }}"
+
+- name: Or let the module apply the Plan of the next node of the rollout
+  gpufleet.upgrade.suc_plan:
+    state: present
+    kubeconfig: ~/.kube/config
+    target_rke2: v1.36.1+rke2r1
+    current_rke2: v1.35.3+rke2r3
+    control_plane_rke2: v1.36.1+rke2r1
+    server_plan: gpufleet-rke2-server-cp-3
+    nodes:
+      - {name: gpu-a-02, role: agent}
 """
 
 RETURN = r"""
@@ -165,6 +199,13 @@ notes:
   returned: success
   type: list
   elements: str
+applied:
+  description: With O(state=present), each Plan with C(name), C(namespace), C(node) and C(action) (C(created), C(updated), C(unchanged)).
+  returned: when I(state=present)
+  type: list
+  elements: dict
+  sample:
+    - {name: gpufleet-rke2-agent-gpu-a-01, namespace: system-upgrade, node: gpu-a-01, action: created}
 problems:
   description: Every reason the Plans were refused.
   returned: failure
@@ -172,40 +213,45 @@ problems:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
+import traceback
 
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
+    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
-    DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, render_plans)
+    DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, apply_plans,
+    render_plans)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            nodes=dict(type='list', elements='dict', required=True, options=dict(
-                name=dict(type='str', required=True),
-                role=dict(type='str', required=True, choices=['server', 'agent']),
-                current_rke2=dict(type='str'),
-            )),
-            target_rke2=dict(type='str', required=True),
+    argument_spec = auth_argument_spec()
+    argument_spec.update(
+        state=dict(type='str', choices=['rendered', 'present'], default='rendered'),
+        nodes=dict(type='list', elements='dict', required=True, options=dict(
+            name=dict(type='str', required=True),
+            role=dict(type='str', required=True, choices=['server', 'agent']),
             current_rke2=dict(type='str'),
-            control_plane_rke2=dict(type='str'),
-            namespace=dict(type='str', default=DEFAULT_NAMESPACE),
-            service_account=dict(type='str', default=DEFAULT_SERVICE_ACCOUNT),
-            image=dict(type='str', default=DEFAULT_IMAGE),
-            name_prefix=dict(type='str', default=DEFAULT_NAME_PREFIX),
-            server_plan=dict(type='str'),
-            drain=dict(type='dict', options=dict(
-                timeout=dict(type='int'),
-                grace_period=dict(type='int'),
-                delete_emptydir_data=dict(type='bool'),
-                ignore_daemonsets=dict(type='bool'),
-                force=dict(type='bool'),
-                disable_eviction=dict(type='bool'),
-                skip_wait_for_delete_timeout=dict(type='int'),
-            )),
-        ),
-        supports_check_mode=True,
+        )),
+        target_rke2=dict(type='str', required=True),
+        current_rke2=dict(type='str'),
+        control_plane_rke2=dict(type='str'),
+        namespace=dict(type='str', default=DEFAULT_NAMESPACE),
+        service_account=dict(type='str', default=DEFAULT_SERVICE_ACCOUNT),
+        image=dict(type='str', default=DEFAULT_IMAGE),
+        name_prefix=dict(type='str', default=DEFAULT_NAME_PREFIX),
+        server_plan=dict(type='str'),
+        drain=dict(type='dict', options=dict(
+            timeout=dict(type='int'),
+            grace_period=dict(type='int'),
+            delete_emptydir_data=dict(type='bool'),
+            ignore_daemonsets=dict(type='bool'),
+            force=dict(type='bool'),
+            disable_eviction=dict(type='bool'),
+            skip_wait_for_delete_timeout=dict(type='int'),
+        )),
     )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
     try:
         result = render_plans(
@@ -216,8 +262,23 @@ def main() -> None:
     except SucPlanError as exc:
         module.fail_json(msg='refusing to render RKE2 Plans: %s' % '; '.join(exc.problems),
                          problems=exc.problems)
-    module.exit_json(changed=False, plans=result.plans, nodes=[n.as_dict() for n in result.nodes],
-                     notes=result.notes)
+    out = dict(changed=False, plans=result.plans, nodes=[n.as_dict() for n in result.nodes], notes=result.notes)
+    if p['state'] == 'present':
+        if not HAS_KUBERNETES:
+            module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+        try:
+            applied = apply_plans(K8sClient.from_params(p), result.plans, check_mode=module.check_mode)
+        except SucPlanError as exc:
+            module.fail_json(msg='refusing to apply RKE2 Plans: %s' % '; '.join(exc.problems),
+                             problems=exc.problems, **out)
+        except K8sError as exc:
+            module.fail_json(msg='applying RKE2 Plans failed: %s' % exc, **out)
+        except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
+            module.fail_json(msg='suc_plan failed: %s' % exc, exception=traceback.format_exc())
+        out.update(changed=applied.changed, applied=applied.applied)
+        if module._diff:
+            out['diff'] = {'before': applied.before, 'after': applied.after}
+    module.exit_json(**out)
 
 
 if __name__ == '__main__':

@@ -100,6 +100,8 @@ options:
     description:
       - A pool of a single node plans only with this set, acknowledging that its GPU capacity goes
         offline for the maintenance window.
+      - With it, a percentage O(max_unavailable) that rounds down to 0 becomes 1 (the whole pool); an
+        explicit V(0) (or V(0%)) still refuses.
     type: bool
     default: false
   canaries_isolated:

@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--kubeconfig', default=os.environ.get('EMULATOR_KUBECONFIG') or '.lab/kubeconfig')
     parser.add_argument('--fleet', help='YAML file of objects to load at start')
     parser.add_argument('--no-simulator', action='store_true', help='pods keep the status they are given')
-    parser.add_argument('--quiet', action='store_true', help='do not print each request')
     args = parser.parse_args(argv)
 
     objs, generated = load_fleet(args.fleet) if args.fleet else ([], [])

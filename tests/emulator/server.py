@@ -19,7 +19,7 @@ import attrs
 import kmock
 from kmock._internal import rendering
 
-from . import policy, selectors, tables
+from . import policy, protobuf, selectors, tables
 from .resources import ResourceType
 from .store import ApiError, Store, not_found
 
@@ -109,6 +109,8 @@ class EmulatorHandler(kmock.KubernetesScaffold):
             id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
             params=dict(raw_request.query), headers=dict(raw_request.headers), body=body,
             text=body.decode('utf-8', 'replace'), data=data)
+        # kmock's views match requests they have seen (by identity): record it on the root first.
+        self._requests.append(request)
         try:
             return await kmock.RawHandler._handle(self, request)
         except NotImplementedError:
@@ -167,6 +169,11 @@ class Api:
     async def serve(self, raw: aiohttp.web.BaseRequest, body: bytes, data: Any) -> aiohttp.web.StreamResponse:
         route = self.route(raw.path)
         method = raw.method.upper()
+        if 'protobuf' in raw.headers.get('Content-Type', '') and body:
+            try:
+                data = protobuf.decode(body)
+            except protobuf.ProtobufError as exc:
+                raise ApiError(415, 'UnsupportedMediaType', str(exc)) from None
         if route is None:
             raise ApiError(404, 'NotFound', 'the server could not find the requested resource')
         if route.kind in ('root', 'api', 'apis', 'group', 'resources', 'version', 'health', 'openapi'):
@@ -480,8 +487,12 @@ class Api:
             timeout = float(q.get('timeoutSeconds') or self.emu.watch_timeout)
             deadline = loop.time() + timeout
 
+            as_table = tables.wants_table(raw.headers.get('Accept', ''))
+
             async def send(etype: str, obj: dict) -> None:
                 shown = obj if etype in ('ERROR', 'BOOKMARK') else self.present(rt, obj)
+                if as_table and etype not in ('ERROR', 'BOOKMARK'):
+                    shown = tables.table(rt, [shown], {'resourceVersion': shown['metadata'].get('resourceVersion')})
                 await resp.write(json.dumps({'type': etype, 'object': shown}, separators=(',', ':')).encode() + b'\n')
             for etype, obj in initial:
                 await send(etype, obj)

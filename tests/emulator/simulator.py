@@ -12,11 +12,14 @@ deterministically.
   min(grace period, `max_grace_seconds`);
 - Job controller (batch/v1): creates `parallelism` pods from the template until `completions`
   succeeded (status Complete) or more than `backoffLimit` failed (status Failed);
-- KubeVirt: a VirtualMachine with `spec.running: false` or `runStrategy: Halted` has its
+- KubeVirt (opt-in: `vm_controller = True`): a VirtualMachine with `spec.running: false` or `runStrategy: Halted` has its
   VirtualMachineInstance (and, through owner references, its virt-launcher pod) deleted; with
   `running: true` or `runStrategy: Always|RerunOnFailure` a missing VMI is created from the
   template on a fitting node, with a virt-launcher pod; VM `status.printableStatus`, `ready` and
   `created` follow (`Manual` / `Once` are left alone);
+- DaemonSet controller (opt-in: `daemonset_controller = True`): one pod per fitting node (the
+  controller's default tolerations included, so cordoned nodes keep theirs), re-created when
+  deleted, removed from nodes that stop fitting; status desired/current/ready numbers;
 - optional: a pod deleted while its ReplicaSet/StatefulSet owner exists comes back with the same
   name and a new UID (`recreate_owned_pods = True`), so tests can prove wait-by-UID.
 
@@ -105,6 +108,8 @@ class Simulator:
         self.start_delay = 0.0
         self.max_grace_seconds: float | None = 0.2
         self.recreate_owned_pods = False
+        self.vm_controller = False
+        self.daemonset_controller = False
         self.recreate_delay = 0.0
         self.default_job = JobBehaviour()
         self.logs: dict[tuple[str, str], str] = {}
@@ -121,6 +126,7 @@ class Simulator:
         self.node_rt = reg.by_kind('v1', 'Node')
         self.job_rt = reg.by_kind('batch/v1', 'Job')
         self.vm_rt = reg.by_kind('kubevirt.io/v1', 'VirtualMachine')
+        self.ds_rt = reg.by_kind('apps/v1', 'DaemonSet')
         self.vmi_rt = reg.by_kind('kubevirt.io/v1', 'VirtualMachineInstance')
         self.owner_kinds = {'ReplicaSet', 'StatefulSet', 'ReplicationController'}
 
@@ -173,7 +179,7 @@ class Simulator:
                 pass
 
     def _listener(self, rt: ResourceType, etype: str, obj: dict) -> None:
-        watched = (self.pod_rt, self.node_rt, self.job_rt, self.vm_rt, self.vmi_rt)
+        watched = (self.pod_rt, self.node_rt, self.job_rt, self.vm_rt, self.vmi_rt, self.ds_rt)
         if self._loop is None or not self.enabled or rt not in watched:
             return
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (rt, etype, obj))  # type: ignore[union-attr]
@@ -246,10 +252,19 @@ class Simulator:
         if rt is self.node_rt:
             if etype != 'DELETED':
                 self._retry_unscheduled()
+            if self.daemonset_controller:
+                for ds in self.store.list(self.ds_rt)[0]:
+                    self._reconcile_ds(ds)
+            return
+        if rt is self.ds_rt:
+            if etype != 'DELETED' and self.daemonset_controller:
+                self._reconcile_ds(obj)
             return
         if rt is self.job_rt:
             if etype != 'DELETED':
                 self._reconcile_job(obj)
+            return
+        if rt in (self.vm_rt, self.vmi_rt) and not self.vm_controller:
             return
         if rt is self.vm_rt:
             if etype != 'DELETED':
@@ -265,6 +280,12 @@ class Simulator:
         # pods
         if etype == 'DELETED':
             self._on_pod_deleted(obj)
+        ds_ref = self._owner(obj, 'DaemonSet')
+        if ds_ref is not None and self.daemonset_controller:
+            ds = self.store.get(self.ds_rt, obj['metadata'].get('namespace'), ds_ref.get('name', ''))
+            if ds is not None and ds['metadata']['uid'] == ds_ref.get('uid'):
+                self._reconcile_ds(ds)
+        if etype == 'DELETED':
             return
         job = self._owner(obj, 'Job')
         if not self._managed(obj):
@@ -573,3 +594,53 @@ class Simulator:
         old = vm.get('status') or {}
         if any(old.get(k) != v for k, v in new.items()):
             self._patch_status(self.vm_rt, vm, new)
+
+    # ------------------------------------------------------------------ DaemonSet controller
+    DS_TOLERATIONS = [
+        {'key': 'node.kubernetes.io/not-ready', 'operator': 'Exists', 'effect': 'NoExecute'},
+        {'key': 'node.kubernetes.io/unreachable', 'operator': 'Exists', 'effect': 'NoExecute'},
+        {'key': 'node.kubernetes.io/disk-pressure', 'operator': 'Exists', 'effect': 'NoSchedule'},
+        {'key': 'node.kubernetes.io/memory-pressure', 'operator': 'Exists', 'effect': 'NoSchedule'},
+        {'key': 'node.kubernetes.io/pid-pressure', 'operator': 'Exists', 'effect': 'NoSchedule'},
+        {'key': 'node.kubernetes.io/unschedulable', 'operator': 'Exists', 'effect': 'NoSchedule'},
+    ]
+
+    def _reconcile_ds(self, ds: dict) -> None:
+        ds = self._current(self.ds_rt, ds)
+        if ds is None or ds['metadata'].get('deletionTimestamp'):
+            return
+        ns, uid = ds['metadata']['namespace'], ds['metadata']['uid']
+        tmpl = clone((ds.get('spec') or {}).get('template') or {})
+        tspec = tmpl.get('spec') or {}
+        tolerations = list(tspec.get('tolerations') or [])
+        tolerations += [t for t in self.DS_TOLERATIONS if t not in tolerations]
+        tspec['tolerations'] = tolerations
+        probe = {'metadata': {}, 'spec': tspec}
+        nodes = [n for n in self.store.list(self.node_rt)[0] if node_fits(n, probe)]
+        wanted = {n['metadata']['name'] for n in nodes}
+        pods = [self.store.get(self.pod_rt, key[0], key[1]) for rt, key in list(self.store.owners.get(uid, ()))
+                if rt is self.pod_rt]
+        pods = [p for p in pods if p is not None and not p['metadata'].get('deletionTimestamp')]
+        have: dict[str, dict] = {}
+        for pod in pods:
+            node = (pod.get('spec') or {}).get('nodeName', '')
+            if node not in wanted or node in have:
+                self.store.delete(self.pod_rt, ns, pod['metadata']['name'])
+            else:
+                have[node] = pod
+        for node in sorted(wanted - set(have)):
+            meta = tmpl.get('metadata') or {}
+            owner = {'apiVersion': 'apps/v1', 'kind': 'DaemonSet', 'name': ds['metadata']['name'], 'uid': uid,
+                     'controller': True, 'blockOwnerDeletion': True}
+            pod_meta = {'name': '%s-%s' % (ds['metadata']['name'], _suffix()), 'namespace': ns,
+                        'labels': dict(meta.get('labels') or {}), 'annotations': dict(meta.get('annotations') or {}),
+                        'ownerReferences': [owner]}
+            pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': pod_meta, 'spec': dict(clone(tspec), nodeName=node)}
+            have[node] = self.store.create(self.pod_rt, pod, ns)
+        ready = sum(1 for p in have.values() if (p.get('status') or {}).get('phase') == 'Running')
+        status = {'desiredNumberScheduled': len(wanted), 'currentNumberScheduled': len(have),
+                  'numberReady': ready, 'numberAvailable': ready, 'updatedNumberScheduled': len(have),
+                  'numberMisscheduled': 0, 'observedGeneration': ds['metadata'].get('generation', 1)}
+        old = ds.get('status') or {}
+        if any(old.get(k) != v for k, v in status.items()):
+            self._patch_status(self.ds_rt, ds, status)

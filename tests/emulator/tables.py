@@ -93,8 +93,15 @@ def _job_row(o: dict) -> list[Any]:
         state = 'Failed'
     elif spec.get('suspend'):
         state = 'Suspended'
+    duration = ''
+    if status.get('startTime'):
+        end = status.get('completionTime')
+        now = None
+        if end:
+            now = datetime.datetime.strptime(end, '%Y-%m-%dT%H:%M:%SZ').replace(tzinfo=datetime.timezone.utc)
+        duration = human_age(status['startTime'], now)
     return [o['metadata']['name'], state, '%d/%d' % (status.get('succeeded') or 0, spec.get('completions') or 1),
-            '', human_age(o['metadata'].get('creationTimestamp'))]
+            duration, human_age(o['metadata'].get('creationTimestamp'))]
 
 
 def _pdb_row(o: dict) -> list[Any]:

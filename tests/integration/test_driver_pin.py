@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from tools import debrepo
-from tools.debrepo import BROKEN, NEW, OLD, AptRoot, host_dpkg_digest
+from tools.debrepo import BROKEN, KERNEL_NEW, KERNEL_OLD, NEW, OLD, AptRoot, host_dpkg_digest
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +57,16 @@ def expect(root: AptRoot, upstream: str, names: tuple[str, ...] | list[str] = tu
     assert {n: inst.get(n) for n in names} == want
 
 
-def fake_node(root: AptRoot, tmp_path: pathlib.Path, kernel: str = '6.8.0-134-generic') -> pathlib.Path:
-    """Boot, modprobe and /proc files of a node, under the root (proc is a separate directory)."""
-    (root.path / 'etc/default/grub').write_text('GRUB_DEFAULT="saved"\nGRUB_TIMEOUT=5\n')
-    (root.path / 'boot/grub/grubenv').write_text(
-        '# GRUB Environment Block\nsaved_entry=gnulinux-%s-advanced\n' % kernel + '#' * 900)
+def fake_node(root: AptRoot, tmp_path: pathlib.Path, kernel: str = KERNEL_OLD,
+              grub_default: str = 'saved', saved_entry: str | None = 'gnulinux-%s-advanced') -> pathlib.Path:
+    """Boot, modprobe and /proc files of a node, under the root (proc is a separate directory).
+
+    The running kernel's linux-image package is installed under the root, as on a real node.
+    """
+    root.apt_get('install', '-y', 'linux-image-%s' % kernel)
+    (root.path / 'etc/default/grub').write_text('GRUB_DEFAULT="%s"\nGRUB_TIMEOUT=5\n' % grub_default)
+    env = '# GRUB Environment Block\n' + ('saved_entry=%s\n' % (saved_entry % kernel) if saved_entry else '')
+    (root.path / 'boot/grub/grubenv').write_text(env + '#' * (1024 - len(env)))
     (root.path / 'etc/modprobe.d').mkdir(parents=True, exist_ok=True)
     (root.path / 'etc/modprobe.d/nvidia.conf').write_text('options nvidia NVreg_EnableGpuFirmware=1\n')
     (root.path / 'etc/modprobe.d/blacklist.conf').write_text('blacklist floppy\n')
@@ -114,7 +119,8 @@ def test_pin_install_snapshot_upgrade_restore(apt_root, run_playbook, tmp_path):
     assert s['pins']['content'] == pin_text
     assert s['boot'] == {'running_kernel': '6.8.0-134-generic', 'cmdline': 'BOOT_IMAGE=/vmlinuz-6.8.0-134-generic root=/dev/sda1 ro',
                          'grub_default': 'saved', 'grubenv_path': 'boot/grub/grubenv',
-                         'saved_entry': 'gnulinux-6.8.0-134-generic-advanced'}
+                         'saved_entry': 'gnulinux-6.8.0-134-generic-advanced', 'default_kernel': KERNEL_OLD}
+    assert s['kernel_packages'] == {'linux-image-%s' % KERNEL_OLD: '6.8.0-134.134'}
     assert s['modprobe'] == {'etc/modprobe.d/nvidia.conf': 'options nvidia NVreg_EnableGpuFirmware=1\n'}
     assert s['mig']['gpus'][0]['mig_mode'] == {'current': True, 'pending': True}
     assert s['gpu_facts']['driver_version'] == OLD and 'changed' not in s['gpu_facts']
@@ -132,7 +138,8 @@ def test_pin_install_snapshot_upgrade_restore(apt_root, run_playbook, tmp_path):
     assert res['installed_changes']['nvidia-fabricmanager-580'] == '%s-1' % NEW
     expect(root, NEW)
     assert root.holds() == set(DRIVER_SET + FM_SET)
-    # The upgrade also changed the boot default and the module options.
+    # The upgrade also installed a newer kernel, changed the boot default and the module options.
+    root.apt_get('install', '-y', 'linux-image-%s' % KERNEL_NEW)
     (root.path / 'boot/grub/grubenv').write_text('# GRUB Environment Block\nsaved_entry=gnulinux-6.8.0-140-generic-advanced\n')
     (root.path / 'etc/modprobe.d/nvidia.conf').write_text('options nvidia NVreg_EnableGpuFirmware=0\n')
 
@@ -197,6 +204,12 @@ def test_idempotency_ladder_and_diff(apt_root, run_playbook):
         seen.append(res['changed'])
         if check:
             assert root.state_digest() == before
+        if len(seen) == 1:
+            # The first pin, in check mode: no hold before, the whole installed driver set held after.
+            holds = res['diff'][1]
+            assert (holds['before_header'], holds['after_header']) == ('holds', 'holds')
+            assert holds['before'] == ''
+            assert holds['after'] == ''.join(n + '\n' for n in sorted(DRIVER_SET))
     assert seen == [True, True, False, False]
     expect(root, NEW, DRIVER_SET)
     # Optional members not installed are pinned (offered at the version) but not installed.
@@ -216,10 +229,13 @@ def test_idempotency_ladder_and_diff(apt_root, run_playbook):
 def test_unpin_removes_pins_and_holds(apt_root, run_playbook):
     root = apt_root
     assert run_playbook(play(pin_task(root, OLD, install=True))).rc == 0
-    r = run_playbook(play(pin_task(root, state='unpinned')))
+    r = run_playbook(play(pin_task(root, state='unpinned'), diff=True))
     assert r.rc == 0, r.stdout
     res = r.result('pin')
     assert res['changed'] is True
+    holds = res['diff'][1]
+    assert (holds['before_header'], holds['after_header']) == ('holds', 'holds')
+    assert holds['before'] == ''.join(n + '\n' for n in sorted(DRIVER_SET)) and holds['after'] == ''
     assert res['previous']['pins']['nvidia-driver-580-server'] == '%s-0ubuntu1' % OLD
     assert sorted(res['previous']['holds']) == sorted(DRIVER_SET)
     assert not (root.path / PIN_FILE).exists() and root.holds() == set()
@@ -316,3 +332,104 @@ def test_restore_to_a_node_that_had_no_pins(apt_root, run_playbook, tmp_path):
     expect(root, OLD, DRIVER_SET)
     assert not (root.path / PIN_FILE).exists() and root.holds() == set()
     assert res['diff'][0]['after'] == '' and 'Pin-Priority: 1001' in res['diff'][0]['before']
+
+
+def snapshot_and_restore_tasks(root: AptRoot, proc: pathlib.Path, path: pathlib.Path):
+    capture = {'name': 'snap', 'gpufleet.upgrade.node_snapshot': {
+        'path': str(path), 'installroot': str(root.path), 'proc_path': str(proc)}}
+    restore = {'name': 'restore', 'gpufleet.upgrade.node_snapshot': {
+        'state': 'restored', 'path': str(path), 'installroot': str(root.path)}}
+    return capture, restore
+
+
+def boot_files(root: AptRoot) -> tuple[str, bytes]:
+    return (root.path / 'etc/default/grub').read_text(), (root.path / 'boot/grub/grubenv').read_bytes()
+
+
+def test_restore_brings_back_the_default_boot_kernel(apt_root, run_playbook, tmp_path):
+    """Ubuntu's default: GRUB_DEFAULT=0 and no saved_entry; a kernel upgrade makes entry 0 the new kernel."""
+    root = apt_root
+    proc = fake_node(root, tmp_path, grub_default='0', saved_entry=None)
+    path = tmp_path / 'snap.json'
+    capture, restore = snapshot_and_restore_tasks(root, proc, path)
+    assert run_playbook(play(capture)).rc == 0
+    boot = json.loads(path.read_text())['snapshot']['boot']
+    assert (boot['grub_default'], boot['saved_entry'], boot['default_kernel']) == ('0', None, KERNEL_OLD)
+
+    root.apt_get('install', '-y', 'linux-image-%s' % KERNEL_NEW)
+    assert set(root.installed()) == {'linux-image-%s' % KERNEL_OLD, 'linux-image-%s' % KERNEL_NEW}
+    entry = 'Advanced options for Ubuntu>Ubuntu, with Linux %s' % KERNEL_OLD
+
+    before = boot_files(root)
+    r = run_playbook(play(restore, check=True, diff=True))
+    assert r.rc == 0, r.stdout
+    res = r.result('restore')
+    assert res['changed'] is True and boot_files(root) == before
+    assert res['boot_kernel'] == {'kernel': KERNEL_OLD, 'would_boot_now': KERNEL_NEW,
+                                  'would_boot_captured_config': KERNEL_NEW, 'set': True, 'keep': False,
+                                  'saved_entry': entry}
+    assert sorted(res['changed_files']) == ['boot/grub/grubenv', 'etc/default/grub']
+    diffs = {d['after_header']: d for d in res['diff']}
+    assert diffs['etc/default/grub']['before'] == 'GRUB_DEFAULT="0"\nGRUB_TIMEOUT=5\n'
+    assert diffs['etc/default/grub']['after'] == 'GRUB_DEFAULT="saved"\nGRUB_TIMEOUT=5\n'
+    assert 'saved_entry' not in diffs['boot/grub/grubenv']['before']
+    assert 'saved_entry=%s\n' % entry in diffs['boot/grub/grubenv']['after']
+
+    r = run_playbook(play(restore))
+    assert r.rc == 0, r.stdout
+    assert r.result('restore')['changed'] is True
+    grub, env = boot_files(root)
+    assert grub == 'GRUB_DEFAULT="saved"\nGRUB_TIMEOUT=5\n'
+    assert env.decode().startswith('# GRUB Environment Block\nsaved_entry=%s\n#' % entry) and len(env) == 1024
+
+    r = run_playbook(play(restore, check=True, diff=True))
+    res = r.result('restore')
+    assert res['changed'] is False and res['changed_files'] == []
+    assert res['boot_kernel']['would_boot_now'] == KERNEL_OLD
+    assert run_playbook(play(restore)).result('restore')['changed'] is False
+
+
+def test_restore_uses_the_grub_cfg_entry_id_when_listed(apt_root, run_playbook, tmp_path):
+    root = apt_root
+    proc = fake_node(root, tmp_path, grub_default='0', saved_entry=None)
+    path = tmp_path / 'snap.json'
+    capture, restore = snapshot_and_restore_tasks(root, proc, path)
+    assert run_playbook(play(capture)).rc == 0
+    root.apt_get('install', '-y', 'linux-image-%s' % KERNEL_NEW)
+    uuid = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0'
+    cfg = ["menuentry 'Ubuntu' --class ubuntu $menuentry_id_option 'gnulinux-simple-%s' {" % uuid, '}',
+           "submenu 'Advanced options for Ubuntu' $menuentry_id_option 'gnulinux-advanced-%s' {" % uuid]
+    for k in (KERNEL_NEW, KERNEL_OLD):
+        cfg += ["\tmenuentry 'Ubuntu, with Linux %s' --class ubuntu $menuentry_id_option "
+                "'gnulinux-%s-advanced-%s' {" % (k, k, uuid), '\t}',
+                "\tmenuentry 'Ubuntu, with Linux %s (recovery mode)' --class ubuntu $menuentry_id_option "
+                "'gnulinux-%s-recovery-%s' {" % (k, k, uuid), '\t}']
+    (root.path / 'boot/grub/grub.cfg').write_text('\n'.join(cfg + ['}']) + '\n')
+    r = run_playbook(play(restore))
+    assert r.rc == 0, r.stdout
+    entry = 'gnulinux-advanced-%s>gnulinux-%s-advanced-%s' % (uuid, KERNEL_OLD, uuid)
+    assert r.result('restore')['boot_kernel']['saved_entry'] == entry
+    assert 'saved_entry=%s\n' % entry in (root.path / 'boot/grub/grubenv').read_text()
+    assert run_playbook(play(restore)).result('restore')['changed'] is False
+
+
+def test_restore_fails_when_the_default_boot_kernel_is_gone(apt_root, run_playbook, tmp_path):
+    root = apt_root
+    proc = fake_node(root, tmp_path, grub_default='0', saved_entry=None)
+    path = tmp_path / 'snap.json'
+    capture, restore = snapshot_and_restore_tasks(root, proc, path)
+    assert run_playbook(play(capture)).rc == 0
+    root.apt_get('install', '-y', 'linux-image-%s' % KERNEL_NEW)
+    root.apt_get('purge', '-y', 'linux-image-%s' % KERNEL_OLD)
+    assert 'linux-image-%s' % KERNEL_OLD not in root.installed()
+    before = (root.state_digest(), boot_files(root))
+    for check in (True, False):
+        r = run_playbook(play(restore, check=check, diff=True))
+        assert r.rc != 0
+        res = r.result('restore')
+        assert res['_event'] == 'runner_on_failed'
+        assert res['msg'] == (
+            "the snapshot's default-boot kernel %s is not installed (no linux-image-%s package under %s; "
+            "installed kernels: %s); install it before restoring, nothing was changed"
+            % (KERNEL_OLD, KERNEL_OLD, root.path, KERNEL_NEW))
+        assert (root.state_digest(), boot_files(root)) == before

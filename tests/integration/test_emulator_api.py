@@ -171,7 +171,7 @@ def test_eviction_budget_arithmetic(emulator, core, spec, expect_first, expect_s
 
 def test_eviction_deletes_honouring_grace_and_watchers_see_it(emulator, core, api):
     emulator.apply([f.node('n1'), f.pod('p', 'n1', termination_grace=30)])
-    emulator.simulator.max_grace_seconds = 0.3
+    emulator.simulator.max_grace_seconds = 2   # long enough to observe the terminating state under load
     events, ready = [], threading.Event()
 
     def watcher():
@@ -269,3 +269,55 @@ def test_timestamps_and_uid_on_apply(emulator):
     again = emulator.apply({'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': {'name': 'c'}, 'data': {'a': '1'}})[0]
     assert again['metadata']['uid'] == made['metadata']['uid']
     assert int(again['metadata']['resourceVersion']) > int(made['metadata']['resourceVersion'])
+
+
+def test_two_budgets_on_one_pod_answer_500(emulator, core):
+    emulator.apply([f.node('n1'), f.pod('p', 'n1', labels={'app': 'x', 'tier': 'y'}),
+                    f.pdb('a', {'app': 'x'}, max_unavailable=5), f.pdb('b', {'tier': 'y'}, max_unavailable=5)])
+    with pytest.raises(ApiException) as exc:
+        _evict(core, 'p')
+    assert exc.value.status == 500 and 'more than one PodDisruptionBudget' in exc.value.body
+
+
+def test_unhealthy_pod_eviction_policy_always_allow(emulator, core):
+    emulator.apply([f.node('n1'), f.pod('ok', 'n1', labels={'app': 'x'}),
+                    f.pod('sick', 'n1', labels={'app': 'x'}, ready=False),
+                    f.pdb('pdb', {'app': 'x'}, min_available=2)])   # budget not met: 1 healthy < 2
+    with pytest.raises(ApiException) as exc:
+        _evict(core, 'sick')
+    assert exc.value.status == 429
+    emulator.patch('policy/v1', 'PodDisruptionBudget', 'pdb', {'spec': {'unhealthyPodEvictionPolicy': 'AlwaysAllow'}})
+    _evict(core, 'sick')
+    with pytest.raises(ApiException) as exc:
+        _evict(core, 'ok')
+    assert exc.value.status == 429
+
+
+def test_pending_and_finished_pods_ignore_budgets(emulator, core):
+    emulator.simulator.enabled = False   # keep the bound Pending pod Pending
+    emulator.apply([f.node('n1'), f.pod('pend', 'n1', labels={'app': 'x'}, phase='Pending'),
+                    f.pod('done', 'n1', labels={'app': 'x'}, phase='Succeeded'),
+                    f.pdb('pdb', {'app': 'x'}, max_unavailable=0)])
+    _evict(core, 'pend')
+    _evict(core, 'done')
+    assert emulator.get('v1', 'Pod', 'done') is None   # finished: removed at once
+    emulator.wait_for(lambda: emulator.list('v1', 'Pod') == [], message='pending pod gone after its grace')
+
+
+def test_kmock_reactions_take_precedence(emulator, core):
+    emulator.apply(f.node('n1'))
+    ghost = {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': 'ghost'}}
+    emulator.kmock['get /api/v1/nodes/ghost'] << ghost
+    assert core.read_node('ghost').metadata.name == 'ghost'
+    assert core.read_node('n1').metadata.name == 'n1'
+
+
+def test_register_a_custom_resource(emulator, api):
+    from emulator import ResourceType
+    emulator.register(ResourceType('example.com', 'v1', 'widgets', 'Widget', namespaced=True, short_names=('wd',)))
+    co = client.CustomObjectsApi(api)
+    made = co.create_namespaced_custom_object('example.com', 'v1', 'default', 'widgets', {
+        'apiVersion': 'example.com/v1', 'kind': 'Widget', 'metadata': {'name': 'w'}, 'spec': {'size': 3}})
+    assert made['metadata']['uid'] and emulator.get('example.com/v1', 'Widget', 'w')['spec'] == {'size': 3}
+    groups = [g.name for g in client.ApisApi(api).get_api_versions().groups]
+    assert 'example.com' in groups

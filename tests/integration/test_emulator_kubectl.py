@@ -144,3 +144,91 @@ def test_kubectl_sees_faults(emulator):
     r = kubectl(emulator, 'get', 'nodes', '-o', 'name', check=False)
     assert r.returncode != 0 and 'injected fault' in r.stderr
     assert kubectl(emulator, 'get', 'nodes', '-o', 'name').stdout.split() == ['node/n1']
+
+
+def test_typed_creates_sent_as_protobuf(emulator):
+    """kubectl's typed generators send protobuf bodies; the emulator reads those it needs."""
+    kubectl(emulator, 'create', 'namespace', 'gpu-ops')
+    kubectl(emulator, 'label', 'namespace', 'gpu-ops', 'team=infra')
+    kubectl(emulator, 'create', 'configmap', 'tuple', '-n', 'gpu-ops', '--from-literal=driver=580.126.20',
+            '--from-literal=kernel=6.8.0-134-generic')
+    kubectl(emulator, 'create', 'secret', 'generic', 'token', '-n', 'gpu-ops', '--from-literal=t=s3cr3t')
+    ns = emulator.get('v1', 'Namespace', 'gpu-ops')
+    assert ns['metadata']['labels'] == {'kubernetes.io/metadata.name': 'gpu-ops', 'team': 'infra'}
+    assert emulator.get('v1', 'ConfigMap', 'tuple', 'gpu-ops')['data'] == {'driver': '580.126.20',
+                                                                           'kernel': '6.8.0-134-generic'}
+    assert emulator.get('v1', 'Secret', 'token', 'gpu-ops')['data'] == {'t': 'czNjcjN0'}
+    r = kubectl(emulator, 'create', 'deployment', 'web', '--image=nginx', check=False)
+    assert r.returncode != 0 and 'kubectl create -f' in r.stderr
+
+
+def test_apply_create_update_and_delete(emulator, tmp_path):
+    manifest = tmp_path / 'cm.yaml'
+    manifest.write_text('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: tuple}\ndata: {driver: "570"}\n')
+    assert 'configmap/tuple created' in kubectl(emulator, 'apply', '-f', str(manifest)).stdout
+    manifest.write_text('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: tuple}\ndata: {driver: "580"}\n')
+    assert 'configmap/tuple configured' in kubectl(emulator, 'apply', '-f', str(manifest)).stdout
+    assert emulator.get('v1', 'ConfigMap', 'tuple')['data'] == {'driver': '580'}
+    assert 'configmap/tuple unchanged' in kubectl(emulator, 'apply', '-f', str(manifest)).stdout
+    kubectl(emulator, 'delete', '-f', str(manifest))
+    assert emulator.get('v1', 'ConfigMap', 'tuple') is None
+
+
+def test_table_columns(fleet):
+    fleet.apply(f.node('gpu-2', unschedulable=True))
+    out = kubectl(fleet, 'get', 'nodes').stdout.splitlines()
+    assert out[0].split() == ['NAME', 'STATUS', 'ROLES', 'AGE', 'VERSION']
+    assert out[2].split()[:3] == ['gpu-2', 'Ready,SchedulingDisabled', 'worker']
+    pods = kubectl(fleet, 'get', 'pods', '-o', 'wide').stdout.splitlines()
+    assert pods[0].split()[:7] == ['NAME', 'READY', 'STATUS', 'RESTARTS', 'AGE', 'IP', 'NODE']
+    row = [line.split() for line in pods if line.startswith('web-1 ')][0]
+    assert row[1:4] == ['1/1', 'Running', '0'] and row[6] == 'gpu-1'
+    pdb = kubectl(fleet, 'get', 'pdb').stdout.splitlines()
+    assert pdb[1].split()[:4] == ['web', '2', 'N/A', '0']
+
+
+def test_drain_skips_daemonset_pods_and_refuses_local_data(emulator):
+    ds = f.daemonset('gpu-operator-validator', 'gpu-operator')
+    emulator.apply([f.gpu_node('gpu-1'), ds, f.daemonset_pod(ds, 'gpu-1', suffix='abcde'),
+                    f.pod('scratch', 'gpu-1', volumes=[f.emptydir_volume()],
+                          owner=f.owner_ref(f.replicaset('s')))])
+    r = kubectl(emulator, 'drain', 'gpu-1', '--timeout=20s', check=False)
+    assert r.returncode != 0
+    assert 'cannot delete DaemonSet-managed Pods' in r.stderr and 'local storage' in r.stderr
+    assert not [q for q in emulator.requests if q['path'].endswith('/eviction')]
+    r = kubectl(emulator, 'drain', 'gpu-1', '--ignore-daemonsets', '--delete-emptydir-data', '--timeout=20s')
+    assert 'Warning: ignoring DaemonSet-managed Pods: gpu-operator/gpu-operator-validator-abcde' in r.stderr
+    assert [p['metadata']['name'] for p in emulator.list('v1', 'Pod')] == ['gpu-operator-validator-abcde']
+
+
+def test_get_watch_prints_table_rows(emulator):
+    emulator.apply([f.node('n1'), f.pod('a', 'n1')])
+    with WhenAny(lambda: any(r['query'].get('watch') == 'true' for r in emulator.requests),
+                 lambda: emulator.apply(f.pod('b', 'n1'))):
+        r = kubectl(emulator, 'get', 'pods', '-w', '--request-timeout=3s', check=False)
+    lines = [line.split() for line in r.stdout.splitlines()]
+    assert lines[0] == ['NAME', 'READY', 'STATUS', 'RESTARTS', 'AGE']
+    assert [line[:3] for line in lines[1:]] == [['a', '1/1', 'Running'], ['b', '1/1', 'Running']]
+
+
+class WhenAny:
+    """Run `action` once, in a thread, as soon as `predicate()` holds (ordering by events)."""
+
+    def __init__(self, predicate, action):
+        self.predicate, self.action = predicate, action
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.done = threading.Event()
+
+    def _run(self):
+        while not self.done.wait(0.02):
+            if self.predicate():
+                self.action()
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(5)

@@ -120,7 +120,7 @@ def test_deleted_replicaset_pod_comes_back_with_a_new_uid(emulator, core):
 
 
 def test_graceful_deletion_is_two_phase(emulator, core):
-    emulator.simulator.max_grace_seconds = 0.3
+    emulator.simulator.max_grace_seconds = 2   # long enough to observe the terminating state under load
     emulator.apply([f.node('n1'), f.pod('p', 'n1', termination_grace=60)])
     deleted = core.delete_namespaced_pod('p', 'default')
     assert deleted.metadata.deletion_timestamp is not None and deleted.metadata.deletion_grace_period_seconds == 60
@@ -170,6 +170,7 @@ spec:
 
 
 def test_virtual_machine_stop_and_start(emulator):
+    emulator.simulator.vm_controller = True
     vm = f.virtual_machine('gpu-vm', running=True, gpus=[{'name': 'gpu0', 'deviceName': 'nvidia.com/GH100'}])
     vmi = f.vmi('gpu-vm', 'gpu-1', vm=vm)
     emulator.apply([f.gpu_node('gpu-1'), f.gpu_node('gpu-2'), vm, vmi, f.virt_launcher_pod(vmi)])
@@ -194,3 +195,48 @@ def test_virtual_machine_stop_and_start(emulator):
     launchers = emulator.list('v1', 'Pod', label_selector='kubevirt.io=virt-launcher')
     assert len(launchers) == 1 and launchers[0]['spec']['nodeName'] == 'gpu-2'
     assert launchers[0]['status']['phase'] == 'Running'
+
+
+def test_readme_fixture_example(emulator):
+    """The example in tests/emulator/README.md applies as written."""
+    rs = f.replicaset('train', 'ml', replicas=2)
+    vm = f.virtual_machine('vm-gpu', 'vms')
+    vmi = f.vmi('vm-gpu', 'gpu-1', 'vms', gpus=1, vm=vm)
+    emulator.apply([
+        f.gpu_node('gpu-1', gpus=8), f.gpu_node('gpu-2', mig={'1g.10gb': 7}),
+        rs, f.gpu_pod('train-0', 'gpu-1', namespace='ml', owner=f.owner_ref(rs), labels={'app': 'train'}),
+        f.gpu_pod('infer', 'gpu-2', resource='nvidia.com/mig-1g.10gb'),
+        f.pod('rt-only', 'gpu-1', runtime_class='nvidia'),
+        f.pod('scratch', 'gpu-1', volumes=[f.emptydir_volume()]),
+        vm, vmi, f.virt_launcher_pod(vmi),
+        f.resource_claim('claim', node='gpu-1', devices=['gpu-3']),
+        f.pdb('train', {'app': 'train'}, 'ml', min_available=1),
+    ])
+    gpu2 = emulator.get('v1', 'Node', 'gpu-2')
+    assert gpu2['status']['allocatable']['nvidia.com/mig-1g.10gb'] == '7'
+    on_gpu1 = emulator.list('v1', 'Pod', field_selector='spec.nodeName=gpu-1')
+    assert len(on_gpu1) == 4
+    assert emulator.get('policy/v1', 'PodDisruptionBudget', 'train', 'ml')['status']['disruptionsAllowed'] == 0
+    claim = emulator.get('resource.k8s.io/v1', 'ResourceClaim', 'claim')
+    assert claim['status']['allocation']['devices']['results'][0]['device'] == 'gpu-3'
+
+
+def test_daemonset_controller(emulator, core):
+    emulator.simulator.daemonset_controller = True
+    ds = f.daemonset('dcgm-exporter', 'gpu-operator', template_spec={
+        'nodeSelector': {'nvidia.com/gpu.present': 'true'}, 'containers': [f.container('dcgm')]})
+    emulator.apply([f.gpu_node('gpu-1'), f.gpu_node('gpu-2', unschedulable=True), f.node('cpu-1'), ds])
+    emulator.settle()
+    pods = emulator.list('v1', 'Pod', 'gpu-operator')
+    assert sorted(p['spec']['nodeName'] for p in pods) == ['gpu-1', 'gpu-2']   # the cordon is tolerated
+    assert all(p['status']['phase'] == 'Running' for p in emulator.list('v1', 'Pod', 'gpu-operator'))
+    status = emulator.get('apps/v1', 'DaemonSet', 'dcgm-exporter', 'gpu-operator')['status']
+    assert (status['desiredNumberScheduled'], status['numberReady']) == (2, 2)
+    victim = [p for p in pods if p['spec']['nodeName'] == 'gpu-1'][0]
+    core.delete_namespaced_pod(victim['metadata']['name'], 'gpu-operator', grace_period_seconds=0)
+    emulator.settle()
+    again = [p for p in emulator.list('v1', 'Pod', 'gpu-operator') if p['spec']['nodeName'] == 'gpu-1']
+    assert len(again) == 1 and again[0]['metadata']['uid'] != victim['metadata']['uid']
+    emulator.apply(f.gpu_node('gpu-3'))
+    emulator.settle()
+    assert len(emulator.list('v1', 'Pod', 'gpu-operator')) == 3

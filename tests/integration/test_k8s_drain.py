@@ -3,6 +3,7 @@ cross-checked with kubectl where kubectl has the same operation."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -10,7 +11,7 @@ import k8s_scenario as S
 from k8s_support import (KubeVirtStandIn, WhenRequests, evictions_of, kubectl, kubectl_json, load, mutations,
                          node_pods, pdb, play)
 
-pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not merged yet')
+pytestmark = pytest.mark.slow
 
 ALLOW_ALL = {'force': True, 'delete_local_data': True, 'vmi_policy': 'stop'}
 GPU1_EVICTABLE = ['ml/bare-debug', 'ml/cache-gpu', 'ml/dra-pod', 'ml/infer-mig', 'ml/rt-only-0', 'ml/train-gpu',
@@ -62,7 +63,7 @@ def test_local_data_bare_pod_and_vmi_block_before_any_eviction(emulator, run_pla
          'passthrough VMs cannot live-migrate; use vmi_policy=stop or evict)')]
     assert res['msg'].startswith('drain of node gpu-1 blocked before any eviction (the node stays cordoned)')
     # nothing evicted or deleted: the only writes are the Node's cordon and state
-    assert {m for m in mutations(emulator)} == {('PATCH', '/api/v1/nodes/gpu-1')}
+    assert set(mutations(emulator)) == {('PATCH', '/api/v1/nodes/gpu-1')}
     assert node_pods(emulator, S.NODE) == sorted(GPU1_EVICTABLE + GPU1_LEFT + ['vms/virt-launcher-vm-gpu-x7k2p'])
     n = node(emulator)
     assert n['spec']['unschedulable'] is True
@@ -360,3 +361,81 @@ def test_unknown_node_and_bad_options(emulator, run_playbook):
     assert run.result('bad')['msg'] == 'timeout must be > 0, got -1.0'
     assert run.result('bad-jobs')['msg'] == "wait_for_jobs.selector must be a non-empty label selector, got ''"
     assert emulator.mutating_requests() == []
+
+
+def test_slow_write_beyond_the_timeout_fails_clearly_and_a_rerun_resumes(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', delay=3, times=1)
+    cordon = {'name': 'cordon', 'ignore_errors': True,
+              'gpufleet.upgrade.node_drain': {'name': S.OTHER, 'state': 'cordon'}}
+    run = run_playbook(play(emulator, cordon, request_timeout=1))
+    res = run.result('cordon')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: no answer within the request timeout of 1s; the change '
+                                 'may or may not have been applied')
+    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
+    # The server may finish the slow write after the client gave up, or drop it with the connection:
+    # give it the fault's delay to do either (bounded), then the rerun must end in the same state.
+    slow = [r for r in emulator.requests if r['verb'] == 'PATCH' and r.get('fault')][0]
+    deadline = time.monotonic() + 5
+    while 'status' not in slow and time.monotonic() < deadline:
+        time.sleep(0.05)
+    applied = bool(node(emulator, S.OTHER)['spec'].get('unschedulable'))
+    run = run_playbook(play(emulator, cordon))
+    assert run.result('cordon')['changed'] is (not applied)
+    n = node(emulator, S.OTHER)
+    assert n['spec']['unschedulable'] is True
+    assert n['metadata']['annotations']['gpufleet.io/initial-unschedulable'] == 'false'
+
+
+def test_wait_is_by_uid_a_recreated_pod_with_the_same_name_is_not_the_old_one(emulator, run_playbook):
+    """The ReplicaSet stand-in recreates each evicted pod at once with the same name and a new UID
+    (on another node: the drained one is cordoned). The drain completes; it does not wait for the
+    name to disappear."""
+    from emulator import fixtures as F
+    emulator.simulator.recreate_owned_pods = True
+    emulator.apply([F.namespace('web'), F.gpu_node('gpu-a'), F.gpu_node('gpu-b'),
+                    F.replicaset('web', 'web', replicas=3)])
+    rs = emulator.get('apps/v1', 'ReplicaSet', 'web', 'web')
+    emulator.apply([F.replicaset_pod(rs, 'gpu-a', suffix=str(i)) for i in range(3)])
+    old = {p['metadata']['name']: p['metadata']['uid'] for p in emulator.list('v1', 'Pod', 'web')}
+    emulator.clear_requests()
+    run = run_playbook(play(emulator, drain_task(node='gpu-a', timeout=30)))
+    res = run.result('drain')
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted']) == ['web/web-0', 'web/web-1', 'web/web-2']
+    emulator.wait_for(lambda: len(emulator.list('v1', 'Pod', 'web')) == 3, timeout=10)
+    new = {p['metadata']['name']: (p['metadata']['uid'], p['spec'].get('nodeName'))
+           for p in emulator.list('v1', 'Pod', 'web')}
+    assert sorted(new) == sorted(old)
+    assert all(new[n][0] != old[n] and new[n][1] == 'gpu-b' for n in old)
+
+
+def test_evict_policy_fails_at_the_deadline_while_the_vmi_stays(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(play(emulator, drain_task(force=True, delete_local_data=True, vmi_policy='evict', timeout=3,
+                                                 ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert [(r['kind'], r['name'], r['reason']) for r in res['remaining']] == [
+        ('VirtualMachineInstance', 'vm-gpu', 'VMI still on the node')]
+    assert evictions_of(emulator.requests, 'virt-launcher-vm-gpu-x7k2p') == 1
+    assert node(emulator)['spec']['unschedulable'] is True
+
+
+def test_evict_policy_succeeds_once_the_vmi_left(emulator, run_playbook):
+    """KubeVirt turns the launcher's eviction into a migration; the stand-in removes the VMI from
+    the node once its launcher was evicted."""
+    load(emulator)
+
+    def migrated():
+        emulator.delete('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms')
+
+    with WhenRequests(emulator, lambda reqs: evictions_of(reqs, 'virt-launcher-vm-gpu-x7k2p') >= 1, migrated):
+        run = run_playbook(play(emulator, drain_task(force=True, delete_local_data=True, vmi_policy='evict',
+                                                     timeout=30)))
+    res = run.result('drain')
+    assert run.rc == 0, run.stdout
+    assert names(res['evicted'], 'VirtualMachineInstance') == ['vms/vm-gpu']
+    assert 'vms/virt-launcher-vm-gpu-x7k2p' in names(res['evicted'])
+    assert res['stopped_vms'] == []

@@ -7,7 +7,7 @@ import pytest
 import k8s_scenario as S
 from k8s_support import kubectl_json, load, play
 
-pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not merged yet')
+pytestmark = pytest.mark.slow
 
 HOLDERS = {'name': 'holders', 'gpufleet.upgrade.gpu_holders_info': {}, 'register': 'h'}
 

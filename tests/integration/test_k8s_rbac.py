@@ -8,7 +8,7 @@ import k8s_scenario as S
 import rbac_check as R
 from k8s_support import KubeVirtStandIn, load, play
 
-pytest.importorskip('emulator', reason='the Kubernetes API emulator (tests/emulator) is not merged yet')
+pytestmark = pytest.mark.slow
 
 
 def _run(emulator, run_playbook, task):

@@ -87,9 +87,6 @@ def test_uncommitted_evidence_is_refused(tmp_path: pathlib.Path, run_playbook: A
 
 def test_record_round_trips_through_the_upgrade_check_module(tmp_path: pathlib.Path, run_playbook: Any) -> None:
     """qualification_record writes; upgrade_check blocks before the second operator approves, passes after."""
-    import pytest
-    if not (pathlib.Path(__file__).resolve().parents[2] / 'plugins' / 'modules' / 'upgrade_check.py').is_file():
-        pytest.skip('the upgrade_check module (issue2-gate) is not merged yet: module round trip not run')
     import datetime
     bundle = tmp_path / 'canary.json'
     b, _changed = ev.merge(ev.new_bundle('a100-canary-7'), {

@@ -48,3 +48,80 @@ def test_bad_role_is_an_argument_error(run_playbook):
     res = run.result('render')
     assert res['_event'] == 'runner_on_failed'
     assert 'value of role must be one of: server, agent, got: worker' in res['msg']
+
+
+def _present_play(emu, args, check=False, diff=False):
+    return [{'name': 'suc_plan present', 'hosts': 'localhost', 'gather_facts': False, 'check_mode': check,
+             'diff': diff,
+             'module_defaults': {'group/gpufleet.upgrade.k8s': {'kubeconfig': emu.kubeconfig, 'request_timeout': 5}},
+             'tasks': [{'name': 'apply', 'gpufleet.upgrade.suc_plan': dict(args, state='present'),
+                        'register': 'suc', 'ignore_errors': True}]}]
+
+
+def test_present_creates_then_idempotent_check_mode_then_update(emulator, run_playbook):
+    from emulator import fixtures as f
+    emu = emulator
+    emu.apply([f.namespace('system-upgrade')])
+    args = {'target_rke2': TGT, 'current_rke2': CUR,
+            'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True, res.get('msg')
+    assert [(a['node'], a['action']) for a in res['applied']] == [('cp-1', 'created'), ('gpu-a-01', 'created')]
+    stored = {p['metadata']['name']: p for p in emu.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')}
+    assert {n: p['spec'] for n, p in stored.items()} == {p['metadata']['name']: p['spec'] for p in res['plans']}
+
+    emu.clear_requests()
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['changed'] is False and {a['action'] for a in res['applied']} == {'unchanged'}
+    assert emu.mutating_requests() == []
+
+    with_drain = dict(args, drain={'force': True, 'timeout': 600})
+    res = run_playbook(_present_play(emu, with_drain, check=True, diff=True)).result('apply')
+    assert res['changed'] is True and {a['action'] for a in res['applied']} == {'updated'}
+    assert res['diff']['after']['system-upgrade/gpufleet-rke2-agent-gpu-a-01']['spec']['drain'] == {
+        'force': True, 'timeout': '600s'}
+    assert 'drain' not in res['diff']['before']['system-upgrade/gpufleet-rke2-agent-gpu-a-01']['spec']
+    assert emu.mutating_requests() == []  # check mode wrote nothing
+
+    res = run_playbook(_present_play(emu, with_drain)).result('apply')
+    assert res['changed'] is True
+    got = emu.get('upgrade.cattle.io/v1', 'Plan', 'gpufleet-rke2-agent-gpu-a-01', 'system-upgrade')
+    assert got['spec']['drain'] == {'force': True, 'timeout': '600s'}
+    assert [r['verb'] for r in emu.mutating_requests()] == ['PATCH', 'PATCH']
+
+
+def test_present_stays_inside_its_rbac_role(emulator, run_playbook):
+    import rbac_check as R
+    from emulator import fixtures as f
+    emu = emulator
+    emu.apply([f.namespace('system-upgrade')])
+    role = R.module_roles()['suc_plan']
+    seen = []
+    for drain in (None, {'force': True}):  # create, then update
+        emu.clear_requests()
+        args = {'target_rke2': TGT, 'current_rke2': CUR, 'drain': drain,
+                'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+        assert run_playbook(_present_play(emu, args)).result('apply')['_event'] == 'runner_on_ok'
+        seen += list(emu.requests)
+        assert R.violations(role, emu.requests) == []
+    verbs = {(a['verb'], a['resource']) for a in (R.attributes(r['verb'], r['path'], r['query']) for r in seen)}
+    assert verbs == {('get', 'plans'), ('create', 'plans'), ('patch', 'plans')}
+
+
+def test_present_refuses_a_plan_it_did_not_create(emulator, run_playbook):
+    from emulator import fixtures as f
+    emu = emulator
+    foreign = f.plan('gpufleet-rke2-agent-gpu-a-01', version='v1.34.2+rke2r1')
+    emu.apply([f.namespace('system-upgrade'), foreign])
+    emu.clear_requests()
+    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT,
+            'nodes': [{'name': 'gpu-a-00', 'role': 'agent'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == ('refusing to apply RKE2 Plans: Plan system-upgrade/gpufleet-rke2-agent-gpu-a-01 exists and '
+                          'is not managed by gpufleet.upgrade (label app.kubernetes.io/managed-by); refusing to '
+                          'change it')
+    assert emu.mutating_requests() == []  # not even the other node's Plan was created
+    assert emu.get('upgrade.cattle.io/v1', 'Plan', 'gpufleet-rke2-agent-gpu-a-01',
+                   'system-upgrade')['spec']['version'] == 'v1.34.2+rke2r1'

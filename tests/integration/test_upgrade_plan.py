@@ -82,13 +82,24 @@ def test_module_bad_input_and_single_node(run_playbook):
             'nodes': '{{ solo }}', 'target': TARGET, 'single_node_pool_acknowledged': True}},
         {'name': 'bad', 'gpufleet.upgrade.upgrade_plan': {'nodes': '{{ bad }}', 'target': TARGET},
          'ignore_errors': True},
+        {'name': 'allowance', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ fleet }}', 'target': TARGET, 'batch_size': 4, 'max_unavailable': 8,
+            'failure_allowance': {'gpus': '87%'}}},
         {'name': 'bad filter', 'ansible.builtin.debug': {
             'msg': "{{ bad | gpufleet.upgrade.upgrade_plan(target=target) }}"}, 'ignore_errors': True},
-    ]), extravars={'solo': solo, 'bad': bad, 'target': TARGET})
+    ]), extravars={'solo': solo, 'bad': bad, 'target': TARGET, 'fleet': nodes_40()})
     assert r.rc == 0, r.stdout
     assert 'set single_node_pool_acknowledged=true' in r.result('solo')['msg']
     ok = r.result('solo acknowledged')
     assert ok['batches'] == [['gpu-01']]
     assert any('single-node GPU pool acknowledged' in w for w in ok.get('warnings', []))
+    fa = r.result('allowance')
+    # 87% of 320 GPUs: 279 must stay in service; 2 isolated canaries leave 304, so a batch may take
+    # 3 nodes (24 GPUs), not the 4 the batch size allows
+    assert fa['budget']['failure_allowance']['gpus']['rule'] == '87% of 320 = 278.4, rounded up = 279'
+    assert fa['budget']['failure_allowance']['nodes'] is None
+    assert fa['batches'][1] == ['gpu-02', 'gpu-03', 'gpu-04']
+    assert fa['budget']['steps'][1]['limited_by'] == 'failure_allowance.gpus'
+    assert fa['budget']['steps'][1]['in_service_gpus_during'] == 280
     assert r.result('bad')['msg'] == "nodes[1] (gpu-02).gpus: 'eight' is not a non-negative integer"
     assert "gpufleet.upgrade.upgrade_plan: nodes[1] (gpu-02).gpus: 'eight'" in r.result('bad filter')['msg']

@@ -13,7 +13,8 @@ other configuration, so the host's `/etc/apt` and `/var/lib/dpkg` are never read
     root.installed()                          # {'nvidia-driver-580-server': '580.126.20-0ubuntu1', ...}
 
 Pytest fixtures (import them into a test module): `deb_repo` (built once per session, cached on
-disk by content) and `apt_root` (a fresh root per test).
+disk by content; driver sets and two `linux-image-<release>` kernels, see `kernel_specs`) and
+`apt_root` (a fresh root per test).
 """
 from __future__ import annotations
 
@@ -79,6 +80,19 @@ def driver_specs(versions: Sequence[str] = (OLD, NEW), branch: str = BRANCH) -> 
                 'nvidia-utils-%s-server', 'nvidia-compute-utils-%s-server'))))
         specs.append(DebSpec('nvidia-fabricmanager-%s' % branch, fv, depends='%s-%s' % (common, up)))
         specs.append(DebSpec('libnvidia-nscq-%s' % branch, fv, depends='%s-%s' % (common, up)))
+    return specs
+
+
+KERNEL_OLD = '6.8.0-134-generic'
+KERNEL_NEW = '6.8.0-140-generic'
+
+
+def kernel_specs(releases: Sequence[str] = (KERNEL_OLD, KERNEL_NEW)) -> list[DebSpec]:
+    """Tiny Ubuntu kernel image packages: `linux-image-<release>` at version `<x.y.z>-<abi>.<abi>`."""
+    specs = []
+    for rel in releases:
+        base, abi = rel.split('-')[:2]
+        specs.append(DebSpec('linux-image-%s' % rel, '%s-%s.%s' % (base, abi, abi), section='kernel'))
     return specs
 
 
@@ -264,14 +278,14 @@ def require_tools() -> None:
 @pytest.fixture(scope='session')
 def deb_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     require_tools()
-    return cached_repo(tmp_path_factory.getbasetemp(), driver_specs())
+    return cached_repo(tmp_path_factory.getbasetemp(), driver_specs() + kernel_specs())
 
 
 @pytest.fixture(scope='session')
 def deb_repo_with_broken(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """The driver repository plus a version (BROKEN) whose transaction fails."""
     require_tools()
-    return cached_repo(tmp_path_factory.getbasetemp(), driver_specs() + broken_specs())
+    return cached_repo(tmp_path_factory.getbasetemp(), driver_specs() + kernel_specs() + broken_specs())
 
 
 @pytest.fixture

@@ -355,6 +355,24 @@ def test_single_node_pool_needs_acknowledgement():
                                 'maintenance window']
 
 
+@pytest.mark.parametrize('explicit', [0, '0', '0%'])
+def test_single_node_acknowledged_explicit_zero_still_refuses(explicit):
+    with pytest.raises(P.PlanRefused) as exc:
+        P.build_plan([node('solo', gpus=4)], target=TARGET, single_node_pool_acknowledged=True,
+                     max_unavailable=explicit)
+    rule = '0% of 1 = 0, rounded down = 0' if explicit == '0%' else '0 (a count)'
+    assert exc.value.problems == [
+        'max_unavailable resolves to 0 (%s): no node may leave service, so nothing can be upgraded' % rule]
+
+
+def test_single_node_acknowledged_percentage_rounding_to_zero_becomes_one():
+    plan = P.build_plan([node('solo', gpus=4)], target=TARGET, single_node_pool_acknowledged=True,
+                        max_unavailable='50%')
+    assert plan['max_unavailable'] == 1
+    assert plan['budget']['max_unavailable']['rule'] == (
+        '50% of 1 = 0.5, rounded down = 0; single-node pool acknowledged: the whole pool (1) may be unavailable')
+
+
 def test_single_node_acknowledged_but_allowance_keeps_it():
     with pytest.raises(P.PlanRefused, match='below failure_allowance.nodes 1'):
         P.build_plan([node('solo')], target=TARGET, single_node_pool_acknowledged=True,

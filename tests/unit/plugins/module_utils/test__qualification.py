@@ -324,8 +324,14 @@ def test_seed_tuple_passes():
 def test_default_now_is_the_current_time():
     fresh = text(with_canary(seed_dict(), completedAt=timestamp(datetime.datetime.now(UTC))))
     assert q.check_gate(fresh, PCI_IDS, CURRENT, TARGET).passed is True
-    # The seed's canary (2026-07-14) is far from today's clock: stale or future, never PASS.
-    assert gate(now=None).passed is (abs(datetime.datetime.now(UTC) - SEED_COMPLETED_AT) <= datetime.timedelta(minutes=5))
+    # now=None reads the clock: a canary 721 h old is past the 720 h limit, one 1 h old is within it.
+    clock = datetime.datetime.now(UTC)
+    stale = text(with_canary(seed_dict(), completedAt=timestamp(clock - datetime.timedelta(hours=721))))
+    recent = text(with_canary(seed_dict(), completedAt=timestamp(clock - datetime.timedelta(hours=1))))
+    blocked = gate(stale, now=None)
+    assert blocked.passed is False
+    assert blocked.problems == ['canary evidence is older than 720h']
+    assert gate(recent, now=None).passed is True
 
 
 def test_naive_now_is_utc():

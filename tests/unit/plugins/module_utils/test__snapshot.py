@@ -100,3 +100,65 @@ def test_modprobe_files_selects_nvidia(tmp_path):
     (d / 'floppy.conf').write_text('blacklist floppy\n')
     files = sn.modprobe_files(lambda rel: str(tmp_path / rel))
     assert sorted(files) == ['etc/modprobe.d/local.conf', 'etc/modprobe.d/nvidia-graphics-drivers.conf']
+
+
+# --- default-boot kernel ---------------------------------------------------------------------
+
+KERNELS = ['6.8.0-140-generic', '6.8.0-134-generic', '6.8.0-9-generic']
+
+
+def test_installed_kernels_newest_first():
+    names = ['linux-image-6.8.0-9-generic', 'linux-image-generic', 'linux-image-6.8.0-134-generic',
+             'linux-image-unsigned-6.8.0-140-generic', 'linux-modules-6.8.0-134-generic', 'nvidia-driver-580-server']
+    assert sn.installed_kernels(names) == KERNELS
+
+
+@pytest.mark.parametrize('grub_default,saved_entry,kernel', [
+    ('0', None, '6.8.0-140-generic'),
+    (None, None, '6.8.0-140-generic'),
+    ('saved', None, '6.8.0-140-generic'),
+    ('saved', 'gnulinux-6.8.0-134-generic-advanced-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0', '6.8.0-134-generic'),
+    ('saved', 'gnulinux-advanced-0f1e>gnulinux-6.8.0-134-generic-advanced-0f1e', '6.8.0-134-generic'),
+    ('saved', 'Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-9-generic', '6.8.0-9-generic'),
+    ('saved', 'Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-9-generic (recovery mode)', '6.8.0-9-generic'),
+    ('saved', 'gnulinux-simple-0f1e', '6.8.0-140-generic'),
+    ('Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-134-generic', 'ignored', '6.8.0-134-generic'),
+    ('1>2', None, None),
+    ('saved', '1>2', None),
+])
+def test_default_boot_kernel(grub_default, saved_entry, kernel):
+    assert sn.default_boot_kernel(grub_default, saved_entry, KERNELS) == kernel
+
+
+def test_grub_entry_for_prefers_the_grub_cfg_id():
+    cfg = ("menuentry 'Ubuntu' $menuentry_id_option 'gnulinux-simple-u1' {\n}\n"
+           "submenu 'Advanced options for Ubuntu' $menuentry_id_option 'gnulinux-advanced-u1' {\n"
+           "\tmenuentry 'Ubuntu, with Linux 6.8.0-134-generic (recovery mode)' $menuentry_id_option "
+           "'gnulinux-6.8.0-134-generic-recovery-u1' {\n\t}\n"
+           "\tmenuentry 'Ubuntu, with Linux 6.8.0-134-generic' $menuentry_id_option "
+           "'gnulinux-6.8.0-134-generic-advanced-u1' {\n\t}\n}\n")
+    assert sn.grub_entry_for('6.8.0-134-generic', cfg) == 'gnulinux-advanced-u1>gnulinux-6.8.0-134-generic-advanced-u1'
+    assert sn.grub_entry_for('6.8.0-140-generic', cfg) == 'Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-140-generic'
+    assert sn.grub_entry_for('6.8.0-134-generic', None) == 'Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-134-generic'
+
+
+def test_plan_boot_kernel():
+    boot = {'grub_default': '0', 'saved_entry': None, 'default_kernel': '6.8.0-134-generic'}
+    res = sn.plan_boot_kernel(boot, KERNELS[1:], KERNELS, '0', None, None, None)
+    assert res == {'kernel': '6.8.0-134-generic', 'would_boot_now': '6.8.0-140-generic',
+                   'would_boot_captured_config': '6.8.0-140-generic', 'set': True, 'keep': False,
+                   'saved_entry': 'Advanced options for Ubuntu>Ubuntu, with Linux 6.8.0-134-generic'}
+    # A snapshot without default_kernel: the captured config resolved over the captured kernels.
+    old = {'grub_default': '0', 'saved_entry': None, 'running_kernel': '6.8.0-9-generic'}
+    assert sn.plan_boot_kernel(old, KERNELS[1:], KERNELS, '0', None, None, None)['kernel'] == '6.8.0-134-generic'
+    # Nothing resolvable: the running kernel at capture.
+    assert sn.plan_boot_kernel(old, [], KERNELS, '0', None, None, None)['kernel'] == '6.8.0-9-generic'
+    # The current configuration already boots it: kept.
+    kept = sn.plan_boot_kernel(boot, KERNELS[1:], KERNELS, 'saved', 'gnulinux-6.8.0-134-generic-advanced-u1', None, None)
+    assert (kept['set'], kept['keep']) == (False, True)
+    # Nothing changes when the captured configuration still boots it.
+    same = sn.plan_boot_kernel(boot, KERNELS[1:], KERNELS[1:], '0', None, None, None)
+    assert (same['set'], same['keep']) == (False, False)
+    with pytest.raises(sn.SnapshotError, match=r"default-boot kernel 6.8.0-134-generic is not installed \(no "
+                       r"linux-image-6.8.0-134-generic package under /srv/root; installed kernels: 6.8.0-140-generic\)"):
+        sn.plan_boot_kernel(boot, KERNELS[1:], KERNELS[:1], '0', None, None, '/srv/root')

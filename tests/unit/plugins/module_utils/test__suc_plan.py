@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -209,3 +210,106 @@ def test_plan_names_are_dns_labels_and_unique():
     assert n1 != n2
     assert n3.startswith('gpufleet-rke2-agent-gpu-node-1-') and n3 != plan_name('gpufleet-rke2', 'agent', 'gpu-node-1')
     assert plan_name('p', 'server', 'cp-1') == 'p-server-cp-1'
+
+
+# ------------------------------------------------------------------------------- applying
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (  # noqa: E402
+    apply_plans, merge_patch, plan_path)
+
+
+@pytest.mark.parametrize('cur,want,patch', [
+    ({'a': 1}, {'a': 1}, None),
+    ({'a': 1}, {'a': 2}, {'a': 2}),
+    ({'a': 1, 'drain': {'force': True}}, {'a': 1}, {'drain': None}),
+    ({'drain': {'force': True, 'timeout': '60s'}}, {'drain': {'force': True}}, {'drain': {'timeout': None}}),
+    ({'l': [1, 2]}, {'l': [1]}, {'l': [1]}),
+    ({}, {'x': {'y': 1}}, {'x': {'y': 1}}),
+])
+def test_merge_patch(cur, want, patch):
+    assert merge_patch(cur, want) == patch
+
+
+class FakePlanClient:
+    """A dict store with the three calls apply_plans makes (one function's unit test)."""
+
+    def __init__(self, objs=()):
+        self.store = {plan_path(o['metadata']['namespace'], o['metadata']['name']): o for o in objs}
+        self.writes = []
+
+    def get_or_none(self, path):
+        return copy.deepcopy(self.store.get(path))
+
+    def post(self, path, body):
+        self.writes.append(('POST', path))
+        self.store[plan_path(body['metadata']['namespace'], body['metadata']['name'])] = copy.deepcopy(body)
+
+    def update(self, path, compute):
+        patch = compute(copy.deepcopy(self.store[path]))
+        self.writes.append(('PATCH', path, patch))
+        obj = self.store[path]
+        for part in ('labels', 'annotations'):
+            obj['metadata'].setdefault(part, {}).update((patch.get('metadata') or {}).get(part) or {})
+        if 'spec' in patch:
+            obj['spec'] = _apply_merge(obj['spec'], patch['spec'])
+
+
+def _apply_merge(target, patch):
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _apply_merge(out.get(k), v)
+    return out
+
+
+def _two_plans(**kw):
+    return render_plans(nodes=[{'name': 'cp-1', 'role': 'server'}, {'name': 'g-1', 'role': 'agent'}],
+                        target_rke2=TGT, current_rke2=CUR, **kw).plans
+
+
+def test_apply_creates_then_is_idempotent_then_updates_minimal_patch():
+    client = FakePlanClient()
+    res = apply_plans(client, _two_plans())
+    assert res.changed and [a['action'] for a in res.applied] == ['created', 'created']
+    assert [w[0] for w in client.writes] == ['POST', 'POST']
+    client.writes.clear()
+    res = apply_plans(client, _two_plans())
+    assert not res.changed and [a['action'] for a in res.applied] == ['unchanged', 'unchanged']
+    assert client.writes == []
+    res = apply_plans(client, _two_plans(drain={'force': True}))
+    assert [a['action'] for a in res.applied] == ['updated', 'updated']
+    assert client.writes[0][2] == {'spec': {'drain': {'force': True}}}
+    assert res.before['system-upgrade/gpufleet-rke2-server-cp-1']['spec'].get('drain') is None
+    client.writes.clear()
+    apply_plans(client, _two_plans())  # drain removed again: set to null
+    assert client.writes[0][2] == {'spec': {'drain': None}}
+    assert 'drain' not in client.store[plan_path('system-upgrade', 'gpufleet-rke2-server-cp-1')]['spec']
+
+
+def test_apply_check_mode_reads_only():
+    client = FakePlanClient()
+    res = apply_plans(client, _two_plans(), check_mode=True)
+    assert res.changed and [a['action'] for a in res.applied] == ['created', 'created'] and client.writes == []
+
+
+def test_apply_refuses_foreign_plan_before_writing_anything():
+    foreign = copy.deepcopy(_two_plans()[1])
+    del foreign['metadata']['labels']['app.kubernetes.io/managed-by']
+    client = FakePlanClient([foreign])
+    with pytest.raises(SucPlanError) as exc:
+        apply_plans(client, _two_plans())
+    assert exc.value.problems == ['Plan system-upgrade/gpufleet-rke2-agent-g-1 exists and is not managed by '
+                                  'gpufleet.upgrade (label app.kubernetes.io/managed-by); refusing to change it']
+    assert client.writes == []
+
+
+def test_apply_keeps_foreign_labels_and_annotations():
+    plan = copy.deepcopy(_two_plans()[0])
+    plan['metadata']['labels']['team'] = 'platform'
+    plan['metadata']['annotations']['note'] = 'x'
+    client = FakePlanClient([plan])
+    res = apply_plans(client, _two_plans()[:1])
+    assert not res.changed and client.writes == []

@@ -1,0 +1,157 @@
+"""The read-only modules of issue 6 fed from a Kubernetes API (the emulator, read and written with
+the real kubectl), as the roles will feed them: SUC Plans applied with kubectl and matched against
+the nodes by the API's own selector code; the stale-driver recovery plan before and after the driver
+DaemonSet is recreated (new UID); the intake gate before and after a quota is opened."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from emulator import fixtures as f
+
+TGT = 'v1.36.1+rke2r1'
+CUR = 'v1.35.3+rke2r3'
+NS = 'nvidia-dra-driver-gpu'
+DS_NAME = 'nvidia-dra-driver-gpu-kubelet-plugin'
+
+
+def kubectl(emu, *args):
+    res = subprocess.run(['kubectl', '--kubeconfig', emu.kubeconfig, *args], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _read_task(name, emu, *args):
+    """A playbook task that reads objects with kubectl and parses them (what a role does with k8s_info)."""
+    return {'name': name, 'ansible.builtin.command': {'argv': ['kubectl', '--kubeconfig', emu.kubeconfig, 'get',
+                                                               *args, '-o', 'json']},
+            'register': name, 'changed_when': False}
+
+
+def _selector_string(match_expressions):
+    parts = []
+    for e in match_expressions:
+        if e['operator'] == 'In':
+            parts.append('%s in (%s)' % (e['key'], ','.join(e['values'])))
+        elif e['operator'] == 'DoesNotExist':
+            parts.append('!%s' % e['key'])
+        else:
+            raise AssertionError('unexpected operator %r' % e['operator'])
+    return ','.join(parts)
+
+
+def test_suc_plans_applied_with_kubectl_each_select_exactly_its_node(emulator, run_playbook, tmp_path):
+    emu = emulator
+    servers = ['cp-1', 'cp-2']
+    agents = ['gpu-a-%02d' % i for i in range(6)]
+    emu.apply([f.namespace('system-upgrade')]
+              + [f.node(n, labels={'node-role.kubernetes.io/control-plane': 'true'}) for n in servers]
+              + [f.gpu_node(n) for n in agents])
+    plans_file = tmp_path / 'plans.yaml'
+    nodes = [{'name': n, 'role': 'server'} for n in servers] + [{'name': n, 'role': 'agent'} for n in agents]
+    run = run_playbook([{'name': 'rke2', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'render', 'gpufleet.upgrade.suc_plan': {'target_rke2': TGT, 'current_rke2': CUR, 'nodes': nodes},
+         'register': 'suc'},
+        {'name': 'write', 'ansible.builtin.copy': {
+            'dest': str(plans_file), 'mode': '0600',
+            'content': "{{ suc.plans | map('ansible.builtin.to_nice_yaml') | join('---\n') }}"}},
+        {'name': 'apply', 'ansible.builtin.command': {
+            'argv': ['kubectl', '--kubeconfig', emu.kubeconfig, 'apply', '-f', str(plans_file)]}},
+    ]}])
+    assert run.rc == 0, run.stdout
+    stored = {p['metadata']['name']: p for p in emu.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')}
+    assert len(stored) == 8
+    for plan in run.result('render')['plans']:
+        got = stored[plan['metadata']['name']]
+        assert got['spec'] == plan['spec']  # the API kept every field
+        selector = _selector_string(got['spec']['nodeSelector']['matchExpressions'])
+        matched = [n['metadata']['name'] for n in emu.list('v1', 'Node', label_selector=selector)]
+        assert matched == [plan['metadata']['annotations']['gpufleet.io/node']], (selector, matched)
+    # kubectl reads them back, and a second apply changes nothing
+    listed = json.loads(kubectl(emu, 'get', 'plans.upgrade.cattle.io', '-n', 'system-upgrade', '-o', 'json'))
+    assert sorted(p['metadata']['name'] for p in listed['items']) == sorted(stored)
+    assert kubectl(emu, 'apply', '-f', str(plans_file)).count('unchanged') == 8
+
+
+def _dra_cluster(emu, pod_ready_since):
+    emu.simulator.enabled = False  # pods keep the status given here
+    ds = f.daemonset(DS_NAME, NS)
+    emu.apply([f.namespace(NS), f.gpu_node('gpu-a-07'), f.gpu_node('gpu-a-08'),
+               f.resource_slice('gpu-a-07', devices=0), f.resource_slice('gpu-a-08', devices=8), ds])
+    ds = emu.get('apps/v1', 'DaemonSet', DS_NAME, NS)
+    emu.patch('apps/v1', 'DaemonSet', DS_NAME, {'status': {'desiredNumberScheduled': 2, 'currentNumberScheduled': 2,
+                                                           'numberReady': 1, 'updatedNumberScheduled': 2,
+                                                           'numberMisscheduled': 0}},
+              namespace=NS, subresource='status')
+    stale = f.daemonset_pod(ds, 'gpu-a-07', suffix='stale', ready=False)
+    for cond in stale['status']['conditions']:
+        if cond['type'] == 'Ready':
+            cond['lastTransitionTime'] = pod_ready_since
+    emu.apply([stale, f.daemonset_pod(ds, 'gpu-a-08', suffix='ok')])
+    return ds
+
+
+def _dra_play(emu, now, min_unready=600):
+    return [{'name': 'postflight', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        _read_task('node', emu, 'node', 'gpu-a-07'),
+        _read_task('slices', emu, 'resourceslices.resource.k8s.io'),
+        _read_task('ds', emu, 'daemonset', DS_NAME, '-n', NS),
+        _read_task('pods', emu, 'pods', '-n', NS),
+        {'name': 'plan', 'gpufleet.upgrade.dra_recovery_plan': {
+            'node': '{{ node.stdout | ansible.builtin.from_json }}',
+            'resource_slices': '{{ (slices.stdout | ansible.builtin.from_json)["items"] }}',
+            'daemonset': '{{ ds.stdout | ansible.builtin.from_json }}',
+            'pods': '{{ (pods.stdout | ansible.builtin.from_json)["items"] }}',
+            'driver': 'gpu.nvidia.com', 'now': now, 'min_unready_seconds': min_unready}, 'register': 'plan'},
+    ]}]
+
+
+def test_dra_recovery_plan_from_the_api_and_after_the_daemonset_is_recreated(emulator, run_playbook):
+    emu = emulator
+    ds = _dra_cluster(emu, '2026-07-14T11:40:00Z')
+    before = emu.mutating_requests()
+    res = run_playbook(_dra_play(emu, '2026-07-14T12:00:00Z')).result('plan')
+    assert res['candidate'] is True, res['conditions']
+    assert [(c['name'], c['uid']) for c in res['candidates']] == [
+        ('%s-stale' % DS_NAME, emu.get('v1', 'Pod', '%s-stale' % DS_NAME, NS)['metadata']['uid'])]
+    assert res['pods'][0]['unready_seconds'] == 1200
+    assert emu.mutating_requests() == before  # read-only: nothing written, nothing deleted
+    assert emu.get('v1', 'Pod', '%s-stale' % DS_NAME, NS) is not None
+
+    # The DaemonSet is deleted (orphaning its pods) and recreated: same name, new UID. The old pod
+    # is no longer owned by the current DaemonSet, so it is not a candidate.
+    kubectl(emu, 'delete', 'daemonset', DS_NAME, '-n', NS, '--cascade=orphan')
+    emu.apply([f.daemonset(DS_NAME, NS)])
+    new_uid = emu.get('apps/v1', 'DaemonSet', DS_NAME, NS)['metadata']['uid']
+    assert new_uid != ds['metadata']['uid']
+    emu.patch('apps/v1', 'DaemonSet', DS_NAME, {'status': {'desiredNumberScheduled': 2, 'numberReady': 1,
+                                                           'updatedNumberScheduled': 0}},
+              namespace=NS, subresource='status')
+    res = run_playbook(_dra_play(emu, '2026-07-14T12:00:00Z')).result('plan')
+    assert res['candidate'] is False and res['candidates'] == []
+    assert res['pods'][0]['owned_by_current_daemonset'] is False
+    assert 'not the current DaemonSet %s/%s (uid %s)' % (NS, DS_NAME, new_uid) in res['pods'][0]['reason']
+
+
+def test_intake_check_from_the_api_closed_then_opened(emulator, run_playbook):
+    emu = emulator
+    emu.apply([f.namespace('tenant-a'),
+               f.resource_quota('gpu-intake', {'requests.nvidia.com/gpu': '0'}, namespace='tenant-a')])
+    checks = [{'api_version': 'v1', 'kind': 'ResourceQuota', 'namespace': 'tenant-a', 'name': 'gpu-intake',
+               'field': 'spec.hard["requests.nvidia.com/gpu"]', 'closed_values': ['0']}]
+    play = [{'name': 'preflight', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        _read_task('quotas', emu, 'resourcequotas', '-A'),
+        {'name': 'intake', 'gpufleet.upgrade.intake_check': {
+            'checks': checks, 'objects': '{{ (quotas.stdout | ansible.builtin.from_json)["items"] }}'},
+         'register': 'intake', 'ignore_errors': True},
+    ]}]
+    res = run_playbook(play).result('intake')
+    assert res['_event'] == 'runner_on_ok' and res['closed'] is True
+    assert res['checks'][0]['uid'] == emu.get('v1', 'ResourceQuota', 'gpu-intake', 'tenant-a')['metadata']['uid']
+
+    kubectl(emu, 'patch', 'resourcequota', 'gpu-intake', '-n', 'tenant-a', '--type', 'merge',
+            '-p', '{"spec": {"hard": {"requests.nvidia.com/gpu": "8"}}}')
+    res = run_playbook(play).result('intake')
+    assert res['_event'] == 'runner_on_failed' and res['closed'] is False
+    assert res['checks'][0]['status'] == 'open' and res['checks'][0]['value'] == '8'
