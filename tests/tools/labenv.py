@@ -105,12 +105,15 @@ def make_roots(lab: pathlib.Path, names: list[str]) -> pathlib.Path:
     """One install root per node, at the source driver; built once and copied (cheap on 2 cores)."""
     cache = lab / 'cache'
     cache.mkdir(parents=True, exist_ok=True)
-    repo = debrepo.cached_repo(cache, debrepo.driver_specs())
+    # The running kernel's linux-image package too: node_snapshot's restore checks that the
+    # snapshot's default-boot kernel is installed.
+    kernel = debrepo.kernel_specs((KERNEL,))
+    repo = debrepo.cached_repo(cache, debrepo.driver_specs() + kernel)
     template = cache / ('root-template-' + repo.name)
     if not (template / 'var/lib/dpkg/status').is_file() or 'nvidia-driver' not in (template / 'var/lib/dpkg/status').read_text():
         shutil.rmtree(template, ignore_errors=True)
         root = debrepo.AptRoot.create(template, repo)
-        root.apt_get('install', '-y', *['%s=%s' % (s.name, s.version) for s in debrepo.driver_specs((SOURCE_DRIVER,))])
+        root.apt_get('install', '-y', *['%s=%s' % (s.name, s.version) for s in debrepo.driver_specs((SOURCE_DRIVER,)) + kernel])
     for name in names:
         dest = lab / 'nodes' / name / 'root'
         shutil.rmtree(dest, ignore_errors=True)
