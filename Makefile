@@ -25,12 +25,12 @@ export PYTHONDONTWRITEBYTECODE := 1
 PYTEST      := $(VPY) -m pytest
 SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
-.PHONY: help venv collection test units integration sanity lint lab emulator clean system-deps
+.PHONY: help venv collection test units integration sanity molecule lint lab emulator clean system-deps
 
 help:
 	@echo "make lab    - run the main job (the lab rollout on the emulated fleet; FAULT=none for no fault)"
-	@echo "make test   - run every test layer (units, ansible-test sanity, integration)"
-	@echo "make units | integration | sanity | emulator | clean"
+	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity)"
+	@echo "make units | integration | molecule | sanity | emulator | clean"
 
 $(STAMP): requirements.txt requirements-test.txt
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 found; set PYTHON=" >&2; exit 1; }
@@ -84,8 +84,29 @@ sanity: collection
 	  --test compile --python 3.9 --python-interpreter $$(command -v $(PY39) || echo $(PY39)); \
 	else echo "note: no Python 3.9 here; node-side code compiled on the controller Python only"; fi
 
+# Molecule scenarios of the node_upgrade and rollback roles (extensions/molecule/<scenario>/; default
+# driver, localhost, against the API emulator and per-node install roots). Molecule's state (its
+# ANSIBLE_HOME) and the scenarios' fleets stay under tests/output/molecule, never in ~/. The
+# collection is found only through ANSIBLE_COLLECTIONS_PATH (the venv's link to this work tree; the
+# scenarios set prerun: false so molecule copies nothing), and a stale copy under ~/.ansible that
+# could shadow the work tree is removed. Every scenario runs; the target fails if any failed.
+MOLECULE_SCENARIOS ?= node_upgrade rollback
+MOLECULE_HOME      := $(CURDIR)/tests/output/molecule/ansible-home
+molecule: collection
+	@for stale in $(HOME)/.ansible/collections/ansible_collections/gpufleet/upgrade \
+	  $(MOLECULE_HOME)/collections/ansible_collections/gpufleet/upgrade; do \
+	  if [ -e "$$stale" ] || [ -L "$$stale" ]; then echo "molecule: removing $$stale (it could shadow the work tree)"; rm -rf "$$stale"; fi; \
+	done
+	@failed=""; for s in $(MOLECULE_SCENARIOS); do \
+	  t0=$$(date +%s); \
+	  if ANSIBLE_HOME=$(MOLECULE_HOME) molecule test -s $$s; then r=passed; else r=FAILED; failed="$$failed $$s"; fi; \
+	  echo "molecule: scenario $$s $$r in $$(( $$(date +%s) - t0 )) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "molecule: FAILED:$$failed" >&2; exit 1; fi
+
 test: collection system-deps
 	$(PYTEST) tests/unit tests/integration
+	$(MAKE) --no-print-directory molecule
 	$(MAKE) --no-print-directory sanity
 
 # The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on an emulated
