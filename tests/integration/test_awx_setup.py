@@ -25,6 +25,15 @@ PREDATES_CONTRACT = {
                      'including the current/target tuples as mappings that a survey cannot supply; issue 6 reworks '
                      'it to collect them from the hosts and the API and to take gpufleet_qualification_file',
 }
+# The orchestration playbooks (issue 6) landed in parallel with the AWX definitions and document
+# their inputs in their headers and docs/orchestration-roles.md, not yet in a validate_argument_spec
+# task; the survey variables (gpufleet_*) and the playbooks' variables are still to be aligned.
+# Each entry stops applying by itself once its playbook gains that task (issue 6 stays open for it).
+PREDATES_CONTRACT.update({
+    name: 'playbooks/%s.yml does not yet document its inputs with ansible.builtin.validate_argument_spec, '
+          'and the AWX survey variables are not yet aligned with its variables (issue 6)' % name
+    for name in ('plan', 'preflight', 'canary', 'rollout', 'rollback', 'postflight')
+})
 SURVEY_KEYS = {'variable', 'question_name', 'question_description', 'type', 'required', 'default', 'min', 'max',
                'choices', 'new_question'}
 SURVEY_TYPES = {'text', 'textarea', 'password', 'integer', 'float', 'multiplechoice', 'multiselect'}
