@@ -147,3 +147,22 @@ def test_rollback_without_nodes_acts_on_the_recorded_failures_only(emulator, run
     hosts = {r['_host'] for r in run.task_results("Rollback | Read the node's NVML facts (its PCI identity picks the record)")}
     assert hosts == {S.NODE}
     assert mutations(emulator) == []
+
+
+def test_preflight_needs_the_plan_or_the_target(emulator, run_playbook, tmp_path):
+    load(emulator)
+    run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(),
+                       extravars={'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_plan_file': ''})
+    assert run.status == 'failed'
+    res = run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')
+    assert res['_event'] == 'runner_on_failed' and 'Set gpufleet_plan_file' in res['msg']
+    assert emulator.requests == []
+
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps({'target': dict(TARGET)}))
+    run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(), extravars={
+        'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_plan_file': str(plan),
+        'gpufleet_target': dict(TARGET, kernel='6.8.0-136-generic')})
+    assert run.status == 'failed'
+    assert 're-plan' in run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')['msg']
+    assert emulator.requests == []
