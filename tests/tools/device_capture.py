@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Capture real-GPU fixtures on a machine with an NVIDIA driver (issue 4's last step).
 
 Read only: it changes no GPU setting, loads no module, installs nothing. It needs only Python >= 3.9
@@ -51,7 +50,7 @@ class SubprocessRunner(_gpuhost.Runner):
         return shutil.which(name)
 
     def run(self, argv: Sequence[str], timeout: Optional[int] = None) -> _gpuhost.CommandResult:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout or 120,
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout or 120, check=False,
                            env=dict(os.environ, LANG='C', LC_ALL='C'))
         return _gpuhost.CommandResult(p.returncode, p.stdout, p.stderr)
 
@@ -61,7 +60,7 @@ def scrub(xml: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     ap.add_argument('--out', required=True, help='folder for the captured files')
     args = ap.parse_args()
     out = pathlib.Path(args.out)
@@ -80,7 +79,7 @@ def main() -> int:
             len(facts['gpus']), facts['driver_version'])))
     smi = shutil.which('nvidia-smi')
     if smi:
-        p = subprocess.run([smi, '-q', '-x'], capture_output=True, text=True, timeout=120)
+        p = subprocess.run([smi, '-q', '-x'], capture_output=True, text=True, timeout=120, check=False)
         (out / 'nvidia-smi-q-x.xml').write_text(scrub(p.stdout))
     host = ['uname -r: ' + os.uname().release]
     modules = pathlib.Path('/proc/modules')
@@ -89,7 +88,7 @@ def main() -> int:
                  ['dmesg']):
         if shutil.which(argv[0]):
             try:
-                p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
             except subprocess.TimeoutExpired:
                 host.append(' '.join(argv) + ': timed out')
                 continue
