@@ -145,7 +145,7 @@ class Simulator:
         self.suc_delay = 0.3
         self.suc_hold: set[str] = set()
         self.suc_fail: set[str] = set()
-        self.suc_log: list[dict] = []                          # {'plan', 'node', 'version', 'event': start|finish|fail}
+        self.suc_log: list[dict] = []  # {'plan', 'node', 'version', 'event': start|finish|fail[, 'unschedulable']}
         self._suc_running: set[tuple[str, str, str]] = set()   # (namespace/plan, node, hash) with a pending finish
         self.owner_kinds = {'ReplicaSet', 'StatefulSet', 'ReplicationController'}
 
@@ -793,5 +793,6 @@ class Simulator:
         if (node.get('spec') or {}).get('unschedulable') and (spec.get('cordon') or spec.get('drain') is not None):
             patch['spec'] = {'unschedulable': None}  # SUC marks the node schedulable when its Job completes
         self.store.patch(self.node_rt, None, node_name, patch, MERGE)
-        self.suc_log.append({'plan': key, 'node': node_name, 'version': spec['version'], 'event': 'finish'})
+        self.suc_log.append({'plan': key, 'node': node_name, 'version': spec['version'], 'event': 'finish',
+                             'unschedulable': bool((node.get('spec') or {}).get('unschedulable'))})
         self._reconcile_plans()
