@@ -22,8 +22,8 @@ description:
     C(app.kubernetes.io/managed-by=gpufleet.upgrade)). Apply the Plan of one node at a time and wait
     for its C(Complete) condition before the next, as the rollout does.
   - One Plan per node, in the order given. Each Plan has C(concurrency=1), C(exclusive=true),
-    C(cordon) (O(cordon), default true), a fixed C(version) (the target RKE2 release; channel polling is off), and a node
-    selector that matches exactly that node (C(kubernetes.io/hostname In [node])) and its role
+    C(cordon=true) (unless O(cordon=false)), a fixed C(version) (the target RKE2 release; channel polling
+    is off), and a node selector that matches exactly that node (C(kubernetes.io/hostname In [node])) and its role
     (C(node-role.kubernetes.io/control-plane In [true]) for servers, C(DoesNotExist) for agents).
     There is never a Plan that selects several nodes.
   - Server Plans tolerate C(CriticalAddonsOnly); agent Plans wait for the last server Plan with the
@@ -32,14 +32,14 @@ description:
     (versions compare as (minor, patch, rev) of C(v1.MINOR.PATCH+rke2rREV), the rules of the gate); refuses servers listed
     after agents; refuses agents newer than the control plane when I(control_plane_rke2) is given and
     no server is in the plan. Nodes already at the target get no Plan.
-  - With O(wait=true) (and O(state=present)) the Plans are applied one at a time: each is created or updated,
+  - With O(wait=true) (and O(state=present)) the Plans are applied one at a time. Each is created or updated,
     then the module waits, at most O(wait_timeout) seconds, until the Plan's C(Complete) condition is True for
     the target version, its node carries the controller's C(plan.upgrade.cattle.io/<plan>) label with the
     Plan's C(latestHash), and the Node's C(status.nodeInfo.kubeletVersion) is the target; only then is the
     next Plan written. No Plan is written while another gpufleet-managed Plan in the namespace is
-    unfinished (not C(Complete) for its version): one RKE2 upgrade at a time. A failed upgrade Job (C(Complete=False), reason C(JobFailed)), a Plan that completed
-    without selecting its node, or the deadline fail the task; nothing is rolled back (RKE2 is not
-    downgraded).
+    unfinished (not C(Complete) for its version), so there is one RKE2 upgrade at a time. A failed upgrade
+    Job (C(Complete=False), reason C(JobFailed)), a Plan that completed without selecting its node, or the
+    deadline fail the task; nothing is rolled back (RKE2 is not downgraded).
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
