@@ -172,7 +172,7 @@ seealso:
 notes:
   - Apply Plan N+1 only after Plan N reports C(Complete) and its node passed its gates.
   - The Kubernetes auth options are used only with O(state=present).
-  - Waiting reads the Node (C(get nodes), cluster-scoped): bind the collection's reader role cluster-wide
+  - Waiting reads the Node (C(get nodes), cluster-scoped), so bind the collection's reader role cluster-wide
     as well (docs/rbac).
 """
 
