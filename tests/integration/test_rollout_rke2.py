@@ -11,6 +11,7 @@ is covered by test_lab.py.
 from __future__ import annotations
 
 import datetime
+import json
 import pathlib
 import shutil
 import sys
@@ -75,8 +76,13 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
         plan = lab.plan()
         assert plan['target'] == TARGET
         approved_records(lab, plan, TARGET)
-        order = [n for batch in plan['batches'] for n in batch]
+        nodes_in_order = [n for batch in plan['batches'] for n in batch]
         assert any(len(b) > 1 for b in plan['batches']), plan['batches']  # a batch of several nodes is serialized too
+        # The last node already runs the target (upgraded by hand after the plan was made): it gets no Plan.
+        at_target = nodes_in_order[-1]
+        lab.emu.patch('v1', 'Node', at_target, {'status': {'nodeInfo': {'kubeletVersion': TARGET_RKE2}}},
+                      subresource='status')
+        order = nodes_in_order[:-1]
         lab.emu.clear_requests()
 
         assert lab.play('rollout', 'rollout.yml') == 'successful', lab.runs['rollout']['failures']
@@ -99,7 +105,7 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
         log = [(e['event'], e['node']) for e in lab.emu.simulator.suc_log]
         assert log == [(ev, n) for n in order for ev in ('start', 'finish')]
         assert all(e['unschedulable'] for e in lab.emu.simulator.suc_log if e['event'] == 'finish')
-        for node in order:
+        for node in nodes_in_order:
             obj = lab.emu.get('v1', 'Node', node)
             assert obj['status']['nodeInfo']['kubeletVersion'] == TARGET_RKE2
             assert not obj['spec'].get('unschedulable')
@@ -112,10 +118,15 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
             assert task_index(run, node, 'Drain |') < task_index(run, node, 'Snapshot | Capture') < rke2
             assert rke2 < task_index(run, node, 'Install |')
 
-        # A rerun finds every node at the target: no Plan is written or changed.
-        lab.emu.clear_requests()
-        assert lab.play('rollout-again', 'rollout.yml') == 'successful', lab.runs['rollout-again']['failures']
-        assert [r for r in lab.emu.mutating_requests() if '/plans' in r['path']] == []
+        # The evidence bundle: each node went through its RKE2 phase (not the one already at the target).
+        nodes = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())['nodes']
+        assert sorted(nodes) == sorted(nodes_in_order)
+        for node in nodes_in_order:
+            assert nodes[node]['phases'][:5] == (['holders', 'drain', 'snapshot', 'rke2', 'install'] if node != at_target
+                                                 else ['holders', 'drain', 'snapshot', 'install', 'activate'])
+            assert nodes[node]['verdict'] == 'upgraded' and nodes[node]['tuple_after'] == TARGET
+            assert nodes[node]['tuple_before']['rke2'] == labenv.RKE2
+        assert lab.emu.get('v1', 'Node', at_target)['status']['nodeInfo']['kubeletVersion'] == TARGET_RKE2
     finally:
         lab.stop()
 
@@ -153,5 +164,9 @@ def test_plan_that_never_completes_times_out_and_stops_with_the_node_cordoned(tm
             assert rows[other]['cordoned'] and rows[other]['driver'] == labenv.SOURCE_DRIVER
         later = [n for b in plan['batches'][1:] for n in b]
         assert all(rows[n]['state'] == '-' and not rows[n]['cordoned'] for n in later)
+        e = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())['nodes'][first]
+        assert (e['verdict'], e['failed_phase'], e['phases'], e['rolled_back']) == (
+            'failed', 'rke2', ['holders', 'drain', 'snapshot'], False)
+        assert e['tuple_after']['rke2'] == labenv.RKE2 and e['tuple_after']['driver'] == labenv.SOURCE_DRIVER
     finally:
         lab.stop()
