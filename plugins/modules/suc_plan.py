@@ -324,12 +324,12 @@ def main() -> None:
         waited = []
         try:
             client = K8sClient.from_params(p)
-            if waiting:
+            if waiting and result.plans:
                 # Never two RKE2 upgrades at once: no Plan is written while another of ours is unfinished.
                 busy = unfinished_plans(client.list_all('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % p['namespace'],
                                                         {'labelSelector': 'app.kubernetes.io/managed-by=gpufleet.upgrade'}),
                                         [pl['metadata']['name'] for pl in result.plans])
-                if busy and result.plans:
+                if busy:
                     module.fail_json(msg='refusing to write the RKE2 Plan of %s while another RKE2 upgrade is unfinished: '
                                      '%s. %s.' % (', '.join(pl['metadata']['annotations']['gpufleet.io/node']
                                                             for pl in result.plans), '; '.join(busy), RECOVERY_HINT),
@@ -353,7 +353,7 @@ def main() -> None:
                         out.update(changed=applied.changed, applied=applied.applied, waited=waited)
                         module.fail_json(msg='RKE2 Plan %s for node %s: %s. %s.' % (
                             plan['metadata']['name'], node, progress.failed, RECOVERY_HINT), **out)
-            else:
+            else:  # not waiting, or nothing to write (every node already runs the target)
                 applied = apply_plans(client, result.plans, check_mode=module.check_mode)
         except SucPlanError as exc:
             module.fail_json(msg='refusing to apply RKE2 Plans: %s' % '; '.join(exc.problems),
