@@ -11,7 +11,8 @@ Shape (``schema: gpufleet.upgrade/evidence/v1``)::
 
     id, created, updated                        # RFC 3339 UTC
     tuple: {before: {kernel, rke2, driver, gpu_operator, dcgm_exporter}, after: {...}}
-    nodes: {<name>: {name, role, uid, machine_id, system_uuid, pci_ids, batch, tuple_before, tuple_after}}
+    nodes: {<name>: {name, role, uid, machine_id, system_uuid, pci_ids, batch, tuple_before, tuple_after,
+                     verdict, phases, failed_phase, started, finished, duration_s, rolled_back, message}}
     artifacts: [{kind, name, version, sha256, digest, path}]     # keyed by (kind, name)
     batches: [{index, kind, nodes, started, finished}]             # keyed by index
     gates: [{id, name, kind, category, node, batch, critical, passed, started, finished,
@@ -36,6 +37,8 @@ from typing import Any, Dict, List, Optional, Tuple
 SCHEMA = 'gpufleet.upgrade/evidence/v1'
 TUPLE_KEYS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
 ROLES = ('canary', 'control', 'batch', 'other')
+# A rollout's outcome for one node (the rollout playbook records it after each node it touched).
+VERDICTS = ('upgraded', 'failed', 'skipped')
 CATEGORIES = ('allocation', 'monitoring', 'rollback', 'compatibility', 'health', 'other')
 # What a gate of each kind proves, for the qualification record (seed 004: allocation, monitoring, rollback).
 KIND_CATEGORY = {
@@ -190,7 +193,8 @@ def _times(entry: Dict[str, Any], field: str) -> Tuple[Optional[str], Optional[s
 def node_entry(raw: Any, i: int) -> Dict[str, Any]:
     field = 'nodes[%d]' % i
     _check_keys(raw, ('name', 'role', 'uid', 'machine_id', 'system_uuid', 'pci_ids', 'batch', 'tuple_before',
-                      'tuple_after', 'labels'), field)
+                      'tuple_after', 'labels', 'verdict', 'phases', 'failed_phase', 'started', 'finished',
+                      'rolled_back', 'message'), field)
     name = _str(raw, 'name', field, required=True)
     out = {'name': name}  # type: Dict[str, Any]
     role = _str(raw, 'role', field)
@@ -217,6 +221,28 @@ def node_entry(raw: Any, i: int) -> Dict[str, Any]:
         if not isinstance(raw['labels'], dict):
             raise EvidenceError('%s.labels: %r is not a dict' % (field, raw['labels']))
         out['labels'] = {str(k): str(v) for k, v in raw['labels'].items()}
+    verdict = _str(raw, 'verdict', field)
+    if verdict is not None:
+        if verdict not in VERDICTS:
+            raise EvidenceError('%s.verdict: %r is not one of %s' % (field, verdict, ', '.join(VERDICTS)))
+        out['verdict'] = verdict
+    if raw.get('phases') is not None:
+        phases = raw['phases']
+        if not isinstance(phases, list) or not all(isinstance(x, str) and x.strip() for x in phases):
+            raise EvidenceError('%s.phases: %r is not a list of phase names' % (field, phases))
+        out['phases'] = [x.strip() for x in phases]
+    for k in ('failed_phase', 'message'):
+        v = _str(raw, k, field)
+        if v is not None:
+            out[k] = v
+    if raw.get('started') is not None or raw.get('finished') is not None:
+        started, finished, duration = _times(raw, field)
+        for k, v in (('started', started), ('finished', finished), ('duration_s', duration)):
+            if v is not None:
+                out[k] = v
+    rolled_back = _bool(raw, 'rolled_back', field, None)
+    if rolled_back is not None:
+        out['rolled_back'] = rolled_back
     return out
 
 
@@ -625,14 +651,24 @@ def render_html(bundle: Dict[str, Any]) -> str:
     else:
         out.append('<p class="muted">No gate recorded.</p>')
     out.append('<h2>Nodes</h2><table><tr><th>node</th><th>role</th><th>batch</th><th>Node UID</th><th>machine-id</th>'
-               '<th>system UUID</th><th>PCI ids</th><th>driver before</th><th>driver after</th></tr>')
+               '<th>system UUID</th><th>PCI ids</th><th>driver before</th><th>driver after</th><th>verdict</th>'
+               '<th>phases</th><th>duration</th><th>rolled back</th></tr>')
     for name in sorted(bundle['nodes']):
         n = bundle['nodes'][name]
+        verdict = n.get('verdict', '')
+        vcls = {'upgraded': 'pass', 'failed': 'fail'}.get(verdict, '')
+        phases = ' → '.join(n.get('phases', []))
+        if n.get('failed_phase'):
+            phases += (' → ' if phases else '') + '%s FAILED' % n['failed_phase']
         out.append('<tr><td>%s</td><td>%s</td><td>%s</td><td><code>%s</code></td><td><code>%s</code></td>'
-                   '<td><code>%s</code></td><td><code>%s</code></td><td>%s</td><td>%s</td></tr>' % (
+                   '<td><code>%s</code></td><td><code>%s</code></td><td>%s</td><td>%s</td><td class="%s">%s</td>'
+                   '<td>%s</td><td>%s</td><td>%s</td></tr>' % (
                        _e(name), _e(n.get('role', '')), _e(n.get('batch', '')), _e(n.get('uid', '')),
                        _e(n.get('machine_id', '')), _e(n.get('system_uuid', '')), _e(' '.join(n.get('pci_ids', []))),
-                       _tuple_cell(n.get('tuple_before'), 'driver'), _tuple_cell(n.get('tuple_after'), 'driver')))
+                       _tuple_cell(n.get('tuple_before'), 'driver'), _tuple_cell(n.get('tuple_after'), 'driver'),
+                       vcls, _e(verdict), _e(phases),
+                       _e('' if n.get('duration_s') is None else '%gs' % n['duration_s']),
+                       _e({True: 'yes', False: 'no'}.get(n.get('rolled_back'), ''))))
     out.append('</table>')
     out.append('<h2>Artifacts</h2><table><tr><th>kind</th><th>name</th><th>version</th><th>digest</th></tr>')
     for a in bundle['artifacts']:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -125,13 +126,16 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
                  control_plane_rke2: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
                  service_account: str = DEFAULT_SERVICE_ACCOUNT, image: str = DEFAULT_IMAGE,
                  name_prefix: str = DEFAULT_NAME_PREFIX, drain: Optional[Dict[str, Any]] = None,
-                 server_plan: Optional[str] = None) -> SucPlanResult:
+                 server_plan: Optional[str] = None, cordon: bool = True) -> SucPlanResult:
     """Render one Plan per node to upgrade, in order; raise ``SucPlanError`` with every problem.
 
     ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?}]``;
     a node without ``current_rke2`` takes ``current_rke2``. ``control_plane_rke2``: the control
     plane's version when no server is in ``nodes`` (agents may not be newer). ``server_plan``: the
     server Plan agents wait for in their ``prepare`` step when no server is in ``nodes``.
+    ``cordon``: the Plans' ``spec.cordon``. The System Upgrade Controller UNCORDONS a node when its
+    Job completes if the Plan cordons or drains; a caller that cordoned and drained the node itself
+    (the rollout) and must keep it cordoned until its gates pass sets ``cordon=False``.
     """
     problems: List[str] = []
     notes: List[str] = []
@@ -229,7 +233,7 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
         seq = len(plans) + 1
         spec: Dict[str, Any] = {
             'concurrency': 1,
-            'cordon': True,
+            'cordon': bool(cordon),
             # Jobs of exclusive Plans never run alongside each other: even if every Plan of the set is
             # applied at once, the controller upgrades one node at a time.
             'exclusive': True,
@@ -389,3 +393,115 @@ def apply_plans(client: Any, plans: List[Dict[str, Any]], check_mode: bool = Fal
         applied.append({'name': meta['name'], 'namespace': meta['namespace'],
                         'node': meta['annotations']['gpufleet.io/node'], 'action': action})
     return ApplyResult(changed=changed, applied=applied, before=before, after=after)
+
+
+# ------------------------------------------------------------------------------- waiting
+# The System Upgrade Controller labels a node plan.upgrade.cattle.io/<plan>=<latestHash> when the
+# node's upgrade Job completed, and sets the Plan's Complete condition True once no selected node
+# is left (also when the selector matches no node at all: so Complete alone proves nothing about
+# the node). A failed Job turns Complete False with reason JobFailed.
+PLAN_LABEL_PREFIX = 'plan.upgrade.cattle.io/'
+RECOVERY_HINT = ('RKE2 is not downgraded: the node stays cordoned; recover it with the platform recovery '
+                 'procedure (Upgrading a Management Cluster) before any rerun')
+
+
+@dataclass
+class PlanProgress:
+    """Where one node's Plan stands. ``done``: the node runs the target and the Plan completed for it;
+    ``failed``: a reason to stop waiting now (the Job failed, or the Plan completed without the node)."""
+    done: bool
+    failed: Optional[str]
+    summary: str
+    kubelet_version: Optional[str] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {'done': self.done, 'failed': self.failed, 'summary': self.summary,
+                'kubelet_version': self.kubelet_version}
+
+
+def _condition(obj: Dict[str, Any], ctype: str) -> Dict[str, Any]:
+    for cond in ((obj.get('status') or {}).get('conditions') or []):
+        if isinstance(cond, dict) and cond.get('type') == ctype:
+            return cond
+    return {}
+
+
+def plan_progress(plan: Optional[Dict[str, Any]], node: Optional[Dict[str, Any]], target_rke2: str) -> PlanProgress:
+    """Judge one node's Plan from the Plan and Node objects as read now (pure)."""
+    target = parse_rke2_version(target_rke2, 'target_rke2')
+    if plan is None:
+        return PlanProgress(False, 'the Plan does not exist (deleted while waiting?)', 'Plan missing')
+    if node is None:
+        return PlanProgress(False, 'the Node does not exist', 'Node missing')
+    name = (plan.get('metadata') or {}).get('name', '')
+    node_name = (node.get('metadata') or {}).get('name', '')
+    status = plan.get('status') or {}
+    kubelet = ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion')
+    try:
+        at_target = kubelet is not None and _rke2.parse(kubelet) == target
+    except ValueError:
+        at_target = False
+    latest_ok = status.get('latestVersion') == str(target).replace('+', '-')
+    phash = status.get('latestHash')
+    labelled = bool(phash) and ((node.get('metadata') or {}).get('labels') or {}).get(PLAN_LABEL_PREFIX + name) == phash
+    complete = _condition(plan, 'Complete')
+    applying = status.get('applying') or []
+    summary = ('Plan %s: Complete=%s%s, latestVersion %s, applying %s; node %s kubeletVersion %s'
+               % (name, complete.get('status', 'Unknown'),
+                  ' (%s%s)' % (complete.get('reason'), ': ' + complete['message'] if complete.get('message') else '')
+                  if complete.get('reason') else '', status.get('latestVersion') or '-',
+                  ', '.join(applying) if applying else '-', node_name, kubelet or '-'))
+    if latest_ok and complete.get('status') == 'False' and complete.get('reason') == 'JobFailed':
+        return PlanProgress(False, 'the upgrade Job failed: %s' % (complete.get('message') or 'JobFailed'), summary,
+                            kubelet)
+    if latest_ok and complete.get('status') == 'True' and at_target and labelled:
+        return PlanProgress(True, None, summary, kubelet)
+    if latest_ok and complete.get('status') == 'True' and not labelled and not at_target and node_name not in applying:
+        return PlanProgress(False, 'the Plan completed without upgrading node %s: its node selector does not match '
+                            'the node (is node_upgrade_rke2_role right for it?)' % node_name, summary, kubelet)
+    return PlanProgress(False, None, summary, kubelet)
+
+
+def wait_for_plan(client: Any, plan: Dict[str, Any], node: str, target_rke2: str, timeout: float, interval: float,
+                  clock: Any = None, sleep: Any = None) -> Tuple[PlanProgress, float]:
+    """Poll the Plan and the Node until ``plan_progress`` says done or failed, or ``timeout`` seconds
+    passed (then failed names the deadline). Returns (progress, seconds waited). Bounded."""
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    if timeout <= 0 or interval <= 0:
+        raise SucPlanError(['wait_timeout (%r) and wait_interval (%r) must be positive' % (timeout, interval)])
+    meta = plan['metadata']
+    start = clock()
+    while True:
+        progress = plan_progress(client.get_or_none(plan_path(meta['namespace'], meta['name'])),
+                                 client.get_or_none('/api/v1/nodes/%s' % node), target_rke2)
+        waited = clock() - start
+        if progress.done or progress.failed:
+            return progress, waited
+        if waited >= timeout:
+            progress.failed = ('not complete after %gs (wait_timeout): %s' % (timeout, progress.summary))
+            return progress, waited
+        sleep(min(interval, max(0.0, timeout - waited)))
+
+
+def plan_complete(plan: Dict[str, Any]) -> bool:
+    """The controller finished the Plan's current version: Complete=True for its spec.version."""
+    status = plan.get('status') or {}
+    version = (plan.get('spec') or {}).get('version') or ''
+    return (_condition(plan, 'Complete').get('status') == 'True'
+            and status.get('latestVersion') == version.replace('+', '-'))
+
+
+def unfinished_plans(existing: List[Dict[str, Any]], writing: List[str]) -> List[str]:
+    """Descriptions of gpufleet-managed Plans (other than those named in ``writing``) that are not
+    complete: while one is, no other Plan may be written (one RKE2 upgrade at a time)."""
+    out = []
+    for plan in sorted(existing, key=lambda p: (p.get('metadata') or {}).get('name', '')):
+        meta = plan.get('metadata') or {}
+        if not _ours(plan) or meta.get('name') in writing or plan_complete(plan):
+            continue
+        cond = _condition(plan, 'Complete')
+        out.append('Plan %s/%s (node %s) is not complete (Complete=%s%s)' % (
+            meta.get('namespace'), meta.get('name'), (meta.get('annotations') or {}).get('gpufleet.io/node', '?'),
+            cond.get('status', 'Unknown'), ', ' + cond['reason'] if cond.get('reason') else ''))
+    return out

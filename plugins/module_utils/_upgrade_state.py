@@ -131,12 +131,20 @@ def apply_patch(node: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[s
 CANARY_KEY = 'gpufleet.io/canary'
 
 
+ANN_ISOLATED_BY = 'gpufleet.io/isolated-by'
+
+
 def isolation_patch(node: Dict[str, Any], present: bool, key: str = CANARY_KEY,
-                    effect: str = 'NoSchedule') -> Optional[Dict[str, Any]]:
+                    effect: str = 'NoSchedule', owner: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """Merge patch that adds (or removes) the canary label `key=true` and taint `key=true:effect`,
-    or None when the node is already so. Other taints are kept in their order."""
+    or None when the node is already so. Other taints are kept in their order.
+
+    `owner`: with `present`, recorded in the annotation `gpufleet.io/isolated-by` when this call
+    isolates the node (not when someone else's label was already there); with `absent`, the node is
+    released only when that annotation names `owner` (None when it does not: someone else's)."""
     meta = node.get('metadata') or {}
     labels = meta.get('labels') or {}
+    annotations = meta.get('annotations') or {}
     taints = list((node.get('spec') or {}).get('taints') or [])
     ours = [t for t in taints if t.get('key') == key]
     others = [t for t in taints if t.get('key') != key]
@@ -144,12 +152,18 @@ def isolation_patch(node: Dict[str, Any], present: bool, key: str = CANARY_KEY,
     if present:
         if labels.get(key) != 'true':
             patch['metadata'] = {'labels': {key: 'true'}}
+            if owner:
+                patch['metadata']['annotations'] = {ANN_ISOLATED_BY: owner}
         want = {'key': key, 'value': 'true', 'effect': effect}
         if [{k: t.get(k) for k in ('key', 'value', 'effect')} for t in ours] != [want]:
             patch['spec'] = {'taints': others + [want]}
     else:
+        if owner is not None and annotations.get(ANN_ISOLATED_BY) != owner:
+            return None
         if key in labels:
             patch['metadata'] = {'labels': {key: None}}
+        if ANN_ISOLATED_BY in annotations:
+            patch.setdefault('metadata', {})['annotations'] = {ANN_ISOLATED_BY: None}
         if ours:
             patch['spec'] = {'taints': others or None}
     return patch or None

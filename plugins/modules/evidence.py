@@ -54,6 +54,9 @@ options:
       - Node identities, merged field by field into the node of the same C(name). Keys C(name) (required),
         C(role) (canary, control, batch, other), C(uid) (the Kubernetes Node UID), C(machine_id), C(system_uuid),
         C(pci_ids) (list), C(batch) (index), C(tuple_before), C(tuple_after), C(labels).
+      - A rollout's outcome for the node - C(verdict) (upgraded, failed, skipped), C(phases) (the phases it went
+        through, in order), C(failed_phase), C(started) and C(finished) (RFC 3339; C(duration_s) is computed),
+        C(rolled_back) (bool), C(message).
     type: list
     elements: dict
     default: []

@@ -34,11 +34,11 @@ options:
     elements: str
     default: []
   gpu_operator:
-    description: Where the GPU Operator version is read (its image tag); V(null) skips it.
+    description: Where the GPU Operator version is read (its image tag); an empty dict (V({})) skips it.
     type: dict
     default: {api_version: apps/v1, kind: Deployment, namespace: gpu-operator, name: gpu-operator}
   dcgm_exporter:
-    description: Where the DCGM exporter version is read (its image tag); V(null) skips it.
+    description: Where the DCGM exporter version is read (its image tag); an empty dict (V({})) skips it.
     type: dict
     default: {api_version: apps/v1, kind: DaemonSet, namespace: gpu-operator, name: nvidia-dcgm-exporter}
   resources:
@@ -155,7 +155,7 @@ def main() -> None:
     try:
         specs = [F.validate_resource(i, r) for i, r in enumerate(p['resources'])]
         for field in ('gpu_operator', 'dcgm_exporter'):
-            if p[field] is not None:
+            if p[field]:  # {} skips it (a null cannot be told from the default)
                 F.validate_resource(0, p[field])
         k8s = K8sClient.from_params(p)
         query = {'labelSelector': p['node_selector']} if p['node_selector'] else None
@@ -169,7 +169,7 @@ def main() -> None:
         nodes.sort(key=lambda n: n['name'])
         cluster = {}
         for field in ('gpu_operator', 'dcgm_exporter'):
-            objs = _read(k8s, p[field]) if p[field] is not None else []
+            objs = _read(k8s, p[field]) if p[field] else []
             cluster[field] = F.image_version(objs[0]) if objs else None
         resources = [_read(k8s, s) for s in specs]
     except F.FleetError as exc:

@@ -16,6 +16,9 @@ description:
   - V(present) adds the label C(<key>=true) and the taint C(<key>=true:NoSchedule) (default key
     C(gpufleet.io/canary)), so production work stays off the canary pool while it is qualified.
   - V(absent) removes exactly that label and taint; other taints are kept.
+  - With O(owner), V(present) records who isolated the node in the annotation C(gpufleet.io/isolated-by)
+    (only when it adds the label itself), and V(absent) releases only a node whose annotation names
+    O(owner) - a node someone else isolated is left alone (RV(released) false).
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
@@ -45,6 +48,11 @@ options:
     description: Label and taint key.
     type: str
     default: gpufleet.io/canary
+  owner:
+    description:
+      - Who isolates (V(present)) or may release (V(absent)) the node, for example V(gpufleet.upgrade.canary)
+        (the canary role). Without it, V(absent) releases any isolation.
+    type: str
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
 """
@@ -58,6 +66,12 @@ EXAMPLES = r"""
   gpufleet.upgrade.node_isolation:
     node: gpu-01
     state: absent
+
+- name: Release it only if the canary role isolated it
+  gpufleet.upgrade.node_isolation:
+    node: gpu-01
+    state: absent
+    owner: gpufleet.upgrade.canary
 """
 
 RETURN = r"""
@@ -70,6 +84,11 @@ taints:
   returned: success
   type: list
   elements: dict
+released:
+  description: With O(state=absent), whether the node is (or would be) free of the isolation after the task.
+    False when O(owner) does not match the node's C(gpufleet.io/isolated-by) annotation.
+  returned: when I(state=absent)
+  type: bool
 """
 
 import traceback
@@ -106,6 +125,7 @@ def main() -> None:
         node={'type': 'str', 'required': True},
         state={'type': 'str', 'choices': ['present', 'absent'], 'default': 'present'},
         key={'type': 'str', 'default': S.CANARY_KEY, 'no_log': False},
+        owner={'type': 'str'},
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     if not HAS_KUBERNETES:
@@ -117,11 +137,11 @@ def main() -> None:
         k8s = K8sClient.from_params(p)
         if module.check_mode:
             before = k8s.get(path)
-            patch = S.isolation_patch(before, present, p['key'])
+            patch = S.isolation_patch(before, present, p['key'], owner=p['owner'])
             after = _predict(before, patch)
             changed = patch is not None
         else:
-            before, after = k8s.update(path, lambda n: S.isolation_patch(n, present, p['key']))
+            before, after = k8s.update(path, lambda n: S.isolation_patch(n, present, p['key'], owner=p['owner']))
             changed = _view(before) != _view(after)
     except NotFoundError:
         module.fail_json(msg='node: %r does not exist' % p['node'])
@@ -130,6 +150,9 @@ def main() -> None:
     except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
         module.fail_json(msg='unexpected error: %s' % exc, exception=traceback.format_exc())
     result = dict(changed=changed, **_view(after))
+    if not present:
+        result['released'] = p['key'] not in result['labels'] and not any(
+            t.get('key') == p['key'] for t in result['taints'])
     if module._diff:
         result['diff'] = {'before': _view(before), 'after': _view(after),
                           'before_header': 'node/%s' % p['node'], 'after_header': 'node/%s' % p['node']}

@@ -22,8 +22,8 @@ description:
     C(app.kubernetes.io/managed-by=gpufleet.upgrade)). Apply the Plan of one node at a time and wait
     for its C(Complete) condition before the next, as the rollout does.
   - One Plan per node, in the order given. Each Plan has C(concurrency=1), C(exclusive=true),
-    C(cordon=true), a fixed C(version) (the target RKE2 release; channel polling is off), and a node
-    selector that matches exactly that node (C(kubernetes.io/hostname In [node])) and its role
+    C(cordon=true) (unless O(cordon=false)), a fixed C(version) (the target RKE2 release; channel polling
+    is off), and a node selector that matches exactly that node (C(kubernetes.io/hostname In [node])) and its role
     (C(node-role.kubernetes.io/control-plane In [true]) for servers, C(DoesNotExist) for agents).
     There is never a Plan that selects several nodes.
   - Server Plans tolerate C(CriticalAddonsOnly); agent Plans wait for the last server Plan with the
@@ -32,6 +32,14 @@ description:
     (versions compare as (minor, patch, rev) of C(v1.MINOR.PATCH+rke2rREV), the rules of the gate); refuses servers listed
     after agents; refuses agents newer than the control plane when I(control_plane_rke2) is given and
     no server is in the plan. Nodes already at the target get no Plan.
+  - With O(wait=true) (and O(state=present)) the Plans are applied one at a time. Each is created or updated,
+    then the module waits, at most O(wait_timeout) seconds, until the Plan's C(Complete) condition is True for
+    the target version, its node carries the controller's C(plan.upgrade.cattle.io/<plan>) label with the
+    Plan's C(latestHash), and the Node's C(status.nodeInfo.kubeletVersion) is the target; only then is the
+    next Plan written. No Plan is written while another gpufleet-managed Plan in the namespace is
+    unfinished (not C(Complete) for its version), so there is one RKE2 upgrade at a time. A failed upgrade
+    Job (C(Complete=False), reason C(JobFailed)), a Plan that completed without selecting its node, or the
+    deadline fail the task; nothing is rolled back (RKE2 is not downgraded).
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
@@ -39,7 +47,8 @@ attributes:
   check_mode:
     support: full
     details:
-      - With O(state=present), reads the Plans and reports RV(applied) and the diff without writing.
+      - With O(state=present), reads the Plans and reports RV(applied) and the diff without writing (and
+        without waiting).
   diff_mode:
     support: full
     details:
@@ -136,11 +145,35 @@ options:
       skip_wait_for_delete_timeout:
         description: Skip pods whose deletion started more than this many seconds ago.
         type: int
+  cordon:
+    description:
+      - The Plans' C(spec.cordon). The System Upgrade Controller marks a node schedulable again when its
+        upgrade Job completes if the Plan cordons or drains it.
+      - Set V(false) when the caller cordoned and drained the node itself and keeps it cordoned until its own
+        gates pass (the gpufleet rollout does).
+    type: bool
+    default: true
+  wait:
+    description:
+      - With O(state=present), apply the Plans one at a time and wait for each to complete on its node (see
+        the description) before writing the next.
+    type: bool
+    default: false
+  wait_timeout:
+    description: Seconds to wait for each Plan. Bounded; at the deadline the task fails.
+    type: int
+    default: 1800
+  wait_interval:
+    description: Seconds between reads of the Plan and the Node while waiting.
+    type: float
+    default: 10
 seealso:
   - module: kubernetes.core.k8s
 notes:
   - Apply Plan N+1 only after Plan N reports C(Complete) and its node passed its gates.
   - The Kubernetes auth options are used only with O(state=present).
+  - Waiting reads the Node (C(get nodes), cluster-scoped), so bind the collection's reader role cluster-wide
+    as well (docs/rbac).
 """
 
 EXAMPLES = r"""
@@ -159,9 +192,12 @@ EXAMPLES = r"""
     state: present
     definition: "{{ suc.plans[0] }}"
 
-- name: Or let the module apply the Plan of the next node of the rollout
+- name: Or let the module apply the Plan of the next node of the rollout and wait for it
   gpufleet.upgrade.suc_plan:
     state: present
+    wait: true
+    wait_timeout: 1800
+    cordon: false
     kubeconfig: ~/.kube/config
     target_rke2: v1.36.1+rke2r1
     current_rke2: v1.35.3+rke2r3
@@ -206,6 +242,17 @@ applied:
   elements: dict
   sample:
     - {name: gpufleet-rke2-agent-gpu-a-01, namespace: system-upgrade, node: gpu-a-01, action: created}
+waited:
+  description:
+    - With O(wait=true), one entry per Plan waited for, with C(name), C(node), C(done), C(seconds),
+      C(kubelet_version) (the Node's, as last read) and C(summary) (the Plan's status as last read).
+  returned: when I(wait=true) and not in check mode
+  type: list
+  elements: dict
+  sample:
+    - {name: gpufleet-rke2-agent-gpu-a-01, node: gpu-a-01, done: true, seconds: 312.5,
+       kubelet_version: v1.36.1+rke2r1,
+       summary: "Plan gpufleet-rke2-agent-gpu-a-01: Complete=True (Complete), latestVersion v1.36.1-rke2r1, ..."}
 problems:
   description: Every reason the Plans were refused.
   returned: failure
@@ -220,8 +267,8 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
     HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
-    DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, apply_plans,
-    render_plans)
+    DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, RECOVERY_HINT, SucPlanError,
+    apply_plans, render_plans, unfinished_plans, wait_for_plan)
 
 
 def main() -> None:
@@ -250,6 +297,10 @@ def main() -> None:
             disable_eviction=dict(type='bool'),
             skip_wait_for_delete_timeout=dict(type='int'),
         )),
+        cordon=dict(type='bool', default=True),
+        wait=dict(type='bool', default=False),
+        wait_timeout=dict(type='int', default=1800),
+        wait_interval=dict(type='float', default=10.0),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
@@ -258,7 +309,7 @@ def main() -> None:
             nodes=p['nodes'], target_rke2=p['target_rke2'], current_rke2=p['current_rke2'],
             control_plane_rke2=p['control_plane_rke2'], namespace=p['namespace'],
             service_account=p['service_account'], image=p['image'], name_prefix=p['name_prefix'],
-            drain=p['drain'], server_plan=p['server_plan'])
+            drain=p['drain'], server_plan=p['server_plan'], cordon=p['cordon'])
     except SucPlanError as exc:
         module.fail_json(msg='refusing to render RKE2 Plans: %s' % '; '.join(exc.problems),
                          problems=exc.problems)
@@ -266,8 +317,44 @@ def main() -> None:
     if p['state'] == 'present':
         if not HAS_KUBERNETES:
             module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+        waiting = p['wait'] and not module.check_mode
+        if p['wait'] and (p['wait_timeout'] <= 0 or p['wait_interval'] <= 0):
+            module.fail_json(msg='wait_timeout (%r) and wait_interval (%r) must be positive'
+                             % (p['wait_timeout'], p['wait_interval']))
+        waited = []
         try:
-            applied = apply_plans(K8sClient.from_params(p), result.plans, check_mode=module.check_mode)
+            client = K8sClient.from_params(p)
+            if waiting and result.plans:
+                # Never two RKE2 upgrades at once: no Plan is written while another of ours is unfinished.
+                busy = unfinished_plans(client.list_all('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % p['namespace'],
+                                                        {'labelSelector': 'app.kubernetes.io/managed-by=gpufleet.upgrade'}),
+                                        [pl['metadata']['name'] for pl in result.plans])
+                if busy:
+                    module.fail_json(msg='refusing to write the RKE2 Plan of %s while another RKE2 upgrade is unfinished: '
+                                     '%s. %s.' % (', '.join(pl['metadata']['annotations']['gpufleet.io/node']
+                                                            for pl in result.plans), '; '.join(busy), RECOVERY_HINT),
+                                     problems=busy, **out)
+                # One Plan at a time: write it, wait for its node, then the next.
+                applied = apply_plans(client, result.plans[:1], check_mode=False)
+                for i, plan in enumerate(result.plans):
+                    if i:
+                        step = apply_plans(client, [plan], check_mode=False)
+                        applied.changed = applied.changed or step.changed
+                        applied.applied += step.applied
+                        applied.before.update(step.before)
+                        applied.after.update(step.after)
+                    node = plan['metadata']['annotations']['gpufleet.io/node']
+                    progress, seconds = wait_for_plan(client, plan, node, p['target_rke2'], p['wait_timeout'],
+                                                      p['wait_interval'])
+                    waited.append({'name': plan['metadata']['name'], 'node': node, 'done': progress.done,
+                                   'seconds': round(seconds, 1), 'kubelet_version': progress.kubelet_version,
+                                   'summary': progress.summary})
+                    if not progress.done:
+                        out.update(changed=applied.changed, applied=applied.applied, waited=waited)
+                        module.fail_json(msg='RKE2 Plan %s for node %s: %s. %s.' % (
+                            plan['metadata']['name'], node, progress.failed, RECOVERY_HINT), **out)
+            else:  # not waiting, or nothing to write (every node already runs the target)
+                applied = apply_plans(client, result.plans, check_mode=module.check_mode)
         except SucPlanError as exc:
             module.fail_json(msg='refusing to apply RKE2 Plans: %s' % '; '.join(exc.problems),
                              problems=exc.problems, **out)
@@ -276,6 +363,8 @@ def main() -> None:
         except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
             module.fail_json(msg='suc_plan failed: %s' % exc, exception=traceback.format_exc())
         out.update(changed=applied.changed, applied=applied.applied)
+        if waiting:
+            out['waited'] = waited
         if module._diff:
             out['diff'] = {'before': applied.before, 'after': applied.after}
     module.exit_json(**out)

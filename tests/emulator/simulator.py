@@ -21,7 +21,17 @@ deterministically.
   controller's default tolerations included, so cordoned nodes keep theirs), re-created when
   deleted, removed from nodes that stop fitting; status desired/current/ready numbers;
 - optional: a pod deleted while its ReplicaSet/StatefulSet owner exists comes back with the same
-  name and a new UID (`recreate_owned_pods = True`), so tests can prove wait-by-UID.
+  name and a new UID (`recreate_owned_pods = True`), so tests can prove wait-by-UID;
+- System Upgrade Controller stand-in (opt-in: `suc_controller = True`): a Plan
+  (upgrade.cattle.io/v1) with a `version` selects the Nodes its nodeSelector matches whose label
+  `plan.upgrade.cattle.io/<plan>` is not the Plan's `latestHash`, at most `concurrency` at a time
+  (and no two exclusive Plans at once), lists them in `status.applying`; after `suc_delay` seconds
+  the node's `status.nodeInfo.kubeletVersion` becomes the Plan's version, the node gets the label,
+  and (as SUC does for Plans with `cordon` or `drain`) a cordoned node is uncordoned; with nothing
+  left to select the Plan's `Complete` condition turns True. Nodes in `suc_hold` never finish
+  (the Plan stays applying); nodes in `suc_fail` end with `Complete=False, reason JobFailed`.
+  No Jobs are created. Status as SUC writes it: conditions Validated / LatestResolved / Complete,
+  `latestVersion` (`+` munged to `-`), `latestHash`, `applying`.
 
 Pods annotated `emulator.gpufleet.io/managed: "false"`, and pods on nodes with that annotation,
 are left alone; `enabled = False` stops the simulator altogether.
@@ -30,12 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import random
 import string
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from .resources import ResourceType
+from .selectors import label_selector_from_dict
 from .store import ApiError, clone, now_rfc3339
 
 if TYPE_CHECKING:
@@ -128,6 +140,13 @@ class Simulator:
         self.vm_rt = reg.by_kind('kubevirt.io/v1', 'VirtualMachine')
         self.ds_rt = reg.by_kind('apps/v1', 'DaemonSet')
         self.vmi_rt = reg.by_kind('kubevirt.io/v1', 'VirtualMachineInstance')
+        self.plan_rt = reg.by_kind('upgrade.cattle.io/v1', 'Plan')
+        self.suc_controller = False
+        self.suc_delay = 0.3
+        self.suc_hold: set[str] = set()
+        self.suc_fail: set[str] = set()
+        self.suc_log: list[dict] = []  # {'plan', 'node', 'version', 'event': start|finish|fail[, 'unschedulable']}
+        self._suc_running: set[tuple[str, str, str]] = set()   # (namespace/plan, node, hash) with a pending finish
         self.owner_kinds = {'ReplicaSet', 'StatefulSet', 'ReplicationController'}
 
     # ------------------------------------------------------------------ public configuration
@@ -179,7 +198,7 @@ class Simulator:
                 pass
 
     def _listener(self, rt: ResourceType, etype: str, obj: dict) -> None:
-        watched = (self.pod_rt, self.node_rt, self.job_rt, self.vm_rt, self.vmi_rt, self.ds_rt)
+        watched = (self.pod_rt, self.node_rt, self.job_rt, self.vm_rt, self.vmi_rt, self.ds_rt, self.plan_rt)
         if self._loop is None or not self.enabled or rt not in watched:
             return
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (rt, etype, obj))  # type: ignore[union-attr]
@@ -249,9 +268,15 @@ class Simulator:
 
     # ------------------------------------------------------------------ events
     def _on_event(self, rt: ResourceType, etype: str, obj: dict) -> None:
+        if rt is self.plan_rt:
+            if etype != 'DELETED' and self.suc_controller:
+                self._reconcile_plans()
+            return
         if rt is self.node_rt:
             if etype != 'DELETED':
                 self._retry_unscheduled()
+            if self.suc_controller:
+                self._reconcile_plans()
             if self.daemonset_controller:
                 for ds in self.store.list(self.ds_rt)[0]:
                     self._reconcile_ds(ds)
@@ -644,3 +669,130 @@ class Simulator:
         old = ds.get('status') or {}
         if any(old.get(k) != v for k, v in status.items()):
             self._patch_status(self.ds_rt, ds, status)
+
+    # ------------------------------------------------------------------ System Upgrade Controller stand-in
+    @staticmethod
+    def _cond(status: dict, ctype: str) -> dict:
+        for c in status.get('conditions') or []:
+            if c.get('type') == ctype:
+                return c
+        return {}
+
+    @staticmethod
+    def _set_cond(conds: list[dict], ctype: str, status: str, reason: str, message: str = '') -> list[dict]:
+        now = now_rfc3339()
+        out = []
+        found = False
+        for c in conds:
+            if c.get('type') == ctype:
+                found = True
+                same = c.get('status') == status
+                c = dict(c, status=status, reason=reason, message=message, lastUpdateTime=now)
+                if not same:
+                    c['lastTransitionTime'] = now
+            out.append(c)
+        if not found:
+            out.append({'type': ctype, 'status': status, 'reason': reason, 'message': message,
+                        'lastUpdateTime': now, 'lastTransitionTime': now})
+        return out
+
+    def _plan_hash(self, plan: dict, latest: str) -> str:
+        spec = plan.get('spec') or {}
+        return hashlib.sha224((latest + (spec.get('serviceAccountName') or '')).encode()).hexdigest()
+
+    def _reconcile_plans(self) -> None:
+        plans = sorted(self.store.list(self.plan_rt)[0],
+                       key=lambda p: (p['metadata'].get('namespace', ''), p['metadata']['name']))
+        busy_exclusive = {self._plan_key(p) for p in plans
+                          if (p.get('spec') or {}).get('exclusive') and (p.get('status') or {}).get('applying')}
+        for plan in plans:
+            self._reconcile_plan(plan, busy_exclusive)
+
+    @staticmethod
+    def _plan_key(plan: dict) -> str:
+        return '%s/%s' % (plan['metadata'].get('namespace', ''), plan['metadata']['name'])
+
+    def _reconcile_plan(self, plan: dict, busy_exclusive: set[str]) -> None:
+        spec, status = plan.get('spec') or {}, dict(plan.get('status') or {})
+        if plan['metadata'].get('deletionTimestamp'):
+            return
+        conds = [dict(c) for c in status.get('conditions') or []]
+        key, name = self._plan_key(plan), plan['metadata']['name']
+        new: dict[str, Any] = {}
+        if not spec.get('version'):
+            conds = self._set_cond(conds, 'LatestResolved', 'False', 'Error', 'plan does not specify version or channel')
+            self._write_plan_status(plan, status, dict(conditions=conds))
+            return
+        latest = spec['version'].replace('+', '-')
+        phash = self._plan_hash(plan, latest)
+        conds = self._set_cond(conds, 'Validated', 'True', 'PlanIsValid')
+        conds = self._set_cond(conds, 'LatestResolved', 'True', 'Version')
+        new.update(latestVersion=latest, latestHash=phash)
+        complete = self._cond({'conditions': conds}, 'Complete')
+        if complete.get('reason') == 'JobFailed' and status.get('latestHash') == phash:
+            self._write_plan_status(plan, status, dict(new, conditions=conds))
+            return
+        match = label_selector_from_dict(spec.get('nodeSelector') or {})
+        label = 'plan.upgrade.cattle.io/' + name
+        nodes = [n for n in self.store.list(self.node_rt)[0]
+                 if match is not None and match(n['metadata'].get('labels') or {})
+                 and (n['metadata'].get('labels') or {}).get(label) not in ('disabled', phash)]
+        names = sorted(n['metadata']['name'] for n in nodes)
+        applying = [n for n in status.get('applying') or [] if n in names]
+        others_busy = spec.get('exclusive') and any(k != key for k in busy_exclusive)
+        if not applying and not others_busy:
+            applying = names[:max(1, int(spec.get('concurrency') or 1))]
+        if applying:
+            new['applying'] = applying
+            if complete.get('status') != 'False' or complete.get('reason') != 'SyncJob':
+                conds = self._set_cond(conds, 'Complete', 'False', 'SyncJob')
+            if spec.get('exclusive'):
+                busy_exclusive.add(key)
+            for node in applying:
+                token = (key, node, phash)
+                if token not in self._suc_running:
+                    self._suc_running.add(token)
+                    self.suc_log.append({'plan': key, 'node': node, 'version': spec['version'], 'event': 'start'})
+                    if node not in self.suc_hold:
+                        self.later(self.suc_delay, self._suc_finish, key, node, phash)
+        elif names:  # waiting for another exclusive Plan
+            new['applying'] = None
+        else:
+            new['applying'] = None
+            conds = self._set_cond(conds, 'Complete', 'True', 'Complete')
+            busy_exclusive.discard(key)
+        self._write_plan_status(plan, status, dict(new, conditions=conds))
+
+    def _write_plan_status(self, plan: dict, old: dict, new: dict) -> None:
+        def norm(conds: list[dict]) -> list[tuple]:
+            return [(c.get('type'), c.get('status'), c.get('reason'), c.get('message')) for c in conds or []]
+        changed = (norm(old.get('conditions')) != norm(new.get('conditions'))
+                   or any(old.get(k) != v for k, v in new.items() if k != 'conditions'))
+        if changed:
+            self._patch_status(self.plan_rt, plan, new)
+
+    def _suc_finish(self, key: str, node_name: str, phash: str) -> None:
+        self._suc_running.discard((key, node_name, phash))
+        ns, name = key.split('/', 1)
+        plan = self.store.get(self.plan_rt, ns, name)
+        node = self.store.get(self.node_rt, None, node_name)
+        if plan is None or node is None or (plan.get('status') or {}).get('latestHash') != phash:
+            return
+        spec = plan.get('spec') or {}
+        if node_name in self.suc_fail:
+            self.suc_log.append({'plan': key, 'node': node_name, 'version': spec.get('version'), 'event': 'fail'})
+            status = plan.get('status') or {}
+            conds = self._set_cond([dict(c) for c in status.get('conditions') or []], 'Complete', 'False', 'JobFailed',
+                                   'Job %s/apply-%s-on-%s failed on Node %s: BackoffLimitExceeded: Job has reached '
+                                   'the specified backoff limit' % (ns, name, node_name, node_name))
+            self._patch_status(self.plan_rt, plan, {'conditions': conds})
+            return
+        self.store.patch(self.node_rt, None, node_name,
+                         {'status': {'nodeInfo': {'kubeletVersion': spec['version']}}}, MERGE, 'status')
+        patch: dict[str, Any] = {'metadata': {'labels': {'plan.upgrade.cattle.io/' + name: phash}}}
+        if (node.get('spec') or {}).get('unschedulable') and (spec.get('cordon') or spec.get('drain') is not None):
+            patch['spec'] = {'unschedulable': None}  # SUC marks the node schedulable when its Job completes
+        self.store.patch(self.node_rt, None, node_name, patch, MERGE)
+        self.suc_log.append({'plan': key, 'node': node_name, 'version': spec['version'], 'event': 'finish',
+                             'unschedulable': bool((node.get('spec') or {}).get('unschedulable'))})
+        self._reconcile_plans()

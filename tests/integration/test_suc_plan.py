@@ -125,3 +125,75 @@ def test_present_refuses_a_plan_it_did_not_create(emulator, run_playbook):
     assert emu.mutating_requests() == []  # not even the other node's Plan was created
     assert emu.get('upgrade.cattle.io/v1', 'Plan', 'gpufleet-rke2-agent-gpu-a-01',
                    'system-upgrade')['spec']['version'] == 'v1.34.2+rke2r1'
+
+
+def _gpu_nodes(f, *names, version=CUR):
+    return [f.node(n, kubelet_version=version) for n in names]
+
+
+def test_wait_applies_one_plan_at_a_time_until_the_kubelet_runs_the_target(emulator, run_playbook):
+    import rbac_check as R
+    from emulator import fixtures as f
+    emu = emulator
+    emu.simulator.suc_controller = True
+    emu.simulator.suc_delay = 0.2
+    emu.apply([f.namespace('system-upgrade')] + _gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
+    emu.clear_requests()
+    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 20,
+            'wait_interval': 0.1, 'cordon': False,
+            'nodes': [{'name': 'gpu-a-02', 'role': 'agent'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert [(w['node'], w['done'], w['kubelet_version']) for w in res['waited']] == [
+        ('gpu-a-02', True, TGT), ('gpu-a-01', True, TGT)]
+    # The second Plan was written only after the first node finished.
+    assert [(e['event'], e['node']) for e in emu.simulator.suc_log] == [
+        ('start', 'gpu-a-02'), ('finish', 'gpu-a-02'), ('start', 'gpu-a-01'), ('finish', 'gpu-a-01')]
+    posts = [i for i, r in enumerate(emu.requests) if r['verb'] == 'POST']
+    reads_between = [r['path'] for r in emu.requests[posts[0]:posts[1]] if r['path'].endswith('/nodes/gpu-a-02')]
+    assert len(posts) == 2 and reads_between
+    # Reads the Plans and the Node besides its own Plan role: the reader role covers the Node.
+    assert R.violations('gpufleet-upgrade-rke2-plans', [r for r in emu.requests if '/plans' in r['path']]) == []
+    assert R.violations('gpufleet-upgrade-reader', [r for r in emu.requests if '/plans' not in r['path']]) == []
+
+
+def test_wait_refuses_downgrade_and_minor_skip_before_writing_any_plan(emulator, run_playbook):
+    from emulator import fixtures as f
+    emu = emulator
+    emu.simulator.suc_controller = True
+    emu.apply([f.namespace('system-upgrade')] + _gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
+    emu.clear_requests()
+    args = {'target_rke2': TGT, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 5, 'cordon': False,
+            'nodes': [{'name': 'gpu-a-01', 'role': 'agent', 'current_rke2': 'v1.34.2+rke2r1'},
+                      {'name': 'gpu-a-02', 'role': 'agent', 'current_rke2': 'v1.37.0+rke2r1'}]}
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['problems'] == [
+        "node 'gpu-a-01': v1.34.2+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor "
+        "(skips 1.35; upgrade one minor at a time)",
+        "node 'gpu-a-02': v1.37.0+rke2r1 → v1.36.1+rke2r1: RKE2 downgrade is not allowed "
+        "(restore through the platform recovery procedure instead)"]
+    assert emu.requests == []  # refused before any request, let alone a Plan
+
+
+def test_wait_fails_on_a_failed_job_and_refuses_the_next_plan_while_one_is_unfinished(emulator, run_playbook):
+    from emulator import fixtures as f
+    emu = emulator
+    emu.simulator.suc_controller = True
+    emu.simulator.suc_delay = 0.1
+    emu.simulator.suc_fail = {'gpu-a-01'}
+    emu.apply([f.namespace('system-upgrade')] + _gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
+    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 20,
+            'wait_interval': 0.1, 'cordon': False, 'nodes': [{'name': 'gpu-a-01', 'role': 'agent'}]}
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('RKE2 Plan gpufleet-rke2-agent-gpu-a-01 for node gpu-a-01: the upgrade Job failed: '
+                                 'Job system-upgrade/apply-gpufleet-rke2-agent-gpu-a-01-on-gpu-a-01 failed on Node')
+    assert 'RKE2 is not downgraded' in res['msg'] and res['waited'][0]['done'] is False
+    emu.clear_requests()
+    res = run_playbook(_present_play(emu, dict(args, nodes=[{'name': 'gpu-a-02', 'role': 'agent'}]))).result('apply')
+    assert res['_event'] == 'runner_on_failed'
+    assert ('refusing to write the RKE2 Plan of gpu-a-02 while another RKE2 upgrade is unfinished: Plan '
+            'system-upgrade/gpufleet-rke2-agent-gpu-a-01 (node gpu-a-01) is not complete (Complete=False, JobFailed)'
+            in res['msg'])
+    assert emu.mutating_requests() == []

@@ -86,6 +86,10 @@ def test_merge_is_idempotent_and_replaces_by_key() -> None:
     ({'gates': [{'name': 'g', 'passed': True, 'colour': 'red'}]}, r'gates\[0\]: unknown field\(s\) colour'),
     ({'nodes': [{'role': 'canary'}]}, r'nodes\[0\].name is required'),
     ({'nodes': [{'name': 'n', 'role': 'pilot'}]}, r"nodes\[0\].role: 'pilot' is not one of"),
+    ({'nodes': [{'name': 'n', 'verdict': 'fine'}]}, r"nodes\[0\].verdict: 'fine' is not one of upgraded, failed"),
+    ({'nodes': [{'name': 'n', 'phases': 'drain'}]}, r"nodes\[0\].phases: 'drain' is not a list of phase names"),
+    ({'nodes': [{'name': 'n', 'started': at(5), 'finished': at(1)}]}, r'nodes\[0\]: finished .* is before started'),
+    ({'nodes': [{'name': 'n', 'rolled_back': 'perhaps'}]}, r"nodes\[0\].rolled_back: 'perhaps' is not a boolean"),
     ({'artifacts': [{'kind': 'image', 'name': 'x', 'digest': 'md5:1'}]}, r"digest: 'md5:1' is not sha256:<64 hex>"),
     ({'artifacts': [{'kind': 'driver-package', 'name': 'x', 'sha256': 'abc'}]}, r"sha256: 'abc' is not 64 hex"),
     ({'tuple_after': {'driver': '580', 'cuda': '13'}}, r'tuple_after: unknown key\(s\) cuda'),
@@ -182,3 +186,14 @@ def test_tuple_artifacts_without_digest() -> None:
     assert ev.summary(img)['tuple_artifacts_without_digest'] == ['gpu_operator v26.3.3',
                                                                  'dcgm_exporter 4.4.1-4.6.0-ubuntu22.04']
     assert 'Target tuple without a recorded digest: gpu_operator v26.3.3' in ev.render_html(img)
+
+
+def test_node_outcome_is_recorded_with_its_duration_and_shown_in_the_report() -> None:
+    b, changed = ev.merge(ev.new_bundle('b', now=T0), {'nodes': [{
+        'name': 'gpu-2', 'role': 'batch', 'batch': 1, 'verdict': 'failed', 'phases': ['holders', 'drain'],
+        'failed_phase': 'rke2', 'started': at(0), 'finished': at(2), 'rolled_back': 'false', 'message': 'timed out'}]})
+    n = b['nodes']['gpu-2']
+    assert changed and n['duration_s'] == 120.0 and n['rolled_back'] is False and n['phases'] == ['holders', 'drain']
+    assert (n['verdict'], n['failed_phase'], n['message']) == ('failed', 'rke2', 'timed out')
+    page = ev.render_html(b)
+    assert '<td class="fail">failed</td><td>holders → drain → rke2 FAILED</td><td>120s</td><td>no</td>' in page

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
     SucPlanError, check_hop, parse_rke2_version, plan_name, render_plans)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _suc_plan as S
 
 CUR = 'v1.35.3+rke2r3'
 TGT = 'v1.36.1+rke2r1'
@@ -313,3 +314,99 @@ def test_apply_keeps_foreign_labels_and_annotations():
     client = FakePlanClient([plan])
     res = apply_plans(client, _two_plans()[:1])
     assert not res.changed and client.writes == []
+
+
+# ------------------------------------------------------------------ waiting for one node's Plan
+def _plan_obj(complete=None, reason=None, message='', latest='v1.36.1-rke2r1', applying=None, phash='h1'):
+    status = {'latestVersion': latest, 'latestHash': phash}
+    if complete is not None:
+        status['conditions'] = [{'type': 'Complete', 'status': complete, 'reason': reason or '', 'message': message}]
+    if applying:
+        status['applying'] = applying
+    return {'metadata': {'name': 'gpufleet-rke2-agent-gpu-1', 'namespace': 'system-upgrade'}, 'status': status}
+
+
+def _node_obj(kubelet='v1.35.3+rke2r3', label=None):
+    labels = {'plan.upgrade.cattle.io/gpufleet-rke2-agent-gpu-1': label} if label else {}
+    return {'metadata': {'name': 'gpu-1', 'labels': labels}, 'status': {'nodeInfo': {'kubeletVersion': kubelet}}}
+
+
+def test_progress_done_only_with_complete_label_and_kubelet():
+    tgt = 'v1.36.1+rke2r1'
+    done = S.plan_progress(_plan_obj('True', 'Complete'), _node_obj(tgt, 'h1'), tgt)
+    assert done.done and done.failed is None and done.kubelet_version == tgt
+    # Complete from an older version (latestVersion not yet the target): keep waiting.
+    stale = S.plan_progress(_plan_obj('True', 'Complete', latest='v1.35.3-rke2r3'), _node_obj(tgt, 'h1'), tgt)
+    assert not stale.done and stale.failed is None
+    # Kubelet at target but no completion label yet: keep waiting.
+    assert not S.plan_progress(_plan_obj('False', 'SyncJob', applying=['gpu-1']), _node_obj(tgt), tgt).done
+    # Label of another hash: not done.
+    assert not S.plan_progress(_plan_obj('True', 'Complete'), _node_obj(tgt, 'old'), tgt).done
+
+
+def test_progress_fails_fast_on_job_failed_and_on_a_plan_that_missed_the_node():
+    tgt = 'v1.36.1+rke2r1'
+    failed = S.plan_progress(_plan_obj('False', 'JobFailed', 'Job x failed on Node gpu-1: BackoffLimitExceeded'),
+                             _node_obj(), tgt)
+    assert failed.failed == 'the upgrade Job failed: Job x failed on Node gpu-1: BackoffLimitExceeded'
+    missed = S.plan_progress(_plan_obj('True', 'Complete'), _node_obj(), tgt)
+    assert 'completed without upgrading node gpu-1' in missed.failed and 'node_upgrade_rke2_role' in missed.failed
+    assert S.plan_progress(None, _node_obj(), tgt).failed.startswith('the Plan does not exist')
+    assert S.plan_progress(_plan_obj(), None, tgt).failed == 'the Node does not exist'
+    assert missed.summary == ('Plan gpufleet-rke2-agent-gpu-1: Complete=True (Complete), latestVersion '
+                              'v1.36.1-rke2r1, applying -; node gpu-1 kubeletVersion v1.35.3+rke2r3')
+
+
+class _FakeClient:
+    def __init__(self, plans, nodes):
+        self.plans, self.nodes, self.reads = list(plans), list(nodes), 0
+
+    def get_or_none(self, path):
+        self.reads += 1
+        if '/plans/' in path:
+            return self.plans.pop(0) if len(self.plans) > 1 else self.plans[0]
+        return self.nodes.pop(0) if len(self.nodes) > 1 else self.nodes[0]
+
+
+def test_wait_is_bounded_and_returns_when_done():
+    tgt = 'v1.36.1+rke2r1'
+    now = [0.0]
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        now[0] += s
+    plan = S.render_plans([{'name': 'gpu-1', 'role': 'agent'}], tgt, 'v1.35.3+rke2r3').plans[0]
+    stuck = _FakeClient([_plan_obj('False', 'SyncJob', applying=['gpu-1'])], [_node_obj()])
+    progress, waited = S.wait_for_plan(stuck, plan, 'gpu-1', tgt, timeout=25, interval=10,
+                                       clock=lambda: now[0], sleep=sleep)
+    assert not progress.done and progress.failed.startswith('not complete after 25s (wait_timeout): Plan ')
+    assert sleeps == [10, 10, 5] and waited == 25
+    now[0] = 0.0
+    ok = _FakeClient([_plan_obj('False', 'SyncJob', applying=['gpu-1']), _plan_obj('True', 'Complete')],
+                     [_node_obj(), _node_obj(tgt, 'h1')])
+    progress, waited = S.wait_for_plan(ok, plan, 'gpu-1', tgt, timeout=60, interval=2, clock=lambda: now[0], sleep=sleep)
+    assert progress.done and waited == 2
+    with pytest.raises(S.SucPlanError, match='must be positive'):
+        S.wait_for_plan(ok, plan, 'gpu-1', tgt, timeout=0, interval=1)
+
+
+def test_cordon_false_is_rendered():
+    plans = S.render_plans([{'name': 'gpu-1', 'role': 'agent'}], 'v1.36.1+rke2r1', 'v1.35.3+rke2r3', cordon=False).plans
+    assert plans[0]['spec']['cordon'] is False
+
+
+def test_unfinished_plans_block_the_next_one():
+    tgt = 'v1.36.1+rke2r1'
+    done, running = (S.render_plans([{'name': n, 'role': 'agent'}], tgt, 'v1.35.3+rke2r3').plans[0]
+                     for n in ('gpu-1', 'gpu-2'))
+    done['status'] = {'latestVersion': 'v1.36.1-rke2r1', 'conditions': [{'type': 'Complete', 'status': 'True'}]}
+    running['status'] = {'latestVersion': 'v1.36.1-rke2r1',
+                         'conditions': [{'type': 'Complete', 'status': 'False', 'reason': 'SyncJob'}]}
+    foreign = {'metadata': {'name': 'other'}, 'spec': {'version': tgt}}
+    assert S.unfinished_plans([done, running, foreign], ['gpufleet-rke2-agent-gpu-3']) == [
+        'Plan system-upgrade/gpufleet-rke2-agent-gpu-2 (node gpu-2) is not complete (Complete=False, SyncJob)']
+    assert S.unfinished_plans([done, running], ['gpufleet-rke2-agent-gpu-2']) == []
+    # Complete for an older version is not complete for the new one.
+    done['spec']['version'] = 'v1.36.2+rke2r1'
+    assert len(S.unfinished_plans([done], [])) == 1

@@ -74,3 +74,22 @@ def test_isolation_adds_label_and_taint_once_and_removes_only_its_own():
     assert S.isolation_patch(n, True) is None
     assert S.isolation_patch(n, False) == {'metadata': {'labels': {S.CANARY_KEY: None}},
                                            'spec': {'taints': [{'key': 'other', 'effect': 'NoExecute'}]}}
+
+
+def test_isolation_owner_is_recorded_and_only_the_owner_releases():
+    owner = 'gpufleet.upgrade.canary'
+    n = node()
+    patch = S.isolation_patch(n, True, owner=owner)
+    assert patch['metadata'] == {'labels': {S.CANARY_KEY: 'true'}, 'annotations': {S.ANN_ISOLATED_BY: owner}}
+    n['metadata']['labels'] = {S.CANARY_KEY: 'true'}
+    n['metadata']['annotations'] = {S.ANN_ISOLATED_BY: owner}
+    n['spec']['taints'] = patch['spec']['taints']
+    assert S.isolation_patch(n, False, owner='someone-else') is None
+    assert S.isolation_patch(n, False, owner=owner) == {
+        'metadata': {'labels': {S.CANARY_KEY: None}, 'annotations': {S.ANN_ISOLATED_BY: None}},
+        'spec': {'taints': None}}
+    # A label someone else set is not claimed, so the owner never releases it.
+    other = node()
+    other['metadata']['labels'] = {S.CANARY_KEY: 'true'}
+    assert 'annotations' not in (S.isolation_patch(other, True, owner=owner) or {}).get('metadata', {})
+    assert S.isolation_patch(other, False, owner=owner) is None
