@@ -26,6 +26,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -136,7 +137,10 @@ class Lab:
     # ------------------------------------------------------------------ playbooks
     def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None,
              cancel_on: Any = None) -> str:
-        """Run a playbook; `cancel_on(event) -> bool` cancels the run (a killed controller) once true."""
+        """Run a playbook; `cancel_on(event) -> bool` kills the controller once true: the
+        ansible-playbook process group gets SIGKILL at once (what a crashed controller does), so the
+        kill lands at that event rather than at ansible-runner's next poll of its cancel callback (up
+        to pexpect_timeout, 5 s, later); the run's status is then 'canceled'."""
         pdd = self.dir / 'runner' / name
         shutil.rmtree(pdd, ignore_errors=True)
         (pdd / 'project').mkdir(parents=True)
@@ -150,6 +154,7 @@ class Lab:
                            'changed': (data.get('res') or {}).get('changed')})
             if cancel_on is not None and not cancelled[0] and cancel_on(event):
                 cancelled[0] = True
+                _kill_controller(event.get('pid'))
             if event.get('event') == 'runner_on_failed' and not data.get('ignore_errors'):
                 failures.append({'host': data.get('host'), 'task': data.get('task'),
                                  'msg': (data.get('res') or {}).get('msg')})
@@ -286,6 +291,17 @@ class Lab:
 
 class LabError(Exception):
     pass
+
+
+def _kill_controller(pid: Any) -> None:
+    """SIGKILL the process group of the ansible-playbook process `pid` (from a runner event);
+    never our own group."""
+    try:
+        pgid = os.getpgid(int(pid))
+    except (TypeError, ValueError, OSError):
+        return
+    if pgid != os.getpgrp():
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _children_cpu() -> float:
