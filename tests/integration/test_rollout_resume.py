@@ -195,6 +195,7 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
         assert lab.emu.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') is not None
         assert ANN_VMS not in annotations(lab, victim)
         print('resume test: %d rollout runs, %.0f s wall; %s' % (len(runs), time.monotonic() - t0, ', '.join(
-            '%s %.1fs' % (t['step'], t['wall']) for t in lab.timings)))
+            '%s %.1fs%s' % (t['step'], t['wall'], ' (killed at %.1fs)' % t['killed_at'] if 'killed_at' in t else '')
+            for t in lab.timings)))
     finally:
         lab.stop()
