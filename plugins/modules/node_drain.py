@@ -29,11 +29,11 @@ description:
     clears it when it records the node done, so a controller killed in between resumes after the gates). The record
     of stopped VMs stays.
   - V(start_vms) starts again the GPU VMs that V(drain) halted under O(vmi_policy=stop), once the node passed its
-    gates: each VirtualMachine recorded in C(gpufleet.io/stopped-vms) gets back its exact previous C(spec.runStrategy)
+    gates. Each VirtualMachine recorded in C(gpufleet.io/stopped-vms) gets back its exact previous C(spec.runStrategy)
     (removed when it had none) or C(spec.running), then the record is cleared. A VM whose run state someone changed
     since the drain, or that no longer exists, is left as it is and reported in RV(left_vms). A VM whose start fails
     keeps its record and the task fails. Refused, changing nothing, when the node records C(failed),
-    C(rolled-back) or C(drain-failed) in C(gpufleet.io/upgrade-state): a VM is never started on a failed node.
+    C(rolled-back) or C(drain-failed) in C(gpufleet.io/upgrade-state), so a VM is never started on a failed node.
   - Semantics follow C(kubectl drain), not C(kubernetes.core.k8s_drain) (which fails on the first 429 and whose
     timeout only warns).
 extends_documentation_fragment:

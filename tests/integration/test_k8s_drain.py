@@ -452,7 +452,10 @@ def test_start_vms_restores_the_run_state_the_drain_recorded(emulator, run_playb
     vm2 = S.vm('vm-legacy', run_strategy=None)
     objs += [vm2, S.vmi('vm-legacy'), S.launcher_pod('vm-legacy')]
     load(emulator, objs)
-    vm = lambda name: emulator.get('kubevirt.io/v1', 'VirtualMachine', name, 'vms')  # noqa: E731
+
+    def vm(name):
+        return emulator.get('kubevirt.io/v1', 'VirtualMachine', name, 'vms')
+
     with KubeVirtStandIn(emulator):
         run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
     assert run.rc == 0, run.stdout

@@ -22,7 +22,6 @@ chained over reruns of the same lab, cheap on 2 cores:
 from __future__ import annotations
 
 import datetime
-import json
 import pathlib
 import shutil
 import sys
