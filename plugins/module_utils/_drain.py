@@ -25,7 +25,10 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
   retried every `retry_interval` seconds until the deadline, each eviction carrying the pod's UID
   as precondition; deletion is awaited by UID (a new pod with the same name is not the old one);
 - on failure the node stays cordoned and the result lists what remains and why;
-- uncordon lifts only a cordon this collection made (initial-unschedulable "false"), unless force.
+- uncordon lifts only a cordon this collection made (initial-unschedulable "false"), unless force;
+- start_vms (after the node passed its gates) restores each VirtualMachine recorded in
+  `gpufleet.io/stopped-vms` to its exact previous runStrategy/running, then clears the record; it
+  refuses on a node that records a failure (a VM is never started on a failed node).
 """
 
 from __future__ import annotations
@@ -43,7 +46,13 @@ ANN_STATE = 'gpufleet.io/upgrade-state'
 ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
 OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS)
 VMI_POLICIES = ('refuse', 'stop', 'evict')
-STATES = ('cordon', 'drain', 'uncordon')
+STATES = ('cordon', 'drain', 'uncordon', 'start_vms')
+# Progress recorded by the roles that uncordon keeps: `validated` (every gate passed) stays until
+# upgrade_state records the node done, so a controller killed between the uncordon and that record
+# resumes after the gates instead of upgrading (and draining) the node again.
+KEPT_ON_UNCORDON = ('validated',)
+# A node recording one of these is not healthy: its stopped VMs are not started.
+NO_VM_START = ('failed', 'rolled-back', 'drain-failed')
 FINISHED = ('Succeeded', 'Failed')
 
 KUBEVIRT = 'kubevirt.io/v1'
@@ -182,8 +191,9 @@ def uncordon_patch(node: Dict[str, Any], force: bool = False) -> Tuple[Optional[
     """(merge patch or None, cordon kept).
 
     The cordon is lifted only when this collection made it (initial-unschedulable "false") or
-    with force. Our initial-state and progress annotations are removed either way; the record of
-    stopped VMs stays for the orchestration that restarts them.
+    with force. Our initial-state and progress annotations are removed either way, except the
+    progress `validated` (KEPT_ON_UNCORDON: upgrade_state clears it when it records the node done);
+    the record of stopped VMs stays for start_vms.
     """
     ann = _annotations(node)
     ours = ann.get(ANN_INITIAL) == 'false'
@@ -192,7 +202,8 @@ def uncordon_patch(node: Dict[str, Any], force: bool = False) -> Tuple[Optional[
     patch: Dict[str, Any] = {}
     if lift:
         patch['spec'] = {'unschedulable': None}
-    remove = {k: None for k in (ANN_INITIAL, ANN_STATE) if k in ann}
+    remove = {k: None for k in (ANN_INITIAL, ANN_STATE) if k in ann
+              and not (k == ANN_STATE and ann[k] in KEPT_ON_UNCORDON)}
     if remove:
         patch['metadata'] = {'annotations': remove}
     return (patch or None), kept
@@ -244,6 +255,63 @@ def vm_stop_patch(vm: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Dict[st
     if spec.get('runStrategy') == 'Halted':
         return None, record
     return {'spec': {'runStrategy': 'Halted'}}, record
+
+
+def parse_stopped_vms(text: Optional[str]) -> List[Dict[str, Any]]:
+    """The records of the stopped-VMs annotation ([] when absent); DrainError when malformed."""
+    if not text:
+        return []
+    try:
+        records = json.loads(text)
+    except ValueError as exc:
+        raise DrainError('annotation %s: not JSON (%s): %r' % (ANN_STOPPED_VMS, exc, text))
+    if not isinstance(records, list) or not all(
+            isinstance(r, dict) and r.get('namespace') and r.get('name') and ('running' in r or 'runStrategy' in r)
+            for r in records):
+        raise DrainError('annotation %s: expected a list of {namespace, name, runStrategy|running}, got %r'
+                         % (ANN_STOPPED_VMS, text))
+    return records
+
+
+def vm_run_state(vm: Dict[str, Any]) -> Dict[str, Any]:
+    """The run fields of a VirtualMachine's spec (what stop and start change), for diffs."""
+    spec = vm.get('spec') or {}
+    return {k: spec[k] for k in ('runStrategy', 'running') if k in spec}
+
+
+def vm_start_patch(vm: Dict[str, Any], record: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(merge patch restoring the recorded run state or None, outcome).
+
+    outcome: 'start' (the VM is as the drain left it, halted: the patch restores the exact previous
+    runStrategy, or running, removing the field when there was none), 'unchanged' (already in its
+    recorded state), 'left' (someone changed its run state since the drain: left as it is).
+    """
+    spec = vm.get('spec') or {}
+    if 'running' in record:
+        if 'runStrategy' in spec:
+            return None, 'left'
+        if spec.get('running') == record['running']:
+            return None, 'unchanged'
+        if spec.get('running') is False:
+            return {'spec': {'running': record['running']}}, 'start'
+        return None, 'left'
+    want = record.get('runStrategy')
+    current = spec.get('runStrategy')
+    if current == want and not (want is None and 'running' in spec):
+        return None, 'unchanged'
+    if current == 'Halted':
+        return {'spec': {'runStrategy': want}}, 'start'
+    return None, 'left'
+
+
+def stopped_vms_patch(node: Dict[str, Any], remaining: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Merge patch leaving only `remaining` in the stopped-VMs record (removed when empty)."""
+    ann = _annotations(node)
+    want = json.dumps(sorted(remaining, key=lambda e: (str(e.get('namespace')), str(e.get('name')))),
+                      sort_keys=True, separators=(',', ':')) if remaining else None
+    if ann.get(ANN_STOPPED_VMS) == want:
+        return None
+    return {'metadata': {'annotations': {ANN_STOPPED_VMS: want}}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,6 +571,63 @@ class Drainer:
         before, after, changed = self._update_node(name, compute)
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
                 'initially_unschedulable': initially_unschedulable(before), 'kept_cordon': kept['value']}
+
+    # -- GPU VMs back ------------------------------------------------------------------------
+    def start_vms(self, name: str) -> Dict[str, Any]:
+        """Start again the VirtualMachines recorded as stopped by the drain; clear their record.
+
+        Refused (DrainError, nothing changed) when the node records a failure. A VM whose start
+        failed keeps its record (the result is failed); a VM deleted since, or whose run state
+        someone changed since, is reported and its record dropped.
+        """
+        self._last_node = None
+        node = self.client.get_node(name)
+        ann = _annotations(node)
+        records = parse_stopped_vms(ann.get(ANN_STOPPED_VMS))
+        state = ann.get(ANN_STATE)
+        if records and state in NO_VM_START:
+            raise DrainError('node %s records %s=%s: its %d stopped VM(s) (%s) are not started on a failed node; '
+                             'recover the node, then start them' % (
+                                 name, ANN_STATE, state, len(records),
+                                 ', '.join('%s/%s' % (r['namespace'], r['name']) for r in records)))
+        res: Dict[str, Any] = {'started_vms': [], 'unchanged_vms': [], 'left_vms': [], 'failed': False, 'msg': ''}
+        vms_before: Dict[str, Any] = {}
+        vms_after: Dict[str, Any] = {}
+        remaining: List[Dict[str, Any]] = []
+        errors: List[str] = []
+        for rec in records:
+            key = '%s/%s' % (rec['namespace'], rec['name'])
+            vm = self.client.get_vm(rec['namespace'], rec['name'])
+            if vm is None:
+                res['left_vms'].append(dict(rec, reason='the VirtualMachine no longer exists'))
+                continue
+            vms_before[key] = vm_run_state(vm)
+            patch, outcome = vm_start_patch(vm, rec)
+            vms_after[key] = vm_run_state(apply_merge_patch(vm, patch))
+            if outcome == 'unchanged':
+                res['unchanged_vms'].append(rec)
+            elif outcome == 'left':
+                res['left_vms'].append(dict(rec, reason='its run state changed since the drain halted it (now %s): '
+                                            'left as it is' % json.dumps(vm_run_state(vm), sort_keys=True)))
+            else:
+                try:
+                    if not self.check_mode:
+                        self.client.patch_vm(rec['namespace'], rec['name'], patch)
+                    res['started_vms'].append(rec)
+                except K8sError as exc:
+                    vms_after[key] = vms_before[key]
+                    remaining.append(rec)
+                    errors.append('%s: %s' % (key, exc))
+        before, after, node_changed = self._update_node(name, lambda n: stopped_vms_patch(n, remaining), node)
+        res['changed'] = bool(res['started_vms']) or node_changed
+        res['before'] = {'node': node_view(before), 'vms': vms_before}
+        res['after'] = {'node': node_view(after), 'vms': vms_after}
+        res['after_node'] = after
+        if errors:
+            res['failed'] = True
+            res['msg'] = ('starting %d VirtualMachine(s) of node %s failed; their record stays in %s: %s'
+                          % (len(errors), name, ANN_STOPPED_VMS, '; '.join(errors)))
+        return res
 
     # -- drain -------------------------------------------------------------------------------
     def drain(self, name: str) -> Dict[str, Any]:

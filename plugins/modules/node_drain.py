@@ -24,7 +24,16 @@ description:
     O(retry_interval) seconds until O(timeout); the deletion is awaited by UID. At the deadline the task B(fails), the
     node stays cordoned, and RV(remaining) says what is left and why.
   - V(uncordon) lifts the cordon only when this collection made it (initial state V(false)), unless O(force=true);
-    the initial-state and progress annotations are removed. The record of stopped VMs stays.
+    the initial-state and progress annotations are removed, except the progress V(validated) that the
+    P(gpufleet.upgrade.node_upgrade#role) role records when every gate passed (M(gpufleet.upgrade.upgrade_state)
+    clears it when it records the node done, so a controller killed in between resumes after the gates). The record
+    of stopped VMs stays.
+  - V(start_vms) starts again the GPU VMs that V(drain) halted under O(vmi_policy=stop), once the node passed its
+    gates. Each VirtualMachine recorded in C(gpufleet.io/stopped-vms) gets back its exact previous C(spec.runStrategy)
+    (removed when it had none) or C(spec.running), then the record is cleared. A VM whose run state someone changed
+    since the drain, or that no longer exists, is left as it is and reported in RV(left_vms). A VM whose start fails
+    keeps its record and the task fails. Refused, changing nothing, when the node records C(failed),
+    C(rolled-back) or C(drain-failed) in C(gpufleet.io/upgrade-state), so a VM is never started on a failed node.
   - Semantics follow C(kubectl drain), not C(kubernetes.core.k8s_drain) (which fails on the first 429 and whose
     timeout only warns).
 extends_documentation_fragment:
@@ -38,7 +47,8 @@ attributes:
   diff_mode:
     support: full
     details:
-      - Shows the Node's C(unschedulable) and C(gpufleet.io/*) annotations before and after.
+      - Shows the Node's C(unschedulable) and C(gpufleet.io/*) annotations before and after; for V(start_vms), also
+        the run state (C(runStrategy), C(running)) of each recorded VirtualMachine.
   idempotent:
     support: full
     description: A second run with the same input reports no change.
@@ -50,7 +60,7 @@ options:
   state:
     description: What to do.
     type: str
-    choices: [cordon, drain, uncordon]
+    choices: [cordon, drain, uncordon, start_vms]
     default: drain
   timeout:
     description:
@@ -154,6 +164,11 @@ EXAMPLES = r"""
     name: gpu-node-17
     state: uncordon
 
+- name: Start again the GPU VMs the drain halted (their previous runStrategy), once the node passed its gates
+  gpufleet.upgrade.node_drain:
+    name: gpu-node-17
+    state: start_vms
+
 - name: Auth once for every Kubernetes module of the collection
   module_defaults:
     group/gpufleet.upgrade.k8s:
@@ -197,9 +212,27 @@ stopped_vms:
   returned: always
   type: list
   elements: dict
+started_vms:
+  description: For V(start_vms), the VirtualMachines given back their recorded C(runStrategy) or C(running).
+  returned: when state is start_vms
+  type: list
+  elements: dict
+  sample: [{"namespace": "vms", "name": "vm-gpu", "runStrategy": "Always"}]
+unchanged_vms:
+  description: For V(start_vms), recorded VirtualMachines already in their recorded run state.
+  returned: when state is start_vms
+  type: list
+  elements: dict
+left_vms:
+  description:
+    - For V(start_vms), recorded VirtualMachines left as they are, each with C(reason) (deleted since the drain, or
+      their run state changed since the drain halted them). Their record is dropped.
+  returned: when state is start_vms
+  type: list
+  elements: dict
 initially_unschedulable:
   description: Whether the node was unschedulable before this collection cordoned it.
-  returned: always
+  returned: when state is cordon, drain or uncordon
   type: bool
 kept_cordon:
   description: For V(uncordon), whether a cordon was left in place because this collection did not make it.
@@ -211,7 +244,7 @@ waiting_for_jobs:
   type: list
   elements: dict
 upgrade_state:
-  description: The progress recorded on the node (C(gpufleet.io/upgrade-state)), or null after uncordon.
+  description: The progress recorded on the node (C(gpufleet.io/upgrade-state)), or null when none is (after uncordon, unless V(validated)).
   returned: always
   type: str
 api_requests:
@@ -236,6 +269,16 @@ def run(module: AnsibleModule, k8s: K8sClient) -> dict:
     drainer = D.Drainer(D.KubeDrainClient(k8s), opts, check_mode=module.check_mode)
     base = {'evicted': [], 'remaining': [], 'blocked': [], 'skipped_pods': [], 'stopped_vms': []}
     try:
+        if params['state'] == 'start_vms':
+            r = drainer.start_vms(name)
+            for k in ('started_vms', 'unchanged_vms', 'left_vms', 'failed', 'msg'):
+                base[k] = r[k]
+            base.update(changed=r['changed'],
+                        upgrade_state=r['after']['node']['annotations'].get(D.ANN_STATE))
+            if module._diff:
+                base['diff'] = {'before': r['before'], 'after': r['after'],
+                                'before_header': 'node/%s' % name, 'after_header': 'node/%s' % name}
+            return base
         if params['state'] == 'cordon':
             r = drainer.cordon(name)
         elif params['state'] == 'uncordon':

@@ -439,3 +439,68 @@ def test_evict_policy_succeeds_once_the_vmi_left(emulator, run_playbook):
     assert names(res['evicted'], 'VirtualMachineInstance') == ['vms/vm-gpu']
     assert 'vms/virt-launcher-vm-gpu-x7k2p' in names(res['evicted'])
     assert res['stopped_vms'] == []
+
+
+# -- GPU VMs started again after the gates ------------------------------------------------------
+def start_vms_task(name: str = 'start', node: str = S.NODE, **flags) -> dict:
+    return dict({'name': name, 'gpufleet.upgrade.node_drain': {'name': node, 'state': 'start_vms'}}, **flags)
+
+
+def test_start_vms_restores_the_run_state_the_drain_recorded(emulator, run_playbook):
+    objs = S.scenario()
+    # A second VM on the node that used `running: true` (no runStrategy).
+    vm2 = S.vm('vm-legacy', run_strategy=None)
+    objs += [vm2, S.vmi('vm-legacy'), S.launcher_pod('vm-legacy')]
+    load(emulator, objs)
+
+    def vm(name):
+        return emulator.get('kubevirt.io/v1', 'VirtualMachine', name, 'vms')
+
+    with KubeVirtStandIn(emulator):
+        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
+    assert run.rc == 0, run.stdout
+    assert run.result('drain')['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'},
+                                                  {'namespace': 'vms', 'name': 'vm-legacy', 'running': True}]
+    assert (vm('vm-gpu')['spec']['runStrategy'], vm('vm-legacy')['spec']['running']) == ('Halted', False)
+
+    # check mode + diff: what would change, nothing written
+    emulator.clear_requests()
+    run = run_playbook(play(emulator, start_vms_task('check', check_mode=True, diff=True)))
+    assert run.rc == 0, run.stdout
+    res = run.result('check')
+    assert emulator.mutating_requests() == []
+    assert res['changed'] is True
+    assert [v['name'] for v in res['started_vms']] == ['vm-gpu', 'vm-legacy']
+    diff = first_diff(res)
+    assert diff['before']['vms'] == {'vms/vm-gpu': {'runStrategy': 'Halted'}, 'vms/vm-legacy': {'running': False}}
+    assert diff['after']['vms'] == {'vms/vm-gpu': {'runStrategy': 'Always'}, 'vms/vm-legacy': {'running': True}}
+    assert 'gpufleet.io/stopped-vms' in diff['before']['node']['annotations']
+    assert 'gpufleet.io/stopped-vms' not in diff['after']['node']['annotations']
+
+    # the real thing, then idempotent
+    run = run_playbook(play(emulator, start_vms_task('start'), start_vms_task('again')))
+    assert run.rc == 0, run.stdout
+    assert run.result('start')['changed'] is True and run.result('again')['changed'] is False
+    assert run.result('again')['started_vms'] == []
+    assert vm('vm-gpu')['spec']['runStrategy'] == 'Always'
+    assert vm('vm-legacy')['spec']['running'] is True and 'runStrategy' not in vm('vm-legacy')['spec']
+    assert 'gpufleet.io/stopped-vms' not in node(emulator)['metadata']['annotations']
+    assert sorted(m for m in mutations(emulator) if '/virtualmachines/' in m[1]) == [
+        ('PATCH', '/apis/kubevirt.io/v1/namespaces/vms/virtualmachines/vm-gpu'),
+        ('PATCH', '/apis/kubevirt.io/v1/namespaces/vms/virtualmachines/vm-legacy')]
+
+
+def test_start_vms_never_starts_a_vm_on_a_failed_node(emulator, run_playbook):
+    load(emulator)
+    with KubeVirtStandIn(emulator):
+        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
+    assert run.rc == 0, run.stdout
+    emulator.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'failed'}}})
+    emulator.clear_requests()
+    run = run_playbook(play(emulator, start_vms_task(ignore_errors=True)))
+    res = run.result('start')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == ('node gpu-1 records gpufleet.io/upgrade-state=failed: its 1 stopped VM(s) (vms/vm-gpu) are '
+                          'not started on a failed node; recover the node, then start them (node gpu-1, state start_vms)')
+    assert emulator.mutating_requests() == []
+    assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'

@@ -1,10 +1,23 @@
-"""Resumability: the controller is killed (the ansible-runner run cancelled) inside a node's
-upgrade, then rollout.yml runs again. It resumes from what the Node records, never drains a node
-twice, never uncordons a node that was cordoned before the rollout, and ends with the same verdict
-as an uninterrupted run.
+"""Resumability: the controller is killed (the ansible-playbook process group of the
+ansible-runner run gets SIGKILL) inside each phase of a node's upgrade, then rollout.yml runs
+again. It resumes from what the Node records, never drains a node twice, never uncordons a node
+that was cordoned before the rollout, and ends with the same verdict as an uninterrupted run.
 
-The pool is the lab's (tests/tools/labenv.py) with 6 nodes; the approved records are written
-directly (the canary playbook is covered by test_lab.py), so the test exercises rollout.yml only.
+One lab of 6 nodes (tests/tools/labenv.py) with the injected fault (a new Xid 79 after the new
+driver came up) on a node of the last batch; the approved records are written directly (the
+canary playbook is covered by test_lab.py), so the test exercises rollout.yml only. The kills are
+chained over reruns of the same lab, cheap on 2 cores:
+
+- the victim (first node of the first batch, running a GPU VM, vmi_policy=stop) is killed once in
+  each phase: holders, drain (once the drain has cordoned it), snapshot, install (while driver_pin
+  runs), activate (after the lab's reload, before Ready is recorded), gates (between the GPU and
+  the node gate), VMs (while the stopped VM is started again) and uncordon (after the uncordon,
+  before `done`). Each kill is triggered by the runner_on_start event of a task inside the phase
+  (Lab.play kills at that event, not at runner's next poll) and the Node's recorded phase is
+  asserted exactly;
+- the faulty node is killed in its activate, then in its gates; the last rerun stops there with
+  the node cordoned and rolled back, as an uninterrupted run does (Lab.verdict, which test_lab.py
+  applies to the uninterrupted lab).
 """
 from __future__ import annotations
 
@@ -12,6 +25,7 @@ import datetime
 import pathlib
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -19,6 +33,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests')]
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 
@@ -27,6 +42,27 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
 
 TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
                'dcgm_exporter': 'dcgmExporter'}
+KEY = us.target_key(labenv.TARGET)
+KV = 'kubevirt.io/v1'
+ANN_STATE, ANN_TARGET, ANN_DONE = us.ANN_STATE, us.ANN_TARGET, us.ANN_DONE
+ANN_VMS = 'gpufleet.io/stopped-vms'
+
+# (phase, first words of the task whose start triggers the kill, state the Node records then).
+# The kill lands while that task runs (each task takes far longer than the event takes to arrive).
+VICTIM_KILLS = [
+    ('holders', 'Holders | List', None),
+    ('drain', 'Drain | Cordon', 'draining'),      # waits until the drain has cordoned the node
+    ('snapshot', 'Snapshot | Capture', 'drained'),
+    ('install', 'Install | Pin and install', 'snapshotted'),
+    ('activate', 'Ready | Wait for the Node', 'installed'),
+    ('gates', 'Gates | Node gate', 'activated'),
+    ('vms', 'VMs | Start again', 'validated'),
+    ('uncordon', 'Uncordon | Record that the node finished', 'validated'),
+]
+FAULT_KILLS = [
+    ('activate', 'Ready | Wait for the Node', 'installed'),
+    ('gates', 'Gates | Node gate', 'activated'),
+]
 
 
 def approved_records(lab: Lab, plan: dict) -> None:
@@ -42,52 +78,123 @@ def approved_records(lab: Lab, plan: dict) -> None:
         (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
 
 
-def drained(run: dict, node: str) -> list[dict]:
-    return [e for e in run['events'] if e['host'] == node and (e['task'] or '').startswith('Drain |')
-            and e['event'] == 'runner_on_ok']
+def task_events(run: dict, node: str, prefix: str, event: str = 'runner_on_ok') -> list[dict]:
+    return [e for e in run['events'] if e['host'] == node and (e['task'] or '').startswith(prefix)
+            and e['event'] == event]
 
 
-def test_cancelled_rollout_resumes_without_draining_twice(tmp_path):
-    lab = Lab(tmp_path / 'lab', nodes=6, fault='none', stuck=[], quiet=True)
+def annotations(lab: Lab, node: str) -> dict:
+    return lab.emu.get('v1', 'Node', node)['metadata'].get('annotations') or {}
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
+    """Block the event handler (the controller runs on) until `predicate()`: ordering by state."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError('timed out waiting for ' + what)
+        time.sleep(0.01)
+
+
+def kill_at(lab: Lab, node: str, phase: str, prefix: str):
+    def trigger(event: dict) -> bool:
+        data = event.get('event_data', {})
+        if not (event.get('event') == 'runner_on_start' and data.get('host') == node
+                and (data.get('task') or '').startswith(prefix)):
+            return False
+        if phase == 'drain':
+            wait_for(lambda: annotations(lab, node).get(ANN_STATE) == 'draining', node + ' cordoned by the drain')
+        return True
+    return trigger
+
+
+def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
+    t0 = time.monotonic()
+    lab = Lab(tmp_path / 'lab', nodes=6, fault='auto', stuck=[], quiet=True,
+              lab_vars={'node_upgrade_vmi_policy': 'stop'})
     lab.dir.mkdir()
     try:
         lab.prepare()
-        # gpu-06 was cordoned by someone else before the rollout: it must stay cordoned.
-        lab.emu.patch('v1', 'Node', 'gpu-06', {'spec': {'unschedulable': True}})
         plan = lab.plan()
         approved_records(lab, plan)
-        victim = plan['batches'][0][0]
+        batches = plan['batches']
+        victim = batches[0][0]
+        fault = lab.fault
+        fault_batch = next(i for i, b in enumerate(batches) if fault in b)
+        assert fault_batch > 0 and victim != fault, plan
+        # A node of the first batch was cordoned by someone else before the rollout: it stays cordoned.
+        pre_cordoned = batches[0][1]
+        lab.emu.patch('v1', 'Node', pre_cordoned, {'spec': {'unschedulable': True}})
+        # A GPU VM runs on the victim (KubeVirt's VM controller on in the emulator).
+        lab.emu.simulator.vm_controller = True
+        lab.emu.patch('v1', 'Node', victim, {'metadata': {'labels': {'lab/vm-host': 'true'}}})
+        lab.emu.apply([{'apiVersion': KV, 'kind': 'VirtualMachine', 'metadata': {'name': 'vm-gpu', 'namespace': 'ml'},
+                        'spec': {'runStrategy': 'RerunOnFailure', 'template': {'spec': {
+                            'nodeSelector': {'lab/vm-host': 'true'},
+                            'domain': {'devices': {'gpus': [{'name': 'gpu0',
+                                                             'deviceName': 'nvidia.com/GH100_H100'}]}}}}}}])
+        wait_for(lambda: (lab.emu.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') or {}).get('status', {})
+                 .get('nodeName') == victim, 'the VM running on ' + victim, 10)
 
-        def killed_after_drain(event: dict) -> bool:
-            data = event.get('event_data', {})
-            return (event.get('event') == 'runner_on_ok' and data.get('host') == victim
-                    and (data.get('task') or '').startswith('Drain |'))
+        runs = []
+        kills = [(victim,) + k for k in VICTIM_KILLS] + [(fault,) + k for k in FAULT_KILLS]
+        for node, phase, prefix, recorded in kills:
+            name = 'killed-%s-%s' % (node, phase)
+            status = lab.play(name, 'rollout.yml', cancel_on=kill_at(lab, node, phase, prefix))
+            runs.append(name)
+            assert status == 'canceled', (name, lab.runs[name]['failures'])
+            # The kill landed inside the phase: the Node records the phase before it, exactly.
+            ann = annotations(lab, node)
+            assert ann.get(ANN_STATE) == recorded, (name, ann)
+            assert ANN_DONE not in ann, (name, ann)
+            if recorded in us.PHASES[2:]:     # written by the role (node_drain's states carry no target)
+                assert ann[ANN_TARGET] == KEY
+            cordoned = lab.emu.get('v1', 'Node', node)['spec'].get('unschedulable') is True
+            assert cordoned is (phase not in ('holders', 'uncordon')), (name, cordoned)
+            if phase == 'vms':
+                vm = lab.emu.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
+                assert vm['spec']['runStrategy'] in ('Halted', 'RerunOnFailure')
+            if phase == 'uncordon':
+                assert ANN_VMS not in ann
+                assert lab.emu.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')['spec']['runStrategy'] == 'RerunOnFailure'
 
-        first = lab.play('rollout-killed', 'rollout.yml', cancel_on=killed_after_drain)
-        assert first == 'canceled', lab.runs['rollout-killed']
-        node = lab.emu.get('v1', 'Node', victim)
-        assert node['spec'].get('unschedulable') is True
-        # Killed somewhere after the drain (ansible-runner polls its cancel callback): mid-upgrade, not done.
-        assert node['metadata']['annotations']['gpufleet.io/upgrade-state'] in (
-            'drained', 'snapshotted', 'activated')
-        assert 'gpufleet.io/upgraded-to' not in node['metadata']['annotations']
-        assert len(drained(lab.runs['rollout-killed'], victim)) == 1
-        # What is still on the victim after its drain (the DaemonSet pods), and what was evicted so far.
-        left_on_victim = {p['metadata']['name'] for p in lab.emu.list('v1', 'Pod', field_selector='spec.nodeName=' + victim)}
-        lab.emu.clear_requests()
-
-        second = lab.play('rollout-resumed', 'rollout.yml')
-        assert second == 'successful', lab.runs['rollout-resumed']['failures']
-        # The victim was not drained again: its Drain task was skipped and no pod of it was evicted.
-        assert drained(lab.runs['rollout-resumed'], victim) == []
-        evicted = {r['path'].split('/')[-2] for r in lab.emu.requests
-                   if r['verb'] == 'POST' and r['path'].endswith('/eviction')}
-        assert not evicted & left_on_victim
-        assert not [r for r in lab.emu.mutating_requests() if r['path'].endswith('/nodes/' + victim)
-                    and (r.get('body') or {}).get('spec', {}).get('unschedulable') is True], 'cordoned again'
+        final = lab.play('resumed-final', 'rollout.yml')
+        runs.append('resumed-final')
+        assert final == 'failed', lab.runs['resumed-final']
+        # The same verdict as an uninterrupted run: stopped at the faulty node, which stays cordoned
+        # and is rolled back; every node before its batch upgraded and in service (but the one
+        # cordoned before the rollout); nothing after its batch touched.
+        # (Lab.verdict does not know of the node cordoned before the rollout: it stays cordoned, as it must.)
+        assert lab.verdict(plan, final) == [
+            '%s (batch 0, before the fault) is not upgraded and in service' % pre_cordoned]
+        failures = lab.runs['resumed-final']['failures']
+        assert {f['host'] for f in failures} == {fault}
+        assert [f['task'] for f in failures] == ['Gates | Every gate passed', 'Failure | Stop here']
+        assert failures[-1]['msg'].startswith('node %s: gates failed' % fault), failures[-1]['msg']
+        assert 'gpu gate' in failures[-1]['msg'] and 'rollback: ' in failures[-1]['msg'], failures[-1]['msg']
         rows = {r['node']: r for r in lab.node_view()}
-        assert all(r['driver'] == labenv.TARGET_DRIVER and r['nvml'] == labenv.TARGET_DRIVER for r in rows.values())
-        assert rows['gpu-06']['cordoned'] is True, 'a node cordoned before the rollout was uncordoned'
-        assert [n for n, r in rows.items() if r['cordoned']] == ['gpu-06']
+        assert rows[fault]['cordoned'] is True and rows[fault]['driver'] == rows[fault]['nvml'] == labenv.SOURCE_DRIVER
+        assert annotations(lab, fault)[ANN_STATE] == 'rolled-back'
+        for b in batches[:fault_batch]:
+            for n in b:
+                assert rows[n]['driver'] == rows[n]['nvml'] == labenv.TARGET_DRIVER, rows[n]
+                assert annotations(lab, n).get(ANN_DONE) == KEY and ANN_STATE not in annotations(lab, n)
+                assert rows[n]['cordoned'] is (n == pre_cordoned), rows[n]
+        # Never drained twice: one completed drain per node over all the runs, none of a finished node.
+        for n in lab.names:
+            drains = sum(len(task_events(lab.runs[r], n, 'Drain |')) for r in runs)
+            assert drains <= 1, (n, drains)
+        assert sum(len(task_events(lab.runs[r], victim, 'Drain |')) for r in runs) == 1
+        # The resumes skipped what the Node recorded: one snapshot and one install of the victim in all.
+        for task in ('Snapshot | Capture', 'Install | Pin', 'Gates | Record the phase'):
+            assert sum(len(task_events(lab.runs[r], victim, task)) for r in runs) == 1, task
+        # The VM the drain stopped is started again with its exact previous run strategy; its record is gone.
+        vm = lab.emu.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
+        assert vm['spec']['runStrategy'] == 'RerunOnFailure'
+        assert lab.emu.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') is not None
+        assert ANN_VMS not in annotations(lab, victim)
+        print('resume test: %d rollout runs, %.0f s wall; %s' % (len(runs), time.monotonic() - t0, ', '.join(
+            '%s %.1fs%s' % (t['step'], t['wall'], ' (killed at %.1fs)' % t['killed_at'] if 'killed_at' in t else '')
+            for t in lab.timings)))
     finally:
         lab.stop()

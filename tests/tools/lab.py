@@ -26,6 +26,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -136,13 +137,17 @@ class Lab:
     # ------------------------------------------------------------------ playbooks
     def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None,
              cancel_on: Any = None) -> str:
-        """Run a playbook; `cancel_on(event) -> bool` cancels the run (a killed controller) once true."""
+        """Run a playbook; `cancel_on(event) -> bool` kills the controller once true: ansible-playbook
+        and every process it started (workers, running modules) get SIGKILL at once, as in a crash,
+        so the kill lands at that event rather than at ansible-runner's next poll of its cancel
+        callback (up to pexpect_timeout, 5 s, later); the run's status is then 'canceled'."""
         pdd = self.dir / 'runner' / name
         shutil.rmtree(pdd, ignore_errors=True)
         (pdd / 'project').mkdir(parents=True)
         failures: list[dict] = []
         events: list[dict] = []
         cancelled = [False]
+        killed_at = [0.0]
 
         def on_event(event: dict) -> bool:
             data = event.get('event_data', {})
@@ -150,6 +155,8 @@ class Lab:
                            'changed': (data.get('res') or {}).get('changed')})
             if cancel_on is not None and not cancelled[0] and cancel_on(event):
                 cancelled[0] = True
+                _kill_controller(event.get('pid'))
+                killed_at[0] = time.monotonic()
             if event.get('event') == 'runner_on_failed' and not data.get('ignore_errors'):
                 failures.append({'host': data.get('host'), 'task': data.get('task'),
                                  'msg': (data.get('res') or {}).get('msg')})
@@ -172,8 +179,11 @@ class Lab:
             extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900,
             cancel_callback=lambda: cancelled[0])
         self.timings.append({'step': name, 'wall': time.monotonic() - t0, 'cpu': _children_cpu() - c0})
+        if killed_at[0]:
+            self.timings[-1]['killed_at'] = killed_at[0] - t0
         self.runs[name] = {'status': result.status, 'rc': result.rc, 'failures': failures, 'events': events}
-        log('== %s: %s in %.1fs' % (name, result.status, time.monotonic() - t0))
+        log('== %s: %s in %.1fs%s' % (name, result.status, time.monotonic() - t0,
+                                      ' (killed at %.1fs)' % (killed_at[0] - t0) if killed_at[0] else ''))
         return result.status
 
     # ------------------------------------------------------------------ steps
@@ -286,6 +296,53 @@ class Lab:
 
 class LabError(Exception):
     pass
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its descendants (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for stat in pathlib.Path('/proc').glob('[0-9]*/stat'):
+        try:
+            fields = stat.read_text().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _kill_controller(pid: Any) -> None:
+    """Kill the controller as a crash would: the ansible-playbook process `pid` (from a runner
+    event), its forks and the modules they run. ansible-core puts each worker in its own process
+    group, so killing the playbook's group alone (what ansible-runner's cancel does) would leave the
+    running module alive, finishing its phase after the "kill". Never our own process group."""
+    try:
+        pid = int(pid)
+        os.kill(pid, signal.SIGSTOP)        # no new worker while the tree is read
+    except (TypeError, ValueError, OSError):
+        return
+    own = os.getpgrp()
+    tree = _process_tree(pid)
+    groups = set()
+    for p in tree:
+        try:
+            groups.add(os.getpgid(p))
+        except OSError:
+            pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    for g in groups - {own}:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _children_cpu() -> float:

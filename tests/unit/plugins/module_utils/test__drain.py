@@ -469,3 +469,135 @@ def test_option_defaults():
     assert (o.timeout, o.retry_interval, o.poll_interval, o.parallel, o.vmi_policy, o.ignore_daemonsets,
             o.delete_local_data, o.force, o.disable_eviction, o.wait_for_jobs) == (
         300.0, 2.5, 1.0, 10, 'refuse', True, False, False, False, None)
+
+
+# -- uncordon keeps `validated`; GPU VMs started again -------------------------------------------
+def test_uncordon_keeps_validated_until_upgrade_state_records_done():
+    n = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'validated'})
+    patch, kept = D.uncordon_patch(n)
+    assert (patch, kept) == ({'spec': {'unschedulable': None}, 'metadata': {'annotations': {D.ANN_INITIAL: None}}},
+                             False)
+    after = D.apply_merge_patch(n, patch)
+    assert after['metadata']['annotations'] == {D.ANN_STATE: 'validated'}
+    assert D.uncordon_patch(after) == (None, False)
+    # the roles' other phases and node_drain's own are removed as before
+    for state in ('drained', 'rolled-back', 'failed'):
+        n = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: state})
+        assert D.uncordon_patch(n)[0]['metadata'] == {'annotations': {D.ANN_INITIAL: None, D.ANN_STATE: None}}
+
+
+def _vm_spec(**spec):
+    return {'metadata': {'namespace': 'vms', 'name': 'v'}, 'spec': spec}
+
+
+@pytest.mark.parametrize('original', [{'runStrategy': 'Always'}, {'runStrategy': 'RerunOnFailure'},
+                                      {'runStrategy': 'Manual'}, {'running': True}, {}])
+def test_vm_start_restores_the_exact_previous_run_state(original):
+    vm = _vm_spec(**original)
+    stop, record = D.vm_stop_patch(vm)
+    halted = D.apply_merge_patch(vm, stop)
+    patch, outcome = D.vm_start_patch(halted, record)
+    assert outcome == 'start'
+    assert D.vm_run_state(D.apply_merge_patch(halted, patch)) == original
+    # once restored: nothing to do
+    assert D.vm_start_patch(D.apply_merge_patch(halted, patch), record) == (None, 'unchanged')
+
+
+def test_vm_start_of_a_vm_halted_before_the_drain_is_a_no_op():
+    for spec in ({'runStrategy': 'Halted'}, {'running': False}):
+        vm = _vm_spec(**spec)
+        stop, record = D.vm_stop_patch(vm)
+        assert stop is None
+        assert D.vm_start_patch(vm, record) == (None, 'unchanged')
+
+
+def test_vm_start_leaves_a_vm_whose_run_state_changed_since_the_drain():
+    assert D.vm_start_patch(_vm_spec(runStrategy='Manual'), {'runStrategy': 'Always'}) == (None, 'left')
+    assert D.vm_start_patch(_vm_spec(runStrategy='Always'), {'running': True}) == (None, 'left')
+    assert D.vm_start_patch(_vm_spec(running=True), {'runStrategy': None}) == (None, 'left')
+
+
+def test_parse_stopped_vms_names_the_annotation_on_bad_input():
+    assert D.parse_stopped_vms(None) == []
+    with pytest.raises(D.DrainError, match='annotation gpufleet.io/stopped-vms: not JSON'):
+        D.parse_stopped_vms('{oops')
+    with pytest.raises(D.DrainError, match=r'expected a list of \{namespace, name, runStrategy\|running\}'):
+        D.parse_stopped_vms('[{"name": "x"}]')
+
+
+def _stopped_cluster(state='validated'):
+    vm_a, vm_b, vm_c = S.vm('a'), S.vm('b', run_strategy=None), S.vm('c')
+    records = []
+    for vm in (vm_a, vm_b, vm_c):
+        patch, rec = D.vm_stop_patch(vm)
+        vm.update(D.apply_merge_patch(vm, patch))
+        records.append(rec)
+    vm_c['spec']['runStrategy'] = 'Manual'     # someone took charge of c since the drain
+    ann = {D.ANN_STOPPED_VMS: D.merge_stopped_vms(None, records + [{'namespace': 'vms', 'name': 'gone',
+                                                                    'runStrategy': 'Always'}])}
+    if state:
+        ann[D.ANN_STATE] = state
+    return [S.node('n1', annotations=ann), vm_a, vm_b, vm_c]
+
+
+def test_start_vms_restores_records_and_clears_the_annotation():
+    clock = Clock()
+    c = FakeClient(clock, _stopped_cluster())
+    res = _drainer(c, clock).start_vms('n1')
+    assert not res['failed'] and res['changed'] is True
+    assert [r['name'] for r in res['started_vms']] == ['a', 'b']
+    assert [(r['name'], r['reason']) for r in res['left_vms']] == [
+        ('c', 'its run state changed since the drain halted it (now {"runStrategy": "Manual"}): left as it is'),
+        ('gone', 'the VirtualMachine no longer exists')]
+    assert c.vms[('vms', 'a')]['spec']['runStrategy'] == 'Always'
+    assert c.vms[('vms', 'b')]['spec'] == {'template': c.vms[('vms', 'b')]['spec']['template'], 'running': True}
+    assert c.vms[('vms', 'c')]['spec']['runStrategy'] == 'Manual'
+    assert D.ANN_STOPPED_VMS not in c.nodes['n1']['metadata']['annotations']
+    assert res['before']['vms'] == {'vms/a': {'runStrategy': 'Halted'}, 'vms/b': {'running': False},
+                                    'vms/c': {'runStrategy': 'Manual'}}
+    assert res['after']['vms'] == {'vms/a': {'runStrategy': 'Always'}, 'vms/b': {'running': True},
+                                   'vms/c': {'runStrategy': 'Manual'}}
+    # idempotent: nothing recorded any more
+    c.calls.clear()
+    again = _drainer(c, clock).start_vms('n1')
+    assert again['changed'] is False and again['started_vms'] == [] and c.mutations() == []
+
+
+def test_start_vms_check_mode_writes_nothing():
+    clock = Clock()
+    c = FakeClient(clock, _stopped_cluster())
+    res = _drainer(c, clock, check_mode=True).start_vms('n1')
+    assert res['changed'] is True and [r['name'] for r in res['started_vms']] == ['a', 'b']
+    assert c.mutations() == []
+    assert D.ANN_STOPPED_VMS not in res['after']['node']['annotations']
+    assert D.ANN_STOPPED_VMS in c.nodes['n1']['metadata']['annotations']
+
+
+@pytest.mark.parametrize('state', ['failed', 'rolled-back', 'drain-failed'])
+def test_start_vms_refuses_on_a_failed_node(state):
+    clock = Clock()
+    c = FakeClient(clock, _stopped_cluster(state))
+    with pytest.raises(D.DrainError, match='records gpufleet.io/upgrade-state=%s: its 4 stopped VM\\(s\\) '
+                       r'\(vms/a, vms/b, vms/c, vms/gone\) are not started on a failed node' % state):
+        _drainer(c, clock).start_vms('n1')
+    assert c.mutations() == []
+
+
+def test_start_vms_keeps_the_record_of_a_vm_whose_start_failed():
+    clock = Clock()
+    c = FakeClient(clock, _stopped_cluster())
+    real = c.patch_vm
+
+    def patch_vm(namespace, name, patch):
+        if name == 'b':
+            raise K8sError('PATCH virtualmachines/b: HTTP 403 forbidden', status=403)
+        return real(namespace, name, patch)
+
+    c.patch_vm = patch_vm
+    res = _drainer(c, clock).start_vms('n1')
+    assert res['failed'] is True
+    assert res['msg'] == ('starting 1 VirtualMachine(s) of node n1 failed; their record stays in '
+                          'gpufleet.io/stopped-vms: vms/b: PATCH virtualmachines/b: HTTP 403 forbidden')
+    assert json.loads(c.nodes['n1']['metadata']['annotations'][D.ANN_STOPPED_VMS]) == [
+        {'namespace': 'vms', 'name': 'b', 'running': True}]
+    assert c.vms[('vms', 'a')]['spec']['runStrategy'] == 'Always'

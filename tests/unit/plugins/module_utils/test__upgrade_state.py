@@ -93,3 +93,22 @@ def test_isolation_owner_is_recorded_and_only_the_owner_releases():
     other['metadata']['labels'] = {S.CANARY_KEY: 'true'}
     assert 'annotations' not in (S.isolation_patch(other, True, owner=owner) or {}).get('metadata', {})
     assert S.isolation_patch(other, False, owner=owner) is None
+
+
+@pytest.mark.parametrize('cordoned_before', [False, True])
+def test_validated_survives_the_uncordon_so_a_rerun_resumes_after_the_gates(cordoned_before):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
+    n = node({S.ANN_STATE: 'validated', S.ANN_TARGET: KEY,
+              S.ANN_INITIAL: 'true' if cordoned_before else 'false'}, unschedulable=True)
+    patch, kept = D.uncordon_patch(n)
+    after = D.apply_merge_patch(n, patch)
+    assert kept is cordoned_before
+    v = S.view(after, KEY)
+    # killed between the uncordon and `done`: every phase is done, the node is not completed yet
+    assert v['phase'] == 'validated' and v['done_phases'] == list(S.PHASES) and not v['completed']
+    assert v['was_cordoned'] is cordoned_before and v['unschedulable'] is cordoned_before
+    # the rerun's uncordon changes nothing (an earlier cordon stays), then `done` clears the record
+    assert D.uncordon_patch(after) == (None, cordoned_before)
+    done = S.apply_patch(after, S.set_patch(after, 'done', KEY))
+    assert done['metadata']['annotations'] == {S.ANN_DONE: KEY}
+    assert S.view(done, KEY)['completed'] is True
