@@ -121,7 +121,8 @@ class DcgmStandIn:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
     def render(self) -> str:
