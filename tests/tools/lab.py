@@ -428,8 +428,8 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault == 'none':
             what = 'the whole rollout completed'
         else:
-            what = ('the fault on %s (%s) stopped expansion, the node stays cordoned and its rollback restored %s'
-                    % (lab.fault, FAULT_KINDS[lab.fault_kind], labenv.SOURCE_DRIVER))
+            what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored %s '
+                    '(injected: %s)' % (lab.fault, labenv.SOURCE_DRIVER, FAULT_KINDS[lab.fault_kind]))
         log('OK in %.0fs: %s' % (time.monotonic() - t0, what))
         return 0
     except LabError as exc:
