@@ -25,7 +25,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 PYTEST      := $(VPY) -m pytest
 SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
-.PHONY: help venv collection test units integration sanity molecule lint lab emulator clean system-deps
+.PHONY: help venv collection test units integration sanity molecule lint lab emulator clean system-deps device-bundle
 
 help:
 	@echo "make lab    - run the main job (the lab rollout on the emulated fleet; FAULT=none for no fault)"
@@ -122,5 +122,11 @@ emulator: collection
 	PYTHONPATH=$(CURDIR)/tests $(VPY) -m emulator --port $(EMULATOR_PORT) --kubeconfig $(EMULATOR_KUBECONFIG) \
 	  $(if $(EMULATOR_FLEET),--fleet $(EMULATOR_FLEET))
 
+# Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
+# .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).
+device-bundle: collection
+	$(VPY) -m pip download --quiet --no-deps --only-binary=:all: -d .device \
+	  "nvidia-ml-py==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')"
+
 clean:
-	rm -rf $(VENV) tests/output .lab
+	rm -rf $(VENV) tests/output .lab .device

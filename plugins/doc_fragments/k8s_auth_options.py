@@ -41,6 +41,7 @@ options:
   validate_certs:
     description:
       - Whether to verify the API server's TLS certificate. Without it the kubeconfig decides.
+      - Can also be set with E(K8S_AUTH_VERIFY_SSL) (V(true) or V(false)).
     type: bool
     aliases: [verify_ssl]
   ca_cert:

@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised by ansible-test impor
 
 try:
     import urllib3
+    from urllib3._collections import HTTPHeaderDict  # 1.26 and 2.x; 2.x sends one line per added value
     HAS_URLLIB3 = True
 except ImportError:  # pragma: no cover
     HAS_URLLIB3 = False
@@ -124,6 +125,20 @@ def _param(params: Dict[str, Any], name: str) -> Any:
     return value
 
 
+_TRUE = ('1', 'true', 'yes', 'on', 'y', 't')
+_FALSE = ('0', 'false', 'no', 'off', 'n', 'f')
+
+
+def _env_bool(name: str) -> bool:
+    """A boolean environment variable (kubernetes.core's K8S_AUTH_VERIFY_SSL); anything else is an error."""
+    value = os.environ.get(name, '').strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise K8sError('%s=%r is not a boolean (use true or false)' % (name, os.environ.get(name)))
+
+
 def get_api_client(params: Dict[str, Any]) -> Any:
     """Build a `kubernetes.client.ApiClient` from the auth options.
 
@@ -178,8 +193,11 @@ def get_api_client(params: Dict[str, Any]) -> Any:
         if not api_key and HAS_URLLIB3:
             cfg.api_key = {'authorization': urllib3.util.make_headers(
                 basic_auth='%s:%s' % (username, password))['authorization']}
-    if params.get('validate_certs') is not None:
-        cfg.verify_ssl = bool(params['validate_certs'])
+    verify = params.get('validate_certs')
+    if verify is None and os.environ.get('K8S_AUTH_VERIFY_SSL'):
+        verify = _env_bool('K8S_AUTH_VERIFY_SSL')
+    if verify is not None:
+        cfg.verify_ssl = bool(verify)
     for opt, attr in (('ca_cert', 'ssl_ca_cert'), ('client_cert', 'cert_file'), ('client_key', 'key_file')):
         value = _param(params, opt)
         if value:
@@ -196,9 +214,9 @@ def get_api_client(params: Dict[str, Any]) -> Any:
     api = k8s_client.ApiClient(configuration=cfg)
     if params.get('impersonate_user'):
         api.set_default_header('Impersonate-User', params['impersonate_user'])
-    if params.get('impersonate_groups'):
-        # urllib3 sends one header per name: the groups go comma-separated.
-        api.set_default_header('Impersonate-Group', ','.join(params['impersonate_groups']))
+    # The API server reads one group per Impersonate-Group header line and does not split on
+    # commas: K8sClient sends one line per group (kept here, outside default_headers' dict).
+    api.gpufleet_impersonate_groups = [str(g) for g in params.get('impersonate_groups') or []]
     return api
 
 
@@ -237,8 +255,8 @@ class K8sClient:
                    **kwargs)
 
     # -- one request ------------------------------------------------------------------------
-    def _headers(self, content_type: Optional[str]) -> Dict[str, str]:
-        headers = {'Accept': 'application/json'}
+    def _headers(self, content_type: Optional[str]) -> Any:
+        headers = HTTPHeaderDict({'Accept': 'application/json'})
         headers.update({k: v for k, v in self.api_client.default_headers.items() if k != 'User-Agent'})
         headers['User-Agent'] = 'gpufleet.upgrade'
         for auth in self.cfg.auth_settings().values():
@@ -246,6 +264,8 @@ class K8sClient:
                 headers[auth['key']] = auth['value']
         if content_type:
             headers['Content-Type'] = content_type
+        for group in getattr(self.api_client, 'gpufleet_impersonate_groups', None) or []:
+            headers.add('Impersonate-Group', group)
         return headers
 
     def request(self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Any = None,

@@ -18,22 +18,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SETUP = REPO / 'playbooks' / 'awx_setup.yml'
 VARS = yaml.safe_load((REPO / 'playbooks' / 'vars' / 'awx.yml').read_text())
 PLAYBOOKS = ['plan', 'preflight', 'canary', 'upgrade_check', 'rollout', 'rollback', 'postflight']
-# Playbooks written before the survey contract, with why they cannot follow it yet. The exception
-# lapses by itself once the playbook documents its inputs with validate_argument_spec.
-PREDATES_CONTRACT = {
-    'upgrade_check': 'playbooks/upgrade_check.yml (issue 2) takes upgrade_check_* extra vars checked by assert, '
-                     'including the current/target tuples as mappings that a survey cannot supply; issue 6 reworks '
-                     'it to collect them from the hosts and the API and to take gpufleet_qualification_file',
-}
-# The orchestration playbooks (issue 6) landed in parallel with the AWX definitions and document
-# their inputs in their headers and docs/orchestration-roles.md, not yet in a validate_argument_spec
-# task; the survey variables (gpufleet_*) and the playbooks' variables are still to be aligned.
-# Each entry stops applying by itself once its playbook gains that task (issue 6 stays open for it).
-PREDATES_CONTRACT.update({
-    name: 'playbooks/%s.yml does not yet document its inputs with ansible.builtin.validate_argument_spec, '
-          'and the AWX survey variables are not yet aligned with its variables (issue 6)' % name
-    for name in ('plan', 'preflight', 'canary', 'rollout', 'rollback', 'postflight')
-})
 SURVEY_KEYS = {'variable', 'question_name', 'question_description', 'type', 'required', 'default', 'min', 'max',
                'choices', 'new_question'}
 SURVEY_TYPES = {'text', 'textarea', 'password', 'integer', 'float', 'multiplechoice', 'multiselect'}
@@ -193,13 +177,12 @@ def test_setup_validates_its_inputs_before_calling_the_controller(run_playbook, 
 
 
 def _documented_inputs(playbook: pathlib.Path):
-    """Keys of the argument_spec of the first ansible.builtin.validate_argument_spec task of the first play."""
+    """The argument_spec of the first task of the first play, when that task is ansible.builtin.validate_argument_spec
+    (bad input then fails before anything else runs)."""
     play = yaml.safe_load(playbook.read_text())[0]
-    for task in play.get('pre_tasks', []) + play.get('tasks', []):
-        spec = task.get('ansible.builtin.validate_argument_spec')
-        if spec is not None:
-            return spec['argument_spec']
-    return None
+    tasks = play.get('pre_tasks', []) + play.get('tasks', [])
+    spec = tasks[0].get('ansible.builtin.validate_argument_spec') if tasks else None
+    return spec['argument_spec'] if spec is not None else None
 
 
 def test_contract_checker_on_awx_setup_itself():
@@ -207,18 +190,84 @@ def test_contract_checker_on_awx_setup_itself():
     assert spec is not None and spec['gpufleet_awx_project_scm_url']['required'] is True
 
 
+# Survey question type -> the argument_spec types it can feed (a survey sends strings and numbers only).
+SURVEY_TO_SPEC_TYPES = {'text': {'str', 'raw'}, 'textarea': {'str', 'raw'}, 'password': {'str', 'raw'},
+                        'integer': {'int', 'raw'}, 'float': {'float', 'raw'},
+                        'multiplechoice': {'str', 'bool', 'raw'}, 'multiselect': {'list'}}
+
+
+def _survey(name):
+    return next(j for j in VARS['gpufleet_awx_job_templates'] if j['playbook'] == 'playbooks/%s.yml' % name)['survey']
+
+
+def _contract_problems(spec, survey):
+    """Every way the survey and the playbook's argument_spec disagree, as readable strings."""
+    if spec is None:
+        return ['the playbook has no ansible.builtin.validate_argument_spec task documenting its inputs']
+    problems = []
+    asked = {q['variable']: q for q in survey}
+    for var in sorted(set(asked) - set(spec)):
+        problems.append('survey variable %s is not documented by the playbook' % var)
+    for var in sorted(k for k, v in spec.items() if v.get('required')):
+        if var not in asked:
+            problems.append('required input %s is not asked by the survey' % var)
+        elif not asked[var]['required']:
+            problems.append('required input %s is optional in the survey' % var)
+    for var, q in asked.items():
+        arg = spec.get(var)
+        if arg is None:
+            continue
+        kind = arg.get('type', 'str')
+        if kind not in SURVEY_TO_SPEC_TYPES[q['type']]:
+            problems.append('%s: survey type %s cannot feed argument type %s' % (var, q['type'], kind))
+        if q['type'] == 'multiplechoice':
+            want = ['false', 'true'] if kind == 'bool' else [str(c) for c in arg.get('choices', [])]
+            if sorted(q.get('choices', [])) != sorted(want):
+                problems.append('%s: survey choices %s, playbook %s' % (var, q.get('choices'), want))
+        elif arg.get('choices') and sorted(map(str, arg['choices'])) != sorted(q.get('choices', [])):
+            problems.append('%s: the playbook restricts it to %s; the survey must offer exactly those' % (var, arg['choices']))
+        if 'default' in arg and 'default' in q:
+            theirs = arg['default']
+            theirs = str(theirs).lower() if isinstance(theirs, bool) else theirs
+            if q['default'] != theirs and not (q['default'] == '' and theirs in ('', None)):
+                problems.append('%s: survey default %r, playbook default %r' % (var, q['default'], arg['default']))
+    return problems
+
+
 @pytest.mark.parametrize('name', PLAYBOOKS)
 def test_survey_variables_are_documented_playbook_inputs(name):
     path = REPO / 'playbooks' / ('%s.yml' % name)
-    if not path.exists():
-        pytest.skip('playbooks/%s.yml is not written yet (issue 6 roles and playbooks)' % name)
-    spec = _documented_inputs(path)
-    if spec is None and name in PREDATES_CONTRACT:
-        pytest.xfail(PREDATES_CONTRACT[name])
-    assert spec is not None, '%s has no ansible.builtin.validate_argument_spec task documenting its inputs' % path
-    jt = next(j for j in VARS['gpufleet_awx_job_templates'] if j['playbook'] == 'playbooks/%s.yml' % name)
-    missing = sorted({q['variable'] for q in jt['survey']} - set(spec))
-    assert not missing, 'survey variables not documented by %s: %s' % (path, missing)
-    required = sorted(k for k, v in spec.items() if v.get('required'))
-    unasked = sorted(set(required) - {q['variable'] for q in jt['survey']})
-    assert not unasked, 'required inputs of %s that the survey does not ask: %s' % (path, unasked)
+    assert not _contract_problems(_documented_inputs(path), _survey(name)), path
+
+
+def test_contract_check_can_fail():
+    spec = {'gpufleet_plan_file': {'type': 'str', 'required': True},
+            'gpufleet_dra': {'type': 'bool', 'default': False},
+            'gpufleet_batch_size': {'type': 'raw', 'default': '10%'},
+            'gpufleet_mode': {'type': 'str', 'choices': ['a', 'b']},
+            'gpufleet_count': {'type': 'int'}}
+    good = [{'variable': 'gpufleet_plan_file', 'type': 'text', 'required': True},
+            {'variable': 'gpufleet_dra', 'type': 'multiplechoice', 'choices': ['false', 'true'], 'required': True,
+             'default': 'false'},
+            {'variable': 'gpufleet_batch_size', 'type': 'text', 'required': True, 'default': '10%'},
+            {'variable': 'gpufleet_mode', 'type': 'multiplechoice', 'choices': ['a', 'b'], 'required': False},
+            {'variable': 'gpufleet_count', 'type': 'integer', 'required': False}]
+    assert _contract_problems(spec, good) == []
+    assert _contract_problems(None, good) == [
+        'the playbook has no ansible.builtin.validate_argument_spec task documenting its inputs']
+    bad = copy.deepcopy(good)
+    bad[0]['required'] = False
+    bad[1]['default'] = 'true'
+    bad[2]['default'] = '25%'
+    bad[3]['choices'] = ['a']
+    bad[4]['type'] = 'text'
+    bad.append({'variable': 'gpufleet_unknown', 'type': 'text', 'required': False})
+    assert _contract_problems(spec, bad) == [
+        'survey variable gpufleet_unknown is not documented by the playbook',
+        'required input gpufleet_plan_file is optional in the survey',
+        "gpufleet_dra: survey default 'true', playbook default False",
+        "gpufleet_batch_size: survey default '25%', playbook default '10%'",
+        "gpufleet_mode: survey choices ['a'], playbook ['a', 'b']",
+        'gpufleet_count: survey type text cannot feed argument type int',
+    ]
+    assert _contract_problems(spec, good[1:]) == ['required input gpufleet_plan_file is not asked by the survey']

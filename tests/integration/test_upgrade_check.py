@@ -30,8 +30,8 @@ def fresh_record(tmp_path):
 
 
 def gate_vars(record, **overrides):
-    extravars = {'upgrade_check_qualification': str(record), 'upgrade_check_pci_ids': list(PCI_IDS),
-                 'upgrade_check_current': dict(CURRENT), 'upgrade_check_target': dict(TARGET)}
+    extravars = {'gpufleet_qualification_file': str(record), 'gpufleet_pci_ids': list(PCI_IDS),
+                 'gpufleet_current': dict(CURRENT), 'gpufleet_target': dict(TARGET)}
     extravars.update(overrides)
     return extravars
 
@@ -59,8 +59,8 @@ def test_playbook_pass_reports_the_qualification(run_playbook, fresh_record):
 def test_playbook_block_fails_the_play_with_every_problem(run_playbook, fresh_record):
     record, _completed = fresh_record
     run = run_playbook(PLAYBOOK, extravars=gate_vars(
-        record, upgrade_check_pci_ids='10de:1db6/10de:124a,10DE:2330/10DE:16C1',
-        upgrade_check_target=dict(TARGET, rke2='v1.37.0+rke2r1'), upgrade_check_max_canary_age='30m'))
+        record, gpufleet_pci_ids='10de:1db6/10de:124a,10DE:2330/10DE:16C1',
+        gpufleet_target=dict(TARGET, rke2='v1.37.0+rke2r1'), gpufleet_max_canary_age='30m'))
     assert run.rc != 0 and run.status == 'failed'
     gate = run.result(GATE)
     problems = [
@@ -83,19 +83,19 @@ def test_playbook_check_mode_gives_the_same_verdict(run_playbook, fresh_record):
     run = run_playbook(PLAYBOOK, extravars=gate_vars(record), cmdline='--check')
     assert run.status == 'successful'
     assert run.result(GATE)['passed'] is True and run.result(GATE)['changed'] is False
-    run = run_playbook(PLAYBOOK, extravars=gate_vars(record, upgrade_check_current=dict(TARGET)), cmdline='--check')
+    run = run_playbook(PLAYBOOK, extravars=gate_vars(record, gpufleet_current=dict(TARGET)), cmdline='--check')
     assert run.status == 'failed'
     assert run.result(GATE)['problems'] == ['at least one component must change']
 
 
 def test_playbook_refuses_missing_inputs_and_unknown_keys(run_playbook, fresh_record, tmp_path):
     record, _completed = fresh_record
-    run = run_playbook(PLAYBOOK, extravars={'upgrade_check_qualification': str(record)})
+    run = run_playbook(PLAYBOOK, extravars={'gpufleet_qualification_file': str(record)})
     assert run.status == 'failed'
     assert 'Set every gate input as an extra var' in run.result('Check that every gate input is given')['msg']
     assert not run.task_results(GATE)
 
-    run = run_playbook(PLAYBOOK, extravars=gate_vars(record, upgrade_check_current=dict(CURRENT, cuda='13.0')))
+    run = run_playbook(PLAYBOOK, extravars=gate_vars(record, gpufleet_current=dict(CURRENT, cuda='13.0')))
     assert run.status == 'failed'
     assert 'current.cuda' in run.result(GATE)['msg']
 
@@ -107,7 +107,7 @@ def test_playbook_refuses_missing_inputs_and_unknown_keys(run_playbook, fresh_re
 
 def test_long_max_age_warns(run_playbook, fresh_record):
     record, _completed = fresh_record
-    run = run_playbook(PLAYBOOK, extravars=gate_vars(record, upgrade_check_max_canary_age='60d'))
+    run = run_playbook(PLAYBOOK, extravars=gate_vars(record, gpufleet_max_canary_age='60d'))
     assert run.status == 'successful'
     assert any('max_canary_age 60d is longer than the default 720h' in w for w in run.result(GATE).get('warnings', []))
 
@@ -167,4 +167,4 @@ def test_make_lab_script_passes_and_blocks(tmp_path):
     assert 'lab: OK: the qualified tuple passed and the other one was blocked' in out.stdout
     record, problems = q.validate_record((tmp_path / 'gpu-upgrade-qualification.yaml').read_bytes())
     assert problems == [] and record.id == 'v100-kernel-canary-1'
-    assert json.loads((tmp_path / 'block-vars.json').read_text())['upgrade_check_target']['driver'] == '580.130.01'
+    assert json.loads((tmp_path / 'block-vars.json').read_text())['gpufleet_target']['driver'] == '580.130.01'

@@ -69,12 +69,12 @@ def main() -> int:
     record = write_record(lab)
     print('lab: wrote %s (canary completed now)' % record)
     cases = [
-        ('pass', True, {'upgrade_check_qualification': str(record), 'upgrade_check_pci_ids': PCI_IDS,
-                        'upgrade_check_current': CURRENT, 'upgrade_check_target': TARGET}),
-        ('block', False, {'upgrade_check_qualification': str(record),
-                          'upgrade_check_pci_ids': PCI_IDS + ['10de:2330/10de:16c1'],
-                          'upgrade_check_current': CURRENT,
-                          'upgrade_check_target': dict(TARGET, driver='580.130.01')}),
+        ('pass', True, {'gpufleet_qualification_file': str(record), 'gpufleet_pci_ids': PCI_IDS,
+                        'gpufleet_current': CURRENT, 'gpufleet_target': TARGET}),
+        ('block', False, {'gpufleet_qualification_file': str(record),
+                          'gpufleet_pci_ids': PCI_IDS + ['10de:2330/10de:16c1'],
+                          'gpufleet_current': CURRENT,
+                          'gpufleet_target': dict(TARGET, driver='580.130.01')}),
     ]
     ok = True
     for name, want_pass, extravars in cases:

@@ -262,8 +262,8 @@ class Lab:
 
     def gate(self) -> None:
         status = self.play('upgrade_check', 'upgrade_check.yml', {
-            'upgrade_check_qualification_dir': str(self.dir / 'qualification'),
-            'upgrade_check_plan': str(self.dir / 'plan.json')})
+            'gpufleet_qualification_dir': str(self.dir / 'qualification'),
+            'gpufleet_plan_file': str(self.dir / 'plan.json')})
         if status != 'successful':
             raise LabError('upgrade_check did not PASS: %s' % self.runs['upgrade_check']['failures'])
 

@@ -187,10 +187,38 @@ def test_kubeconfig_context_and_impersonation(tmp_path):
                             'impersonate_groups': ['g1', 'g2']})
     assert api.configuration.host == 'http://127.0.0.1:2'
     assert api.default_headers['Impersonate-User'] == 'bob'
+    assert 'Impersonate-Group' not in api.default_headers
+    assert api.gpufleet_impersonate_groups == ['g1', 'g2']
     assert K.K8sClient(api)._headers(None)['authorization'] == 'Bearer t0k'
     with pytest.raises(K.K8sError) as exc:
         K.get_api_client({'kubeconfig': str(path), 'context': 'zzz'})
     assert "cannot load the Kubernetes configuration (kubeconfig='%s', context='zzz')" % path in str(exc.value)
+
+
+def test_impersonated_groups_go_one_per_header_line(server):
+    # The API server does not split Impersonate-Group on commas: 'g1,g2' would be one group.
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    api = K.get_api_client({'host': server.url, 'impersonate_user': 'bob', 'impersonate_groups': ['g1', 'g2']})
+    K.K8sClient(api, sleep=lambda s: None).request('GET', '/api/v1/nodes/n')
+    headers = server.log[-1][3]
+    assert headers.get_all('Impersonate-Group') == ['g1', 'g2']
+    assert headers.get_all('Impersonate-User') == ['bob']
+
+
+@pytest.mark.parametrize('value,verify', [('false', False), ('True', True), ('0', False)])
+def test_verify_ssl_from_the_environment(monkeypatch, value, verify):
+    monkeypatch.setenv('K8S_AUTH_VERIFY_SSL', value)
+    assert K.get_api_client({'host': 'https://127.0.0.1:6443'}).configuration.verify_ssl is verify
+    # The option wins over the environment.
+    assert K.get_api_client({'host': 'https://127.0.0.1:6443', 'validate_certs': not verify}).configuration.verify_ssl \
+        is (not verify)
+
+
+def test_verify_ssl_from_the_environment_must_be_a_boolean(monkeypatch):
+    monkeypatch.setenv('K8S_AUTH_VERIFY_SSL', 'maybe')
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'host': 'https://127.0.0.1:6443'})
+    assert str(exc.value) == "K8S_AUTH_VERIFY_SSL='maybe' is not a boolean (use true or false)"
 
 
 def test_request_timeout_must_be_positive(server):

@@ -1,0 +1,168 @@
+"""The playbooks' input contract at run time: a missing or mistyped extra var fails the first task
+(ansible.builtin.validate_argument_spec) with a message naming the variable, before anything else
+runs and without one request to the Kubernetes API; survey-style inputs (strings, empty optional
+answers) are accepted. The static survey <-> argument_spec contract is in test_awx_setup.py."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+import k8s_scenario as S
+from k8s_support import load, mutations
+from tools.records import CURRENT, PCI_IDS, TARGET
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHECK = {'plan': 'Plan | Check the inputs', 'preflight': 'Preflight | Check the inputs',
+         'canary': 'Canary | Check the inputs', 'upgrade_check': 'Check the inputs',
+         'rollout': 'Rollout | Check the inputs', 'rollback': 'Rollback | Check the inputs',
+         'postflight': 'Postflight | Check the inputs'}
+
+
+def _inventory():
+    local = {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable}
+    return {'all': {'hosts': {'localhost': dict(local)},
+                    'children': {'gpu_nodes': {'hosts': {S.NODE: dict(local), S.OTHER: dict(local)}}}}}
+
+
+def _tasks_run(run):
+    return [(e['event_data'].get('task'), e['event_data'].get('host'), e['event'])
+            for e in run.events if e.get('event', '').startswith('runner_on_') and e['event'] != 'runner_on_start']
+
+
+# (playbook, extra vars, the variable the message must name, a phrase of the message)
+BAD = [
+    ('rollout', {'gpufleet_qualification_dir': 'qualification', 'gpufleet_evidence': 'rollout.json'},
+     'gpufleet_plan_file', 'missing required arguments'),
+    ('rollout', {'gpufleet_plan_file': 'plan.json', 'gpufleet_qualification_dir': 'q', 'gpufleet_evidence': 'e.json',
+                 'gpufleet_dra': 'perhaps'}, 'gpufleet_dra', 'bool'),
+    ('plan', {'gpufleet_plan_file': 'plan.json', 'gpufleet_target': dict(TARGET),
+              'gpufleet_canaries_per_combination': 'many'}, 'gpufleet_canaries_per_combination', 'int'),
+    ('preflight', {'gpufleet_target': 'the next one'}, 'gpufleet_target', 'dict'),
+    ('canary', {'gpufleet_plan_file': 'plan.json'}, 'gpufleet_qualification_dir', 'missing required arguments'),
+    ('upgrade_check', {'gpufleet_qualification_file': 'q.yaml', 'gpufleet_pci_ids': list(PCI_IDS),
+                       'gpufleet_current': 'whatever runs now', 'gpufleet_target': dict(TARGET)},
+     'gpufleet_current', 'dict'),
+    ('rollback', {'gpufleet_rollback_nodes': S.NODE, 'gpufleet_rollback_uncordon': 'maybe'},
+     'gpufleet_rollback_uncordon', 'bool'),
+    ('postflight', {'gpufleet_dra': 'perhaps'}, 'gpufleet_dra', 'bool'),
+]
+
+
+@pytest.mark.parametrize('name,extravars,var,phrase', BAD, ids=['%s-%s' % (b[0], b[2]) for b in BAD])
+def test_bad_input_fails_the_first_task_naming_the_variable(emulator, run_playbook, name, extravars, var, phrase):
+    load(emulator)
+    extravars = dict(extravars, gpufleet_kubeconfig=emulator.kubeconfig)
+    run = run_playbook(REPO / 'playbooks' / ('%s.yml' % name), extravars=extravars, inventory=_inventory())
+    assert run.rc != 0 and run.status == 'failed'
+    res = run.result(CHECK[name])
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'].startswith('Validation of arguments failed')
+    assert var in res['msg'] and phrase in res['msg'], res['msg']
+    # nothing ran but the check (once: on localhost, or run_once on the first GPU host)
+    assert [t for t, _h, _e in _tasks_run(run)] == [CHECK[name]]
+    # and the cluster was not even read
+    assert emulator.requests == [] and mutations(emulator) == []
+
+
+def test_rollout_without_the_plan_file_names_it_in_its_output(emulator, run_playbook):
+    load(emulator)
+    run = run_playbook(REPO / 'playbooks' / 'rollout.yml', inventory=_inventory(), extravars={
+        'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_qualification_dir': 'q', 'gpufleet_evidence': 'e.json'})
+    assert run.status == 'failed'
+    assert 'missing required arguments: gpufleet_plan_file' in run.stdout
+    assert mutations(emulator) == []
+
+
+def test_plan_target_must_be_complete(emulator, run_playbook, tmp_path):
+    """The five survey strings replace the mapping only when all five are given."""
+    load(emulator)
+    partial = {'gpufleet_target_kernel': TARGET['kernel'], 'gpufleet_target_driver': TARGET['driver']}
+    run = run_playbook(REPO / 'playbooks' / 'plan.yml', inventory=_inventory(), extravars=dict(
+        partial, gpufleet_plan_file=str(tmp_path / 'plan.json'), gpufleet_kubeconfig=emulator.kubeconfig))
+    assert run.status == 'failed'
+    res = run.result('Plan | The target is given once, as a mapping or as the five strings')
+    assert res['_event'] == 'runner_on_failed'
+    assert 'missing: gpufleet_target_rke2, gpufleet_target_gpu_operator, gpufleet_target_dcgm_exporter' in res['msg']
+    assert run.result('Plan | Check the inputs')['_event'] == 'runner_on_ok'
+    assert not run.task_results('Plan | NVML facts (driver, PCI identities, MIG)')
+    assert emulator.requests == [] and not (tmp_path / 'plan.json').exists()
+
+    # the five strings and a mapping that disagrees with them
+    strings = {'gpufleet_target_%s' % k: v for k, v in TARGET.items()}
+    run = run_playbook(REPO / 'playbooks' / 'plan.yml', inventory=_inventory(), extravars=dict(
+        strings, gpufleet_target=dict(TARGET, driver='580.130.01'), gpufleet_plan_file=str(tmp_path / 'plan.json'),
+        gpufleet_kubeconfig=emulator.kubeconfig))
+    assert run.status == 'failed'
+    assert 'they must agree' in run.result('Plan | The target is given once, as a mapping or as the five strings')['msg']
+    assert emulator.requests == []
+
+
+def test_upgrade_check_collected_mode_takes_survey_answers(run_playbook, tmp_path):
+    """What the AWX survey sends: the plan file, the qualification dir, an empty optional file answer. The gate
+    runs per combination of the plan with the plan's tuples (here it blocks: no record in the dir)."""
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps({'target': dict(TARGET), 'combinations': [
+        {'id': 'c1', 'key': {'pci_ids': ','.join(PCI_IDS)}, 'source_tuples': [dict(CURRENT)]}]}))
+    run = run_playbook(REPO / 'playbooks' / 'upgrade_check.yml', extravars={
+        'gpufleet_plan_file': str(plan), 'gpufleet_qualification_dir': str(tmp_path / 'qualification'),
+        'gpufleet_qualification_file': '', 'gpufleet_max_canary_age': '720h'})
+    assert run.status == 'failed'
+    assert run.result('Check the inputs')['_event'] == 'runner_on_ok'
+    assert run.result('Check that every gate input is given')['_event'] == 'runner_on_ok'
+    gate = run.result('Run the GPU upgrade gate on every combination of the plan (collected from the hosts and the API)')
+    slug = ','.join(PCI_IDS).replace(':', '').replace('/', '-').replace(',', '-')
+    assert gate['_event'] == 'runner_on_failed'
+    assert gate['results'][0]['problems'] == [
+        'cannot read the qualification record "%s/%s.yaml": No such file or directory' % (tmp_path / 'qualification', slug)]
+
+    # no plan and no tuples: the second check names every way to give them
+    run = run_playbook(REPO / 'playbooks' / 'upgrade_check.yml', extravars={'gpufleet_qualification_dir': 'q'})
+    assert run.status == 'failed'
+    msg = run.result('Check that every gate input is given')['msg']
+    assert 'gpufleet_plan_file' in msg and 'gpufleet_pci_ids' in msg and 'gpufleet_current' in msg
+
+
+def test_rollback_without_nodes_acts_on_the_recorded_failures_only(emulator, run_playbook, tmp_path):
+    """Empty gpufleet_rollback_nodes (the survey's default): the nodes whose gpufleet.io/upgrade-state is
+    "failed"; none -> nothing to do, and nothing but reads."""
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps({'target': dict(TARGET)}))
+    load(emulator, [S.node(S.NODE), S.node(S.OTHER, annotations={'gpufleet.io/upgrade-state': 'done'})])
+    extravars = {'gpufleet_rollback_nodes': '', 'gpufleet_plan_file': str(plan), 'gpufleet_node_selector': '',
+                 'gpufleet_kubeconfig': emulator.kubeconfig}
+    run = run_playbook(REPO / 'playbooks' / 'rollback.yml', extravars=extravars, inventory=_inventory())
+    assert (run.rc, run.status) == (0, 'successful'), run.stdout
+    assert run.result('Rollback | The nodes')['msg'] == 'rolling back the nodes recorded as failed: none, nothing to do'
+    assert not run.task_results("Rollback | Read the node's NVML facts (its PCI identity picks the record)")
+    assert emulator.requests and mutations(emulator) == []
+
+    emulator.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'failed'}}})
+    emulator.clear_requests()
+    run = run_playbook(REPO / 'playbooks' / 'rollback.yml', extravars=extravars, inventory=_inventory())
+    assert run.result('Rollback | The nodes')['msg'] == 'rolling back the nodes recorded as failed: ' + S.NODE
+    # the rollback play runs on that node only (here it stops at the node's NVML read: no GPU on this machine)
+    hosts = {r['_host'] for r in run.task_results("Rollback | Read the node's NVML facts (its PCI identity picks the record)")}
+    assert hosts == {S.NODE}
+    assert mutations(emulator) == []
+
+
+def test_preflight_needs_the_plan_or_the_target(emulator, run_playbook, tmp_path):
+    load(emulator)
+    run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(),
+                       extravars={'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_plan_file': ''})
+    assert run.status == 'failed'
+    res = run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')
+    assert res['_event'] == 'runner_on_failed' and 'Set gpufleet_plan_file' in res['msg']
+    assert emulator.requests == []
+
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps({'target': dict(TARGET)}))
+    run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(), extravars={
+        'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_plan_file': str(plan),
+        'gpufleet_target': dict(TARGET, kernel='6.8.0-136-generic')})
+    assert run.status == 'failed'
+    assert 're-plan' in run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')['msg']
+    assert emulator.requests == []
