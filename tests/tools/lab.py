@@ -79,6 +79,7 @@ class Lab:
         self.dcgm: lab_dcgm.DcgmStandIn | None = None
         self.prom: PrometheusServer | None = None
         self.metrics_note = ''
+        self._prom_waited = False
         self.stuck = stuck
         self.quiet = quiet
         self.lab_vars = lab_vars or {}
@@ -127,6 +128,10 @@ class Lab:
         self.prom.launch()
 
     def wait_prometheus(self) -> None:
+        """Once: before the first playbook that can run a gate (tests that drive Lab step by step get it too)."""
+        if self._prom_waited:
+            return
+        self._prom_waited = True
         if self.prom is None:
             log(self.metrics_note)
             return
@@ -217,6 +222,8 @@ class Lab:
             'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
             'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
         })
+        if playbook != 'plan.yml':   # plan.yml runs no gate: Prometheus starts meanwhile
+            self.wait_prometheus()
         log('== %s (%s)' % (name, playbook))
         t0, c0 = time.monotonic(), _children_cpu()
         result = ansible_runner.run(
@@ -403,7 +410,6 @@ def run(args: argparse.Namespace) -> int:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
         plan = lab.plan()
-        lab.wait_prometheus()   # started in prepare(); needed from the canaries' gates on
         if lab.play('canary', 'canary.yml') != 'successful':
             raise LabError('canary.yml failed: %s' % lab.runs['canary']['failures'])
         lab.approve()
