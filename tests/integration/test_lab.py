@@ -1,6 +1,8 @@
 """The lab scenario end to end (tests/tools/lab.py) on a smaller pool, and the orchestration's
 failure paths: the injected fault stops expansion and rolls the node back; without a fault the
-whole rollout completes; a node that does not come back Ready stops the rollout, cordoned.
+whole rollout completes; a node that does not come back Ready stops the rollout, cordoned; a GPU
+that runs hot under the new driver fails the metric gate (a real Prometheus scraping the lab's DCGM
+exporter stand-in), which stops expansion and rolls the node back.
 
 Each run drives the real playbooks through ansible-runner against the Kubernetes API emulator,
 real dpkg/apt install roots and the stand-in NVML. `make lab` runs the same driver on 40 nodes.
@@ -15,8 +17,14 @@ import sys
 
 import pytest
 
+from tools import lab_dcgm, labenv
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAB = REPO / 'tests' / 'tools' / 'lab.py'
+# The lab runs the metric gate when Prometheus is installed (`make system-deps` installs it).
+PROMETHEUS = shutil.which('prometheus')
+needs_prometheus = pytest.mark.skipif(not PROMETHEUS, reason='LOUD SKIP: no Prometheus for the lab\'s metric gate: '
+                                      'apt-get install --no-install-recommends prometheus (or make system-deps as root)')
 
 pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
                                 reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
@@ -41,6 +49,16 @@ def rows(out: str) -> dict[str, list[str]]:
     return table
 
 
+def metric_gates(lab: pathlib.Path) -> dict[str, dict]:
+    """node -> the metric gate's evidence entry, from the canary bundles and the rollout's."""
+    out = {}
+    for path in sorted((lab / 'qualification').glob('*.json')) + [lab / 'evidence' / 'rollout.json']:
+        for g in json.loads(path.read_text())['gates']:
+            if g['kind'] == 'metric':
+                out[g['node']] = g
+    return out
+
+
 def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
     out = run_lab(tmp_path, '--nodes', '8', '--fault', 'gpu-04')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
@@ -55,6 +73,14 @@ def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
     assert later and all(table[n][3:6] == ['580.126.20', 'no', '-'] for n in later)
     # NVML follows the install root: the stand-in reports the restored driver.
     assert annotations(tmp_path / 'lab', 'gpu-04')['driver_version'] == '580.126.20'
+    if PROMETHEUS:
+        # The metric gate ran on every upgraded node; on gpu-04 the GPU gate caught the Xid first.
+        gates = metric_gates(tmp_path / 'lab')
+        done = sorted(n for n, r in table.items() if r[5] == 'done')
+        assert done and sorted(gates) == done and all(gates[n]['passed'] for n in done)
+        assert table['gpu-04'][6].startswith('gpu:FAIL,') and 'metric' not in table['gpu-04'][6]
+    else:
+        assert 'metric gate: OFF, Prometheus is not available' in out.stdout
     report = tmp_path / 'lab' / 'report.html'
     assert report.is_file() and 'gpu-04' in report.read_text()
 
@@ -66,15 +92,92 @@ def test_lab_without_fault_completes(tmp_path):
     table = rows(out.stdout)
     assert sorted(table) == ['gpu-01', 'gpu-02', 'gpu-03', 'gpu-04']
     assert all(r[3:6] == ['580.130.00', 'no', 'done'] for r in table.values())
+    if PROMETHEUS:
+        assert 'metric gate: ON, Prometheus http://127.0.0.1:' in out.stdout
+        assert 'metric gate verdicts: 4 nodes passed, 0 failed' in out.stdout
+        assert all(r[6].startswith('gpu:ok,node:ok,metric:ok') for r in table.values()), table
+        assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
 
 
 def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # gpu-02 never comes back Ready after its (lab) reboot: the wait is bounded, the node stays
     # cordoned, no rollback is attempted on a node that is not up, and the run fails saying why.
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02')
+    # Also the lab without the metric gate (--metrics off): it says so and the other gates decide.
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02', '--metrics', 'off')
     assert out.returncode == 1, out.stdout[-6000:]
+    assert 'metric gate: OFF (--metrics off); the GPU and node gates decide' in out.stdout
+    assert 'metric:' not in out.stdout and not (tmp_path / 'lab' / 'prometheus').exists()
     assert 'node gpu-02 did not become Ready within 30' in out.stdout
     assert 'recover it by hand, then run gpufleet.upgrade.rollback' in out.stdout
     table = rows(out.stdout)
     assert table['gpu-02'][4] == 'yes' and table['gpu-02'][5] == 'failed'
     assert 'rollout did not complete' in out.stdout
+
+
+@needs_prometheus
+def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
+    # gpu-02 (batch 1 of 3) runs GPU 5 at 92 C under the new driver: NVML reads 38 C at the GPU
+    # gate's instant, only the DCGM series over the metric gate's window show it.
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'temperature')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and its rollback restored 580.126.20 '
+            '(injected: GPU 5 at 92 C under load)') in out.stdout
+    table = rows(out.stdout)
+    assert table['gpu-02'][3:7] == ['580.126.20', 'yes', 'rolled-back', 'gpu:ok,node:ok,metric:FAIL,rollback-gpu:ok']
+    assert 'critical gate failed on gpu-02: metric gate' in out.stdout
+    assert table['gpu-04'][3:7] == ['580.126.20', 'no', '-', '-']
+    assert table['gpu-01'][3:6] == ['580.130.00', 'no', 'done']
+    gates = metric_gates(tmp_path / 'lab')
+    assert sorted(gates) == ['gpu-01', 'gpu-02', 'gpu-03']
+    assert gates['gpu-01']['passed'] is True and gates['gpu-03']['passed'] is True
+    assert gates['gpu-02']['passed'] is False
+    assert gates['gpu-02']['problems'][0].startswith('dcgm_gpu_temperature: 92 is above the allowed 85')
+    assert 'UUID="GPU-gpu-02-0005"' in gates['gpu-02']['problems'][0]
+    # Prometheus kept its data under the lab directory.
+    assert (tmp_path / 'lab' / 'prometheus' / 'data').is_dir()
+
+
+def test_dcgm_stand_in_follows_nvml_state_and_kernel_log(tmp_path):
+    """The DCGM stand-in's series, rendered from files alone (no Prometheus, no lab run)."""
+    node = tmp_path / 'nodes' / 'gpu-01'
+    node.mkdir(parents=True)
+    state = labenv.nvml_state(labenv.MODELS[0], 'gpu-01', labenv.TARGET_DRIVER)
+    state['gpus'][2]['ecc']['uncorrected_volatile'] = 3
+    state['gpus'][2]['remapped_rows'] = (1, 2, 0, 1)
+    (node / 'nvml.json').write_text(json.dumps(state))
+    bus = state['gpus'][3]['bus_id'][4:14].lower()
+    (node / 'kern.log').write_text(
+        '2026-01-01T00:00:05+00:00 gpu-01 kernel: NVRM: Xid (PCI:%s): 48, pid=0, before the restart\n'
+        '2026-01-01T00:00:20+00:00 gpu-01 kernel: NVRM: Xid (PCI:%s): 79, pid=0, GPU has fallen off the bus.\n'
+        % (bus, bus))
+    (tmp_path / 'lab.json').write_text(json.dumps({'fault': 'gpu-01', 'fault_kind': 'temperature',
+                                                   'target_driver': labenv.TARGET_DRIVER}))
+
+    def value(text: str, name: str, gpu: int) -> float:
+        line = next(l for l in text.splitlines() if l.startswith(name + '{') and 'gpu="%d"' % gpu in l)
+        assert 'Hostname="gpu-01"' in line and 'UUID="GPU-gpu-01-%04d"' % gpu in line
+        return float(line.rsplit(' ', 1)[1])
+
+    stand_in = lab_dcgm.DcgmStandIn(tmp_path, ['gpu-01', 'gpu-02'])   # gpu-02 has no files: left out
+    try:
+        # Before the exporter (re)start recorded in dcgm.since: both Xids count, the last one wins.
+        text = stand_in.render()
+        assert value(text, 'DCGM_FI_DEV_XID_ERRORS', 3) == 79 and value(text, 'DCGM_FI_DEV_XID_ERRORS', 0) == 0
+        assert value(text, 'DCGM_FI_DEV_GPU_TEMP', 5) == lab_dcgm.HOT_C
+        assert value(text, 'DCGM_FI_DEV_GPU_TEMP', 4) == 38
+        assert value(text, 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL', 2) == 3
+        assert value(text, 'DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS', 2) == 2
+        assert value(text, 'DCGM_FI_DEV_ROW_REMAP_FAILURE', 2) == 1
+        assert 'dcgm_lab_driver_info{Hostname="gpu-01",DCGM_FI_DRIVER_VERSION="%s"} 1.0' % labenv.TARGET_DRIVER in text
+        assert 'gpu-02' not in text
+        # After a restart (the activation hook writes dcgm.since), older Xids are gone; the old
+        # driver (a rollback) is not the hot one.
+        (node / 'dcgm.since').write_text('2026-01-01T00:00:30+00:00\n')
+        state['driver_version'] = labenv.SOURCE_DRIVER
+        (node / 'nvml.json').write_text(json.dumps(state))
+        text = stand_in.render()
+        assert value(text, 'DCGM_FI_DEV_XID_ERRORS', 3) == 0
+        assert value(text, 'DCGM_FI_DEV_GPU_TEMP', 5) == 38
+        assert 'DCGM_FI_DRIVER_VERSION="%s"' % labenv.SOURCE_DRIVER in text
+    finally:
+        stand_in.stop()

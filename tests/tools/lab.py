@@ -1,19 +1,24 @@
 """`make lab`: the whole procedure on an emulated 40-node GPU pool, with an injected fault.
 
-    python tests/tools/lab.py [--dir .lab] [--fault auto|none|<node>] [--nodes 40] [--stuck <node>]
+    python tests/tools/lab.py [--dir .lab] [--fault auto|none|<node>] [--fault-kind xid|temperature]
+                              [--nodes 40] [--stuck <node>] [--metrics auto|off]
 
 1. environment: the Kubernetes API emulator (pod-lifecycle simulator on) with 40 GPU nodes of two
    models (two PCI identities), a device plugin pod and a training pod on each, PodDisruptionBudgets;
    per-node install roots with the driver set at 580.126.20 (real dpkg/apt), a stand-in NVML state
    per node (tests/tools/labenv.py explains how it follows the install root), a kernel log per node;
-   Prometheus is looked for and, in this version, the metric gate is not wired into the lab (said so);
+   when Prometheus is installed (the lab installs the Debian package when run as root, otherwise
+   says how and runs without the metric gate), a real Prometheus on loopback scraping the lab's
+   DCGM exporter stand-in (tests/tools/lab_dcgm.py) every second, and the metric gate
+   (gpufleet.upgrade.metric_gate, DCGM presets over a short window) after the GPU and node gates;
 2. plan.yml (hosts' NVML facts + the API) → canary.yml (2 canaries per model, rollback exercised)
    → the draft qualification record → approval (the lab approves as "lab-approver"; in production a
    second operator does it, e.g. in an AWX approval node) → upgrade_check.yml PASS (collected mode)
    → rollout.yml in the plan's batches of at most 4;
 3. the fault: on one node of a later batch the lab's reboot path logs a new Xid 79 after the new
    driver came up; the GPU gate fails, expansion stops, the node stays cordoned and its rollback
-   restores 580.126.20;
+   restores 580.126.20 (`--fault-kind temperature`: one GPU of the node runs hot under the new
+   driver, which only the metric gate's window sees; the same stop and rollback follow);
 4. a summary table and the path of the HTML report. Exit 0 when the scenario behaved as designed.
 
 Everything lives under --dir (default .lab/); ansible output is the progress display.
@@ -39,13 +44,19 @@ sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 import ansible_runner  # noqa: E402
 
 from emulator import Emulator  # noqa: E402
-from tools import labenv, nvml_stub  # noqa: E402
+from tools import lab_dcgm, labenv, nvml_stub  # noqa: E402
+from tools.debian import ensure_binary  # noqa: E402
+from tools.prometheus import PrometheusServer  # noqa: E402
 
 APPROVER = 'lab-approver'
 # Simulated maintenance time of one node on a real fleet (seconds): drain, install, reboot/reload
 # and the gates' observation. The lab does not sleep them; bench/lab_overhead.py compares the
 # controller's own time against them.
 SIMULATED = {'drain': 600, 'install': 300, 'activate': 300, 'gates': 600}
+# The lab's metric gate: the DCGM presets over a short window (a real fleet observes 15 min or more).
+METRIC_GATE = {'presets': ['xid', 'ecc', 'row_remap', 'temperature'], 'window': '10s', 'step': '1s',
+               'min_samples': 5, 'temperature_max': 85}
+FAULT_KINDS = {'xid': 'Xid 79', 'temperature': 'GPU %d at %d C under load' % (lab_dcgm.HOT_GPU, lab_dcgm.HOT_C)}
 
 
 def log(msg: str) -> None:
@@ -60,10 +71,16 @@ def free_port() -> int:
 
 class Lab:
     def __init__(self, lab: pathlib.Path, nodes: int, fault: str, stuck: list[str], quiet: bool,
-                 lab_vars: dict[str, Any] | None = None) -> None:
+                 lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto') -> None:
         self.dir = lab
         self.names = labenv.node_names(nodes)
         self.fault = fault
+        self.fault_kind = fault_kind
+        self.metrics = metrics
+        self.dcgm: lab_dcgm.DcgmStandIn | None = None
+        self.prom: PrometheusServer | None = None
+        self.metrics_note = ''
+        self._prom_waited = False
         self.stuck = stuck
         self.quiet = quiet
         self.lab_vars = lab_vars or {}
@@ -73,13 +90,14 @@ class Lab:
 
     # ------------------------------------------------------------------ environment
     def prepare(self) -> None:
-        for sub in ('nodes', 'snapshots', 'evidence', 'runner', 'qualification'):
+        for sub in ('nodes', 'snapshots', 'evidence', 'runner', 'qualification', 'prometheus'):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
-        for f in ('plan.json', 'report.html'):
+        for f in ('plan.json', 'report.html', 'lab.json'):
             (self.dir / f).unlink(missing_ok=True)
         (self.dir / 'snapshots').mkdir(parents=True)
         (self.dir / 'evidence').mkdir()
         (self.dir / 'qualification').mkdir()
+        self.launch_prometheus()   # starts up (about 5 s) while the install roots are built
         t0 = time.monotonic()
         self.lib_dir = nvml_stub.build()
         labenv.make_roots(self.dir, self.names)
@@ -91,19 +109,56 @@ class Lab:
         self.emu.apply(labenv.kubernetes_objects(self.names))
         log('Kubernetes API emulator on %s: %d GPU nodes (%s), device plugin and training pods, PDBs'
             % (self.emu.url, len(self.names), ' + '.join('%s %s' % (m['product'], m['pci']) for m in labenv.MODELS)))
-        self.prometheus = shutil.which('prometheus')
-        log('metric gates: OFF in this lab version (%s); the GPU and node gates decide'
-            % ('Prometheus found at %s' % self.prometheus if self.prometheus else
-               'Prometheus not installed: run as root `apt-get install prometheus`'))
         self.write_conf()
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
 
+    def launch_prometheus(self) -> None:
+        """Prometheus (Debian package) on loopback scraping the DCGM stand-in, data under <lab>/prometheus."""
+        if self.metrics == 'off':
+            self.metrics_note = 'metric gate: OFF (--metrics off); the GPU and node gates decide'
+            return
+        binary, reason = ensure_binary('prometheus', 'prometheus')
+        if binary is None:
+            self.metrics_note = ('metric gate: OFF, Prometheus is not available (%s); the GPU and node gates decide'
+                                 % reason)
+            return
+        work = self.dir / 'prometheus'
+        work.mkdir(parents=True)
+        self.dcgm = lab_dcgm.DcgmStandIn(self.dir, self.names).start()
+        self.prom = PrometheusServer(binary, work, self.dcgm, job='lab-dcgm', start_timeout=90)
+        self.prom.launch()
+
+    def wait_prometheus(self) -> None:
+        """Once: before the first playbook that can run a gate (tests that drive Lab step by step get it too)."""
+        if self._prom_waited:
+            return
+        self._prom_waited = True
+        if self.prom is None:
+            log(self.metrics_note)
+            return
+        t0 = time.monotonic()
+        try:
+            self.prom.wait_ready()
+        except RuntimeError as exc:
+            raise LabError('Prometheus did not start: %s' % exc) from exc
+        self.metrics_note = ('metric gate: ON, Prometheus %s (%s) scrapes the DCGM stand-in %s every %s; presets %s '
+                             'over %s, at least %d samples, temperature at most %g C'
+                             % (self.prom.url, self.prom.binary, self.dcgm.target, '1s',
+                                ', '.join(METRIC_GATE['presets']), METRIC_GATE['window'], METRIC_GATE['min_samples'],
+                                METRIC_GATE['temperature_max']))
+        log('%s (waited %.1fs for it)' % (self.metrics_note, time.monotonic() - t0))
+
     def write_conf(self) -> None:
-        (self.dir / 'lab.json').write_text(json.dumps({
+        conf = {
             'kubeconfig': str((self.dir / 'kubeconfig').resolve()), 'api': self.emu.url,
             'target_driver': labenv.TARGET_DRIVER,
             'fault': self.fault if self.fault not in ('auto', 'none') else None,
-            'stuck': self.stuck}, indent=1))
+            'fault_kind': self.fault_kind,
+            'stuck': self.stuck,
+            'prometheus': self.prom.url if self.prom else None}
+        tmp = self.dir / 'lab.json.tmp'
+        tmp.write_text(json.dumps(conf, indent=1))
+        os.replace(tmp, self.dir / 'lab.json')   # the DCGM stand-in reads it at every scrape
 
     def role_vars(self) -> dict[str, Any]:
         v = {
@@ -125,6 +180,8 @@ class Lab:
             'node_upgrade_node_gate_timeout': 10, 'node_upgrade_node_gate_interval': 0.5,
             'rollback_node_gate_timeout': 10, 'rollback_node_gate_interval': 0.5,
         }
+        if self.prom is not None:
+            v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
         v.update(self.lab_vars)
         return v
 
@@ -172,6 +229,8 @@ class Lab:
             'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
             'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
         })
+        if playbook != 'plan.yml':   # plan.yml runs no gate: Prometheus starts meanwhile
+            self.wait_prometheus()
         log('== %s (%s)' % (name, playbook))
         t0, c0 = time.monotonic(), _children_cpu()
         result = ansible_runner.run(
@@ -198,7 +257,8 @@ class Lab:
             self.write_conf()
         log('plan: %d combinations, canaries %s, %d batches of at most %d; injected fault: %s'
             % (len(plan['combinations']), ', '.join(plan['canaries']), len(plan['batches']), plan['batch_size'],
-               'Xid 79 on %s after its upgrade' % self.fault if self.fault != 'none' else 'none'))
+               '%s on %s after its upgrade' % (FAULT_KINDS[self.fault_kind], self.fault)
+               if self.fault != 'none' else 'none'))
         return plan
 
     def approve(self) -> None:
@@ -241,7 +301,7 @@ class Lab:
 
     def verdict(self, plan: dict, rollout_status: str) -> list[str]:
         rows = {r['node']: r for r in self.node_view()}
-        problems = []
+        problems = self.metric_verdict(rows)
         if self.fault == 'none':
             if rollout_status != 'successful':
                 problems.append('rollout did not complete: %s' % self.runs['rollout']['failures'])
@@ -268,17 +328,59 @@ class Lab:
                     problems.append('%s (batch %d, after the fault) was touched: expansion did not stop' % (name, i))
         return problems
 
+    def gate_verdicts(self) -> dict[str, dict[str, dict]]:
+        """node -> gate name -> the latest evidence entry (canary bundles, then the rollout's)."""
+        out: dict[str, dict[str, dict]] = {}
+        bundles = sorted((self.dir / 'qualification').glob('*.json')) + [self.dir / 'evidence' / 'rollout.json']
+        for path in bundles:
+            try:
+                gates = json.loads(path.read_text()).get('gates') or []
+            except (OSError, ValueError):
+                continue
+            for g in gates:
+                if g.get('node'):
+                    out.setdefault(g['node'], {})[g['name']] = g
+        return out
+
+    def metric_verdict(self, rows: dict[str, dict]) -> list[str]:
+        """With Prometheus: every upgraded node has a passed metric gate; a temperature fault fails it."""
+        if self.prom is None:
+            return []
+        verdicts = self.gate_verdicts()
+        problems = []
+        for name, r in rows.items():
+            g = verdicts.get(name, {}).get('metric')
+            if r['state'] == 'done' and not (g and g.get('passed')):
+                problems.append('%s is upgraded without a passed metric gate: %s' % (name, g))
+        if self.fault != 'none' and self.fault_kind == 'temperature':
+            g = verdicts.get(self.fault, {}).get('metric')
+            if not g or g.get('passed'):
+                problems.append('%s: the metric gate did not fail on the hot GPU: %s' % (self.fault, g))
+        return problems
+
     def summary(self, plan: dict) -> None:
         rows = {r['node']: r for r in self.node_view()}
-        print('\n%-6s %-7s %-26s %-10s %-9s %-12s %s' % ('batch', 'node', 'model', 'driver', 'cordoned', 'state', 'note'))
+        verdicts = self.gate_verdicts()
+        fmt = '%-6s %-7s %-26s %-10s %-9s %-12s %-40s %s'
+        print('\n' + fmt % ('batch', 'node', 'model', 'driver', 'cordoned', 'state', 'gates', 'note'))
         for i, batch in enumerate(plan['batches']):
             for name in batch:
                 r = rows[name]
                 note = 'canary' if r['canary'] else ''
                 if name == self.fault:
-                    note = 'INJECTED Xid 79 -> stopped, rolled back'
+                    note = 'INJECTED %s -> stopped, rolled back' % FAULT_KINDS[self.fault_kind]
                 cordoned = 'yes' if r['cordoned'] else 'no'
-                print('%-6s %-7s %-26s %-10s %-9s %-12s %s' % (i, name, r['model'], r['driver'], cordoned, r['state'], note))
+                gates = ','.join('%s:%s' % (g, 'ok' if e.get('passed') else 'FAIL')
+                                 for g, e in verdicts.get(name, {}).items()) or '-'
+                print(fmt % (i, name, r['model'], r['driver'], cordoned, r['state'], gates, note))
+        print()
+        log(self.metrics_note)
+        metric = {n: v['metric'] for n, v in sorted(verdicts.items()) if 'metric' in v}
+        if metric:
+            failed = {n: g for n, g in metric.items() if not g.get('passed')}
+            log('metric gate verdicts: %d nodes passed, %d failed%s'
+                % (len(metric) - len(failed), len(failed),
+                   ''.join('; %s: %s' % (n, '; '.join(g.get('problems') or [])) for n, g in failed.items())))
 
     def report(self) -> pathlib.Path | None:
         bundle = self.dir / 'evidence' / 'rollout.json'
@@ -292,6 +394,10 @@ class Lab:
     def stop(self) -> None:
         if self.emu is not None:
             self.emu.stop()
+        if self.prom is not None:
+            self.prom.stop()
+        if self.dcgm is not None:
+            self.dcgm.stop()
 
 
 class LabError(Exception):
@@ -351,11 +457,15 @@ def _children_cpu() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet)
+    lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
+              metrics=args.metrics)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
         lab.prepare()
+        if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
+            raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
+                           % lab.metrics_note)
         plan = lab.plan()
         if lab.play('canary', 'canary.yml') != 'successful':
             raise LabError('canary.yml failed: %s' % lab.runs['canary']['failures'])
@@ -371,7 +481,9 @@ def run(args: argparse.Namespace) -> int:
         log('HTML report: %s' % report)
         log('canary reports: %s' % ', '.join(str(p) for p in sorted((lab.dir / 'qualification').glob('*.html'))))
         (lab.dir / 'timings.json').write_text(json.dumps({'steps': lab.timings, 'simulated_per_node': SIMULATED,
-                                                          'batches': plan['batches'], 'fault': lab.fault}, indent=1))
+                                                          'batches': plan['batches'], 'fault': lab.fault,
+                                                          'fault_kind': lab.fault_kind,
+                                                          'metric_gate': lab.prom is not None}, indent=1))
         if problems:
             for p in problems:
                 log('NOT AS DESIGNED: ' + p)
@@ -379,8 +491,8 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault == 'none':
             what = 'the whole rollout completed'
         else:
-            what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored %s'
-                    % (lab.fault, labenv.SOURCE_DRIVER))
+            what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored %s '
+                    '(injected: %s)' % (lab.fault, labenv.SOURCE_DRIVER, FAULT_KINDS[lab.fault_kind]))
         log('OK in %.0fs: %s' % (time.monotonic() - t0, what))
         return 0
     except LabError as exc:
@@ -395,6 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab')
     parser.add_argument('--fault', default=os.environ.get('FAULT', 'auto'),
                         help='auto (a node of a later batch), none, or a node name')
+    parser.add_argument('--fault-kind', choices=sorted(FAULT_KINDS), default=os.environ.get('FAULT_KIND', 'xid'),
+                        help='xid: a new Xid 79 in the kernel log (the GPU gate sees it); temperature: a GPU runs '
+                             'hot under load with the new driver (only the metric gate sees it; needs Prometheus)')
+    parser.add_argument('--metrics', choices=('auto', 'off'), default=os.environ.get('METRICS', 'auto'),
+                        help='auto: run the metric gate when Prometheus is available; off: without it')
     parser.add_argument('--nodes', type=int, default=40)
     parser.add_argument('--stuck', action='append', default=[], help='a node that does not come back Ready')
     parser.add_argument('--quiet', action='store_true', help='no ansible output')

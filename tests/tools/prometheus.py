@@ -127,28 +127,44 @@ class Exporter:
 
 
 class PrometheusServer:
-    def __init__(self, binary: str, workdir: pathlib.Path, exporter: Exporter) -> None:
+    """`exporter` is anything with a `port` on 127.0.0.1 serving /metrics (the lab passes its DCGM stand-in)."""
+
+    def __init__(self, binary: str, workdir: pathlib.Path, exporter: Any, job: str = 'test-exporter',
+                 start_timeout: float = START_TIMEOUT) -> None:
         self.binary = binary
         self.workdir = workdir
         self.exporter = exporter
+        self.job = job
+        self.start_timeout = start_timeout
         self.port = free_port()
         self.url = 'http://127.0.0.1:%d' % self.port
         self.log_path = workdir / 'prometheus.log'
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process and return at once (`wait_ready` waits for it, bounded)."""
         cfg = self.workdir / 'prometheus.yml'
         cfg.write_text(
             'global:\n  scrape_interval: %s\n  evaluation_interval: %s\n'
-            'scrape_configs:\n  - job_name: test-exporter\n    static_configs:\n'
-            '      - targets: ["127.0.0.1:%d"]\n' % (SCRAPE_INTERVAL, SCRAPE_INTERVAL, self.exporter.port))
+            'scrape_configs:\n  - job_name: %s\n    static_configs:\n'
+            '      - targets: ["127.0.0.1:%d"]\n' % (SCRAPE_INTERVAL, SCRAPE_INTERVAL, self.job, self.exporter.port))
         log = open(self.log_path, 'wb')
         self.proc = subprocess.Popen(
             [self.binary, '--config.file=%s' % cfg, '--storage.tsdb.path=%s' % (self.workdir / 'data'),
              '--web.listen-address=127.0.0.1:%d' % self.port, '--log.level=warn'],
             stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir))
         log.close()
-        deadline = time.monotonic() + START_TIMEOUT
+        self._launched = time.monotonic()
+
+    def wait_ready(self) -> None:
+        """Until /-/ready and a first successful scrape of the exporter, at most `start_timeout` after launch."""
+        assert self.proc is not None
+        timeout = self.start_timeout
+        deadline = self._launched + timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError('prometheus exited with %s during start-up:\n%s' % (self.proc.returncode, self.log_tail()))
@@ -159,15 +175,15 @@ class PrometheusServer:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError('prometheus not ready after %ss:\n%s' % (START_TIMEOUT, self.log_tail()))
+                raise RuntimeError('prometheus not ready after %ss:\n%s' % (timeout, self.log_tail()))
             time.sleep(0.1)
         # First successful scrape (the discovery sync takes about 5 s).
         while True:
-            res = self.query('up{job="test-exporter"} == 1')
+            res = self.query('up{job="%s"} == 1' % self.job)
             if res:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError('prometheus did not scrape the exporter within %ss:\n%s' % (START_TIMEOUT, self.log_tail()))
+                raise RuntimeError('prometheus did not scrape the exporter within %ss:\n%s' % (timeout, self.log_tail()))
             time.sleep(0.2)
 
     def log_tail(self) -> str:
