@@ -169,7 +169,11 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
             '%s (batch 0, before the fault) is not upgraded and in service' % pre_cordoned]
         failures = lab.runs['resumed-final']['failures']
         assert {f['host'] for f in failures} == {fault}
-        assert [f['task'] for f in failures] == ['Gates | Every gate passed', 'Failure | Stop here']
+        # The role's rescue stops the node (with its rollback); rollout.yml's rescue records the node's
+        # evidence and stops the rollout with the same message.
+        assert [f['task'] for f in failures] == ['Gates | Every gate passed', 'Failure | Stop here',
+                                                 'Node | Stop the rollout here (max_fail_percentage 0)']
+        assert failures[-1]['msg'] == failures[-2]['msg']
         assert failures[-1]['msg'].startswith('node %s: gates failed' % fault), failures[-1]['msg']
         assert 'gpu gate' in failures[-1]['msg'] and 'rollback: ' in failures[-1]['msg'], failures[-1]['msg']
         rows = {r['node']: r for r in lab.node_view()}
