@@ -29,8 +29,8 @@ SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
 help:
 	@echo "make lab    - run the main job (the lab rollout on the emulated fleet; FAULT=none for no fault)"
-	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity)"
-	@echo "make units | integration | molecule | sanity | emulator | clean"
+	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity, ansible-lint)"
+	@echo "make units | integration | molecule | sanity | lint | emulator | clean"
 
 $(STAMP): requirements.txt requirements-test.txt
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 found; set PYTHON=" >&2; exit 1; }
@@ -104,10 +104,19 @@ molecule: collection
 	done; \
 	if [ -n "$$failed" ]; then echo "molecule: FAILED:$$failed" >&2; exit 1; fi
 
+# ansible-lint (profile production, offline: it installs nothing) over the playbooks, roles, molecule
+# scenarios and YAML files, with .ansible-lint and .yamllint. It finds this collection through the venv's
+# link and awx.awx (playbooks/awx_setup.yml) where the tests get it: tests/tools/awx_collection.py,
+# cached under .venv (the first run downloads it from PyPI, as the AWX tests do).
+lint: collection
+	@awx=$$($(VPY) tests/tools/awx_collection.py) && \
+	  ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/$(COLL_ROOT):$$awx $(VENV)/bin/ansible-lint --offline --nocolor $(LINT_ARGS)
+
 test: collection system-deps
 	$(PYTEST) tests/unit tests/integration
 	$(MAKE) --no-print-directory molecule
 	$(MAKE) --no-print-directory sanity
+	$(MAKE) --no-print-directory lint
 
 # The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on an emulated
 # 40-node pool, with an injected Xid 79 (FAULT=none: the whole rollout completes; FAULT=<node>).
