@@ -8,7 +8,10 @@ timings.json and prints, for the rollout step (rollout.yml, canaries already don
 - controller wall time: the ansible-playbook run, start to end (the lab's maintenance waits are
   simulated: no sleep stands for a drain, an install or a reboot);
 - controller CPU time: user+system of the ansible process tree. In the lab the modules run on the
-  controller too (hosts are local), so this is an upper bound of the controller's own CPU;
+  controller too (hosts are local), so this is an upper bound of the controller's own CPU; the lab
+  also logs apart (tests/tools/cpu_account.py) the CPU of what runs on the GPU nodes in a real fleet
+  (the node hosts' modules, the lab's emulated reboots), and the difference is the controller's own
+  CPU: playbook, workers, templating and the modules delegated to the controller;
 - simulated maintenance time: per batch, the longest node's drain + install + activation + gates
   observation of a real fleet (tests/tools/lab.py SIMULATED), summed over the batches that upgrade;
 - the overhead (controller time / simulated time) next to the target of 2 %.
@@ -33,7 +36,8 @@ def main() -> int:
     args = parser.parse_args()
     if not args.reuse:
         out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab.py'), '--dir', str(args.dir),
-                              '--nodes', str(args.nodes), '--fault', 'none', '--quiet'], cwd=REPO, check=False,
+                              '--nodes', str(args.nodes), '--fault', 'none', '--quiet', '--account-node-cpu'],
+                             cwd=REPO, check=False,
                              capture_output=True, text=True)
         if out.returncode != 0:
             print(out.stdout[-4000:] + out.stderr[-2000:])
@@ -52,6 +56,11 @@ def main() -> int:
     print(line % ('controller wall time (rollout.yml)', roll['wall'], 100 * roll['wall'] / simulated, TARGET_PERCENT))
     print(line % ('controller CPU time (ansible tree, upper bound)', roll['cpu'], 100 * roll['cpu'] / simulated,
                   TARGET_PERCENT))
+    if 'node_cpu' in roll:
+        own = roll['cpu'] - roll['node_cpu']
+        print(line % ('controller CPU time (own: tree - node side)', own, 100 * own / simulated, TARGET_PERCENT))
+        print('%-44s %10.1f   (modules on the GPU nodes, the lab\'s emulated reboots)'
+              % ('  node-side CPU (not the controller\'s)', roll['node_cpu']))
     for name in ('plan', 'canary', 'upgrade_check'):
         if name in steps:
             print('%-44s %10.1f   (cpu %.1f)' % ('  %s.yml wall' % name, steps[name]['wall'], steps[name]['cpu']))

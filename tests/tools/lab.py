@@ -30,6 +30,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -44,7 +45,7 @@ sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 import ansible_runner  # noqa: E402
 
 from emulator import Emulator  # noqa: E402
-from tools import lab_dcgm, labenv, nvml_stub  # noqa: E402
+from tools import cpu_account, lab_dcgm, labenv, nvml_stub  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
 
@@ -71,8 +72,11 @@ def free_port() -> int:
 
 class Lab:
     def __init__(self, lab: pathlib.Path, nodes: int, fault: str, stuck: list[str], quiet: bool,
-                 lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto') -> None:
+                 lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto',
+                 account_node_cpu: bool = False) -> None:
         self.dir = lab
+        # bench/lab_overhead.py: log the CPU of node-side modules and of the lab's hook apart.
+        self.node_cpu_log = (lab / 'node-cpu.log').resolve() if account_node_cpu else None
         self.names = labenv.node_names(nodes)
         self.fault = fault
         self.fault_kind = fault_kind
@@ -111,6 +115,22 @@ class Lab:
             % (self.emu.url, len(self.names), ' + '.join('%s %s' % (m['product'], m['pci']) for m in labenv.MODELS)))
         self.write_conf()
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
+        if self.node_cpu_log:
+            self.account_node_cpu()
+
+    def node_cpu(self) -> float:
+        """CPU seconds logged by node-side modules and the lab hook so far (0 without accounting)."""
+        return _node_cpu_total(self.node_cpu_log)
+
+    def account_node_cpu(self) -> None:
+        """Node hosts' interpreter and the lab hook go through tests/tools/cpu_account.py."""
+        account = [sys.executable, str(REPO / 'tests' / 'tools' / 'cpu_account.py'), str(self.node_cpu_log)]
+        wrapper = self.dir.resolve() / 'node-python'
+        wrapper.write_text('#!/bin/sh\nexec %s "$@"\n' % ' '.join(shlex.quote(a) for a in account + [sys.executable]))
+        wrapper.chmod(0o755)
+        all_vars = self.inventory['all']['vars']
+        all_vars['ansible_python_interpreter'] = str(wrapper)      # localhost keeps its own interpreter
+        all_vars['gpufleet_lab_hook'] = account + list(all_vars['gpufleet_lab_hook'])
 
     def launch_prometheus(self) -> None:
         """Prometheus (Debian package) on loopback scraping the DCGM stand-in, data under <lab>/prometheus."""
@@ -232,12 +252,14 @@ class Lab:
         if playbook != 'plan.yml':   # plan.yml runs no gate: Prometheus starts meanwhile
             self.wait_prometheus()
         log('== %s (%s)' % (name, playbook))
-        t0, c0 = time.monotonic(), _children_cpu()
+        t0, c0, n0 = time.monotonic(), _children_cpu(), self.node_cpu()
         result = ansible_runner.run(
             private_data_dir=str(pdd), playbook=str(REPO / 'playbooks' / playbook), inventory=self.inventory,
             extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900,
             cancel_callback=lambda: cancelled[0])
         self.timings.append({'step': name, 'wall': time.monotonic() - t0, 'cpu': _children_cpu() - c0})
+        if self.node_cpu_log:
+            self.timings[-1]['node_cpu'] = self.node_cpu() - n0
         if killed_at[0]:
             self.timings[-1]['killed_at'] = killed_at[0] - t0
         self.runs[name] = {'status': result.status, 'rc': result.rc, 'failures': failures, 'events': events}
@@ -451,6 +473,10 @@ def _kill_controller(pid: Any) -> None:
             pass
 
 
+def _node_cpu_total(path: pathlib.Path | None) -> float:
+    return cpu_account.total(str(path)) if path else 0.0
+
+
 def _children_cpu() -> float:
     t = os.times()
     return t.children_user + t.children_system
@@ -458,7 +484,7 @@ def _children_cpu() -> float:
 
 def run(args: argparse.Namespace) -> int:
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
-              metrics=args.metrics)
+              metrics=args.metrics, account_node_cpu=args.account_node_cpu)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
@@ -515,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--nodes', type=int, default=40)
     parser.add_argument('--stuck', action='append', default=[], help='a node that does not come back Ready')
     parser.add_argument('--quiet', action='store_true', help='no ansible output')
+    parser.add_argument('--account-node-cpu', action='store_true',
+                        help='log the CPU of node-side modules and the lab hook apart (bench/lab_overhead.py)')
     return run(parser.parse_args(argv))
 
 
