@@ -175,7 +175,8 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
                                                  'Node | Stop the rollout here (max_fail_percentage 0)']
         assert failures[-1]['msg'] == failures[-2]['msg']
         assert failures[-1]['msg'].startswith('node %s: gates failed' % fault), failures[-1]['msg']
-        assert 'gpu gate' in failures[-1]['msg'] and 'rollback: ' in failures[-1]['msg'], failures[-1]['msg']
+        assert 'critical gate failed on %s: GPU gate: FAIL: xid: new Xid 79' % fault in failures[-1]['msg'], failures[-1]['msg']
+        assert 'gpu gate: GPU gate' not in failures[-1]['msg'] and 'rollback: ' in failures[-1]['msg'], failures[-1]['msg']
         rows = {r['node']: r for r in lab.node_view()}
         assert rows[fault]['cordoned'] is True and rows[fault]['driver'] == rows[fault]['nvml'] == labenv.SOURCE_DRIVER
         assert annotations(lab, fault)[ANN_STATE] == 'rolled-back'

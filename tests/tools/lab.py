@@ -502,7 +502,10 @@ def run(args: argparse.Namespace) -> int:
         lab.summary(plan)
         report = lab.report()
         print()
-        for f in lab.runs.get('rollout', {}).get('failures', []):
+        # The last failure of each node is the one that stopped it (the role's and the rollout's stop
+        # repeat the failed gate's message).
+        last = {f['host']: f for f in lab.runs.get('rollout', {}).get('failures', [])}
+        for f in last.values():
             log('rollout stopped at %s: %s' % (f['host'], f['msg']))
         log('HTML report: %s' % report)
         log('canary reports: %s' % ', '.join(str(p) for p in sorted((lab.dir / 'qualification').glob('*.html'))))
