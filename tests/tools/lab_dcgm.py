@@ -19,12 +19,13 @@ to know that Prometheus has scraped the node as it now is (tests/tools/lab_node.
 """
 from __future__ import annotations
 
-import http.server
 import json
 import pathlib
 import re
 import threading
 from typing import Any
+
+from tools.prometheus import MetricsEndpoint
 
 HOT_C = 92            # the temperature fault: above the metric gate's default limit (85 C)
 HOT_GPU = 5
@@ -85,7 +86,7 @@ def node_metrics(lab: pathlib.Path, node: str, conf: dict[str, Any]) -> list[str
     return lines
 
 
-class DcgmStandIn:
+class DcgmStandIn(MetricsEndpoint):
     """A ThreadingHTTPServer on 127.0.0.1 serving /metrics for every node of the lab."""
 
     def __init__(self, lab: pathlib.Path, names: list[str]) -> None:
@@ -94,36 +95,7 @@ class DcgmStandIn:
         self.scrapes = 0
         self._last: dict[str, list[str]] = {}
         self._lock = threading.Lock()
-        stand_in = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path.split('?')[0] != '/metrics':
-                    self.send_error(404)
-                    return
-                body = stand_in.render().encode()
-                self.send_response(200)
-                self.send_header('Content-Type', 'text/plain; version=0.0.4')
-                self.send_header('Content-Length', str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.port = self._server.server_address[1]
-        self.target = '127.0.0.1:%d' % self.port
-        self._thread = threading.Thread(target=self._server.serve_forever, name='lab-dcgm', daemon=True)
-
-    def start(self) -> 'DcgmStandIn':
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()
+        super().__init__('lab-dcgm')
 
     def render(self) -> str:
         try:

@@ -55,22 +55,18 @@ def _escape(value: str) -> str:
     return value.replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
 
 
-class Exporter:
-    """Serves /metrics in the Prometheus text format from values the test sets."""
+class MetricsEndpoint:
+    """A loopback HTTP server answering GET /metrics with `self.render()` (Prometheus text format)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self._growth: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self.scrapes = 0
-        exporter = self
+    def __init__(self, thread_name: str) -> None:
+        endpoint = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.split('?')[0] != '/metrics':
                     self.send_error(404)
                     return
-                body = exporter.render().encode()
+                body = endpoint.render().encode()
                 self.send_response(200)
                 self.send_header('Content-Type', 'text/plain; version=0.0.4')
                 self.send_header('Content-Length', str(len(body)))
@@ -82,15 +78,31 @@ class Exporter:
 
         self._server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name='test-exporter', daemon=True)
+        self.target = '127.0.0.1:%d' % self.port
+        self._thread = threading.Thread(target=self._server.serve_forever, name=thread_name, daemon=True)
 
-    def start(self) -> 'Exporter':
+    def render(self) -> str:
+        raise NotImplementedError
+
+    def start(self) -> 'MetricsEndpoint':
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
+
+
+class Exporter(MetricsEndpoint):
+    """Serves /metrics in the Prometheus text format from values the test sets."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._growth: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.scrapes = 0
+        super().__init__('test-exporter')
 
     def set(self, name: str, labels: dict[str, str], value: float) -> None:
         with self._lock:
