@@ -28,6 +28,7 @@ sys.path[:0] = [str(HERE.parent)]
 
 from emulator import fixtures as f  # noqa: E402
 from tools import debrepo, nvml_stub  # noqa: E402
+from tools.lab_node import installed_driver  # noqa: E402  (the hook's own reading of the install root)
 
 KERNEL = '6.8.0-134-generic'
 RKE2 = 'v1.35.3+rke2r3'
@@ -121,17 +122,6 @@ def make_roots(lab: pathlib.Path, names: list[str]) -> pathlib.Path:
         shutil.copytree(template, dest, symlinks=True)
         (dest.parent / 'root.apt.conf').write_text(debrepo.apt_config_text(dest.resolve()))
     return repo
-
-
-def installed_driver(root: pathlib.Path) -> str | None:
-    """The upstream version of the installed driver package under `root` (dpkg-query)."""
-    import subprocess
-    out = subprocess.run(['dpkg-query', '--admindir=%s/var/lib/dpkg' % root, '-W', '-f=${Version} ${db:Status-Abbrev}',
-                          'nvidia-driver-580-server'], capture_output=True, text=True, check=False)
-    parts = out.stdout.split()
-    if out.returncode != 0 or len(parts) < 2 or parts[1] not in ('ii', 'hi'):
-        return None
-    return parts[0].split('-', 1)[0]
 
 
 def write_node_files(lab: pathlib.Path, names: list[str]) -> None:
