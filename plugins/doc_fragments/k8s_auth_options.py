@@ -16,6 +16,9 @@ options:
       - Path to a kubeconfig file, or the kubeconfig as a dictionary.
       - Without it and without O(host), the file named by E(KUBECONFIG) or C(~/.kube/config) is read, and
         without that file the in-cluster service account is used.
+      - A kubeconfig with a token, a token file, client certificates or basic auth is read by the collection; one
+        whose user has an C(exec) or C(auth-provider) plugin, and the in-cluster service account, by the
+        C(kubernetes) library's loaders.
       - Can also be set with E(K8S_AUTH_KUBECONFIG).
     type: raw
   context:
@@ -80,7 +83,7 @@ options:
     type: float
     default: 30
 requirements:
-  - kubernetes >= 31.0.0 (Python library)
+  - kubernetes >= 31.0.0 (Python library; its dependencies urllib3 and PyYAML carry every request)
 notes:
   - All Kubernetes modules of the collection belong to the C(gpufleet.upgrade.k8s) action group, so
     C(module_defaults) with C(group/gpufleet.upgrade.k8s) sets these options once.

@@ -8,8 +8,10 @@
 
 - `AUTH_ARG_SPEC`: the kubernetes.core auth option names (deep-copy before use), documented by
   the `gpufleet.upgrade.k8s_auth_options` doc fragment.
-- `get_api_client(params)`: a configured `kubernetes.client.ApiClient` (kubeconfig, context,
-  explicit host/token/certificates, impersonation, proxy).
+- `get_api_client(params)`: an `ApiConnection` (host, urllib3 pool with the TLS settings, auth and
+  impersonation headers) from the kubeconfig, context, explicit host/token/certificates and proxy.
+  Ordinary kubeconfigs are read here; exec and auth-provider plugins and the in-cluster service
+  account by the kubernetes library, imported only then.
 - `K8sClient`: raw JSON requests over that client's configuration with an explicit timeout and a
   bounded retry policy: reads (GET) are retried on 500/502/503/504, connection errors and
   timeouts; writes are never retried blindly. `update()` applies a patch computed from a fresh
@@ -23,22 +25,26 @@ is parsed page by page) and any discovery round-trips.
 
 from __future__ import annotations
 
+import base64
 import copy
+import importlib.util
 import json
 import os
+import shutil
+import ssl
+import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import quote, urlencode
 
+# The kubernetes library is imported only for what its loaders alone can read (exec and
+# auth-provider plugins, the in-cluster service account): importing it costs about 0.3 s of CPU, and
+# every Kubernetes task of a rollout is a new Python process (bench/lab_overhead.py).
 try:
-    import kubernetes  # noqa: F401  (pylint: disable=unused-import)
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-    HAS_KUBERNETES = True
-    KUBERNETES_IMPORT_ERROR = None
-except ImportError as exc:  # pragma: no cover - exercised by ansible-test import sanity
+    HAS_KUBERNETES = importlib.util.find_spec('kubernetes') is not None
+except (ImportError, ValueError):  # pragma: no cover
     HAS_KUBERNETES = False
-    KUBERNETES_IMPORT_ERROR = exc
+KUBERNETES_IMPORT_ERROR = None if HAS_KUBERNETES else ImportError("No module named 'kubernetes'")
 
 try:
     import urllib3
@@ -139,85 +145,296 @@ def _env_bool(name: str) -> bool:
     raise K8sError('%s=%r is not a boolean (use true or false)' % (name, os.environ.get(name)))
 
 
-def get_api_client(params: Dict[str, Any]) -> Any:
-    """Build a `kubernetes.client.ApiClient` from the auth options.
+class ApiConnection:
+    """Where and how to reach the API server: what K8sClient needs, and nothing generated.
+
+    `host` (scheme://host:port), `pool` (a urllib3 PoolManager or ProxyManager with the TLS
+    settings), `headers` (Authorization, Impersonate-User), `impersonate_groups` (one header line
+    each), `verify_ssl`, and `loader` (how the configuration was read: V(kubeconfig), V(options) or
+    V(kubernetes) for the client library's loaders).
+    """
+
+    def __init__(self, host: str, pool: Any, headers: Dict[str, str], impersonate_groups: List[str],
+                 verify_ssl: bool, loader: str) -> None:
+        self.host = host
+        self.pool = pool
+        self.headers = headers
+        self.impersonate_groups = impersonate_groups
+        self.verify_ssl = verify_ssl
+        self.loader = loader
+
+
+class _Settings:
+    """What a kubeconfig (or the kubernetes library's loader) and the options say, before the pool exists."""
+
+    def __init__(self) -> None:
+        self.host: Optional[str] = None
+        self.verify_ssl = True
+        self.ca_file: Optional[str] = None
+        self.ca_data: Optional[str] = None
+        self.cert_file: Optional[str] = None
+        self.key_file: Optional[str] = None
+        self.cert_data: Optional[bytes] = None
+        self.key_data: Optional[bytes] = None
+        self.tls_server_name: Optional[str] = None
+        self.proxy: Optional[str] = None
+        self.authorization: Optional[str] = None
+
+
+# What the built-in kubeconfig reader understands. A user entry with anything else (an exec or
+# auth-provider plugin, ...) is read by the kubernetes library's own loader instead.
+_SIMPLE_USER_KEYS = frozenset(('token', 'tokenFile', 'client-certificate', 'client-certificate-data', 'client-key',
+                               'client-key-data', 'username', 'password'))
+_CLUSTER_KEYS = frozenset(('server', 'certificate-authority', 'certificate-authority-data',
+                           'insecure-skip-tls-verify', 'tls-server-name', 'proxy-url', 'extensions',
+                           'disable-compression'))
+
+
+def _named(entries: Any, name: str, what: str) -> Dict[str, Any]:
+    for entry in entries or []:
+        if isinstance(entry, dict) and entry.get('name') == name:
+            return entry.get(what) or {}
+    raise ValueError('no %s named %r' % (what, name))
+
+
+def _b64(value: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise ValueError('%s is not base64: %s' % (what, exc)) from exc
+
+
+def _read_kubeconfig(config: Dict[str, Any], context: Optional[str], base: str) -> Optional[_Settings]:
+    """The settings of a kubeconfig's context, or None when the kubernetes library must read it."""
+    if not isinstance(config, dict):
+        raise ValueError('not a kubeconfig mapping')
+    name = context or config.get('current-context')
+    if not name:
+        raise ValueError('no context given and no current-context')
+    ctx = _named(config.get('contexts'), name, 'context')
+    cluster = _named(config.get('clusters'), ctx.get('cluster'), 'cluster')
+    user = _named(config.get('users'), ctx['user'], 'user') if ctx.get('user') else {}
+    if set(user) - _SIMPLE_USER_KEYS or set(cluster) - _CLUSTER_KEYS:
+        return None
+
+    def path(value: str) -> str:
+        return os.path.normpath(os.path.join(base, os.path.expanduser(str(value))))
+
+    s = _Settings()
+    s.host = cluster.get('server')
+    if not s.host:
+        raise ValueError('cluster %r has no server' % ctx.get('cluster'))
+    if cluster.get('insecure-skip-tls-verify'):
+        s.verify_ssl = False
+    if cluster.get('certificate-authority-data'):
+        s.ca_data = _b64(cluster['certificate-authority-data'], 'certificate-authority-data').decode('ascii')
+    elif cluster.get('certificate-authority'):
+        s.ca_file = path(cluster['certificate-authority'])
+    s.tls_server_name = cluster.get('tls-server-name')
+    s.proxy = cluster.get('proxy-url')
+    if user.get('client-certificate-data'):
+        s.cert_data = _b64(user['client-certificate-data'], 'client-certificate-data')
+    elif user.get('client-certificate'):
+        s.cert_file = path(user['client-certificate'])
+    if user.get('client-key-data'):
+        s.key_data = _b64(user['client-key-data'], 'client-key-data')
+    elif user.get('client-key'):
+        s.key_file = path(user['client-key'])
+    if user.get('token'):
+        s.authorization = 'Bearer %s' % user['token']
+    elif user.get('tokenFile'):
+        with open(path(user['tokenFile']), encoding='utf-8') as f:
+            s.authorization = 'Bearer %s' % f.read().strip()
+    elif user.get('username') and user.get('password'):
+        s.authorization = _basic(user['username'], user['password'])
+    return s
+
+
+def _basic(username: str, password: str) -> str:
+    return 'Basic ' + base64.b64encode(('%s:%s' % (username, password)).encode('utf-8')).decode('ascii')
+
+
+def _load_yaml(path: str) -> Any:
+    # Only when a kubeconfig file is read.
+    import yaml  # pylint: disable=import-outside-toplevel
+    loader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
+    with open(path, encoding='utf-8') as f:
+        return yaml.load(f, Loader=loader)  # nosec - a safe loader
+
+
+def _from_library(kubeconfig: Any, path: Optional[str], context: Optional[str]) -> _Settings:
+    """The kubernetes library's loaders: exec and auth-provider plugins, in-cluster service accounts."""
+    if not HAS_KUBERNETES:
+        raise K8sError('the kubernetes Python library is required to read this configuration (an exec or '
+                       'auth-provider plugin, or the in-cluster service account)')
+    # pylint: disable-next=import-outside-toplevel
+    from kubernetes import client as k8s_client, config as k8s_config
+    cfg = k8s_client.Configuration()
+    if isinstance(kubeconfig, dict):
+        k8s_config.load_kube_config_from_dict(kubeconfig, context=context, client_configuration=cfg,
+                                              persist_config=False)
+    elif path:
+        k8s_config.load_kube_config(config_file=path, context=context, client_configuration=cfg,
+                                    persist_config=False)
+    else:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    s = _Settings()
+    s.host = cfg.host
+    s.verify_ssl = bool(cfg.verify_ssl)
+    s.ca_file, s.cert_file, s.key_file = cfg.ssl_ca_cert, cfg.cert_file, cfg.key_file
+    s.ca_data = getattr(cfg, 'ca_cert_data', None)
+    s.tls_server_name = getattr(cfg, 'tls_server_name', None)
+    s.proxy = cfg.proxy
+    for auth in cfg.auth_settings().values():
+        if auth.get('in') == 'header' and auth.get('key', '').lower() == 'authorization' and auth.get('value'):
+            s.authorization = auth['value']
+    return s
+
+
+def get_api_client(params: Dict[str, Any]) -> ApiConnection:
+    """The connection the auth options describe.
 
     Order as kubernetes.core: an explicit `kubeconfig` (path or dict) or, without `host`, the
     default kubeconfig (KUBECONFIG or ~/.kube/config), else the in-cluster service account;
-    explicit options override what the kubeconfig says. Raises K8sError with a clear message.
+    explicit options override what the kubeconfig says. A kubeconfig with a token, a token file,
+    client certificates or basic auth is read here; one with an exec or auth-provider plugin, and
+    the in-cluster configuration, by the kubernetes library. Raises K8sError with a clear message.
     """
-    if not HAS_KUBERNETES:
-        raise K8sError('the kubernetes Python library is required: %s' % KUBERNETES_IMPORT_ERROR)
-    cfg = k8s_client.Configuration()
+    if not HAS_URLLIB3:
+        raise K8sError('the urllib3 Python library is required (a dependency of the kubernetes library)')
     kubeconfig = _param(params, 'kubeconfig')
     context = _param(params, 'context')
     host = _param(params, 'host')
+    s: Optional[_Settings] = None
+    loader = 'options'
     try:
         if isinstance(kubeconfig, dict):
-            k8s_config.load_kube_config_from_dict(kubeconfig, context=context, client_configuration=cfg,
-                                                  persist_config=False)
-        elif kubeconfig:
-            path = os.path.expanduser(str(kubeconfig))
-            if not os.path.exists(path):
-                raise K8sError('kubeconfig %r does not exist' % str(kubeconfig))
-            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=cfg,
-                                        persist_config=False)
-        elif not host:
+            s, loader = _read_kubeconfig(kubeconfig, context, ''), 'kubeconfig'
+            if s is None:
+                s, loader = _from_library(kubeconfig, None, context), 'kubernetes'
+        elif kubeconfig or not host:
             default = os.path.expanduser(os.environ.get('KUBECONFIG', '~/.kube/config').split(os.pathsep)[0])
-            if os.path.exists(default):
-                k8s_config.load_kube_config(config_file=default, context=context, client_configuration=cfg,
-                                            persist_config=False)
+            path = os.path.expanduser(str(kubeconfig)) if kubeconfig else default
+            if kubeconfig and not os.path.exists(path):
+                raise K8sError('kubeconfig %r does not exist' % str(kubeconfig))
+            if os.path.exists(path):
+                s, loader = _read_kubeconfig(_load_yaml(path), context, os.path.dirname(os.path.abspath(path))), \
+                    'kubeconfig'
+                if s is None:
+                    s, loader = _from_library(None, path, context), 'kubernetes'
             else:
                 try:
-                    k8s_config.load_incluster_config(client_configuration=cfg)
-                except k8s_config.ConfigException as exc:
+                    s, loader = _from_library(None, None, context), 'kubernetes'
+                except K8sError:
+                    raise
+                except Exception as exc:  # ConfigException: not in a cluster
                     raise K8sError('no kubeconfig found (%s) and not running in a cluster: set kubeconfig or host'
                                    % default) from exc
     except K8sError:
         raise
-    except Exception as exc:  # ConfigException, yaml errors, bad context name
+    except Exception as exc:  # yaml errors, bad context name, unreadable files, the library's ConfigException
         raise K8sError('cannot load the Kubernetes configuration (kubeconfig=%r, context=%r): %s'
                        % (kubeconfig if not isinstance(kubeconfig, dict) else '<dict>', context, exc)) from exc
+    if s is None:
+        s = _Settings()
+    _apply_options(s, params, host)
+    if not s.host:
+        raise K8sError('no Kubernetes API host: set host or a kubeconfig with a server')
+    headers = {}
+    if s.authorization:
+        headers['Authorization'] = s.authorization
+    if params.get('impersonate_user'):
+        headers['Impersonate-User'] = params['impersonate_user']
+    # The API server reads one group per Impersonate-Group header line and does not split on
+    # commas: K8sClient sends one line per group.
+    groups = [str(g) for g in params.get('impersonate_groups') or []]
+    return ApiConnection(str(s.host).rstrip('/'), _pool(s), headers, groups, s.verify_ssl, loader)
 
+
+def _apply_options(s: _Settings, params: Dict[str, Any], host: Optional[str]) -> None:
+    """Explicit options (and their K8S_AUTH_* environment variables) over what the kubeconfig says."""
     if host:
-        cfg.host = str(host).rstrip('/')
+        s.host = str(host)
     api_key = _param(params, 'api_key')
-    if api_key:
-        cfg.api_key = {'authorization': 'Bearer ' + api_key}
-        cfg.api_key_prefix = {}
     username = _param(params, 'username')
     password = _param(params, 'password')
-    if username and password:
-        cfg.username = username
-        cfg.password = password
-        if not api_key and HAS_URLLIB3:
-            cfg.api_key = {'authorization': urllib3.util.make_headers(
-                basic_auth='%s:%s' % (username, password))['authorization']}
+    if api_key:
+        s.authorization = 'Bearer ' + api_key
+    elif username and password:
+        s.authorization = _basic(username, password)
     verify = params.get('validate_certs')
     if verify is None and os.environ.get('K8S_AUTH_VERIFY_SSL'):
         verify = _env_bool('K8S_AUTH_VERIFY_SSL')
     if verify is not None:
-        cfg.verify_ssl = bool(verify)
-    for opt, attr in (('ca_cert', 'ssl_ca_cert'), ('client_cert', 'cert_file'), ('client_key', 'key_file')):
+        s.verify_ssl = bool(verify)
+    for opt in ('ca_cert', 'client_cert', 'client_key'):
         value = _param(params, opt)
         if value:
             if not os.path.exists(str(value)):
                 raise K8sError('%s %r does not exist' % (opt, value))
-            setattr(cfg, attr, str(value))
+            if opt == 'ca_cert':
+                s.ca_file, s.ca_data = str(value), None
+            elif opt == 'client_cert':
+                s.cert_file, s.cert_data = str(value), None
+            else:
+                s.key_file, s.key_data = str(value), None
     proxy = _param(params, 'proxy')
     if proxy:
-        cfg.proxy = proxy
-    # All retries are ours (K8sClient): urllib3 must not resend a write on its own.
-    cfg.retries = False
-    if not cfg.host:
-        raise K8sError('no Kubernetes API host: set host or a kubeconfig with a server')
-    api = k8s_client.ApiClient(configuration=cfg)
-    if params.get('impersonate_user'):
-        api.set_default_header('Impersonate-User', params['impersonate_user'])
-    # The API server reads one group per Impersonate-Group header line and does not split on
-    # commas: K8sClient sends one line per group (kept here, outside default_headers' dict).
-    api.gpufleet_impersonate_groups = [str(g) for g in params.get('impersonate_groups') or []]
-    return api
+        s.proxy = proxy
+
+
+def _pool(s: _Settings) -> Any:
+    """A urllib3 pool manager with the TLS settings (client certificate data never stays on disk)."""
+    kw: Dict[str, Any] = {'cert_reqs': ssl.CERT_REQUIRED if s.verify_ssl else ssl.CERT_NONE, 'retries': False}
+    if s.ca_file:
+        kw['ca_certs'] = s.ca_file
+    if s.ca_data:
+        kw['ca_cert_data'] = s.ca_data
+    if s.tls_server_name:
+        kw['server_hostname'] = s.tls_server_name
+    if s.cert_data or s.key_data:
+        kw['ssl_context'] = _context_with_client_cert(s)
+    elif s.cert_file:
+        kw['cert_file'] = s.cert_file
+        kw['key_file'] = s.key_file
+    if s.proxy:
+        try:
+            if s.proxy.startswith('socks'):
+                from urllib3.contrib.socks import SOCKSProxyManager  # pylint: disable=import-outside-toplevel
+                return SOCKSProxyManager(s.proxy, **kw)
+            return urllib3.ProxyManager(s.proxy, **kw)
+        except (ImportError, ValueError) as exc:
+            raise K8sError('proxy %r cannot be used: %s' % (s.proxy, exc)) from exc
+    return urllib3.PoolManager(**kw)
+
+
+def _context_with_client_cert(s: _Settings) -> Any:
+    """An SSL context holding the client certificate and key; the data is written to a private
+    temporary directory only for as long as OpenSSL takes to read it."""
+    if not (s.cert_data or s.cert_file) or not (s.key_data or s.key_file):
+        raise K8sError('a client certificate needs both the certificate and its key')
+    ctx = urllib3.util.ssl_.create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if s.verify_ssl else ssl.CERT_NONE)
+    if s.verify_ssl and not (s.ca_file or s.ca_data):
+        ctx.load_default_certs()
+    tmp = tempfile.mkdtemp(prefix='gpufleet-k8s-')
+    try:
+        def place(data: Optional[bytes], path: Optional[str], name: str) -> Optional[str]:
+            if data is None:
+                return path
+            target = os.path.join(tmp, name)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, 'wb') as f:
+                f.write(data)
+            return target
+        certfile = place(s.cert_data, s.cert_file, 'cert.pem')
+        keyfile = place(s.key_data, s.key_file, 'key.pem')
+        try:
+            ctx.load_cert_chain(certfile, keyfile)
+        except (ssl.SSLError, OSError) as exc:
+            raise K8sError('cannot load the client certificate and key: %s' % exc) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ctx
 
 
 def _status_message(body: bytes) -> str:
@@ -233,14 +450,13 @@ def _status_message(body: bytes) -> str:
 class K8sClient:
     """Raw JSON access with a request timeout and a bounded, safe retry policy."""
 
-    def __init__(self, api_client: Any, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    def __init__(self, api: ApiConnection, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  get_attempts: int = 4, backoff: float = 0.5, update_attempts: int = 5,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if request_timeout is None or request_timeout <= 0:
             raise K8sError('request_timeout must be a positive number of seconds, got %r' % (request_timeout,))
-        self.api_client = api_client
-        self.cfg = api_client.configuration
-        self.pool = api_client.rest_client.pool_manager
+        self.api = api
+        self.pool = api.pool
         self.request_timeout = float(request_timeout)
         self.get_attempts = max(1, get_attempts)
         self.backoff = backoff
@@ -256,22 +472,18 @@ class K8sClient:
 
     # -- one request ------------------------------------------------------------------------
     def _headers(self, content_type: Optional[str]) -> Any:
-        headers = HTTPHeaderDict({'Accept': 'application/json'})
-        headers.update({k: v for k, v in self.api_client.default_headers.items() if k != 'User-Agent'})
-        headers['User-Agent'] = 'gpufleet.upgrade'
-        for auth in self.cfg.auth_settings().values():
-            if auth.get('in') == 'header' and auth.get('value'):
-                headers[auth['key']] = auth['value']
+        headers = HTTPHeaderDict({'Accept': 'application/json', 'User-Agent': 'gpufleet.upgrade'})
+        headers.update(self.api.headers)
         if content_type:
             headers['Content-Type'] = content_type
-        for group in getattr(self.api_client, 'gpufleet_impersonate_groups', None) or []:
+        for group in self.api.impersonate_groups:
             headers.add('Impersonate-Group', group)
         return headers
 
     def request(self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Any = None,
                 content_type: Optional[str] = None) -> Any:
         """One request, no retry. Returns the decoded JSON body (or None); raises K8sError."""
-        url = self.cfg.host.rstrip('/') + path
+        url = self.api.host + path
         if query:
             url += '?' + urlencode([(k, v) for k, v in query.items() if v is not None])
         data = None
@@ -285,7 +497,7 @@ class K8sClient:
                                      timeout=urllib3.Timeout(total=self.request_timeout), retries=False,
                                      preload_content=True)
         except urllib3.exceptions.NewConnectionError as exc:
-            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
             msg = '%s: no answer within the request timeout of %gs' % (desc, self.request_timeout)
@@ -294,7 +506,7 @@ class K8sClient:
                         'task, it resumes from what is on the server')
             raise K8sError(msg, status=None, method=method, path=path, reason='timeout') from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.cfg.host, exc),
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc
         if resp.status >= 400:
             msg = _status_message(resp.data)

@@ -26,6 +26,8 @@ ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
 ANN_STATE = 'gpufleet.io/upgrade-state'
 ANN_TARGET = 'gpufleet.io/upgrade-target'
 ANN_DONE = 'gpufleet.io/upgraded-to'
+# Written by node_drain (_drain.ANN_STOPPED_VMS): the VMs its drain halted, to start after the gates.
+ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
 
 # The phases of one node's upgrade in order. `draining` (node_drain's in-flight mark) counts as
 # `cordoned`: the drain is not finished and is run again (evicting only what is left).
@@ -92,6 +94,10 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         'was_cordoned': (initial == 'true') if initial is not None else unschedulable,
         'ready': is_ready(node),
         'kernel': ((node.get('status') or {}).get('nodeInfo') or {}).get('kernelVersion'),
+        # RKE2 as the kubelet reports it (kubeletVersion, e.g. v1.35.3+rke2r3), as fleet_info says.
+        'rke2': ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion'),
+        # Any record of halted VMs (even one node_drain would refuse as malformed): start_vms has work.
+        'vms_to_start': ann.get(ANN_STOPPED_VMS, '').strip() not in ('', '[]'),
     }
 
 

@@ -122,6 +122,14 @@ state:
     kernel:
       description: The kernel release the kubelet reports.
       type: str
+    rke2:
+      description: The kubelet version (the RKE2 version on an RKE2 node), for example V(v1.35.3+rke2r3).
+      type: str
+    vms_to_start:
+      description:
+        - The Node records VirtualMachines that M(gpufleet.upgrade.node_drain) halted (C(gpufleet.io/stopped-vms)), which
+          its V(start_vms) state starts again.
+      type: bool
 """
 
 import time

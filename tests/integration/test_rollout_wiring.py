@@ -85,6 +85,10 @@ def test_dra_postflight_passes_canaries_released_and_nodes_in_the_evidence(tmp_p
             assert 'DRA | API, device class, inventory and driver pod' in ok_tasks(run, n, 'DRA |')
             assert ok_tasks(run, n, 'Postflight | Return the node to service')
             assert rows[n]['driver'] == labenv.TARGET_DRIVER and rows[n]['state'] == 'done' and not rows[n]['cordoned']
+        # A driver-only target: the kubelets already run the target RKE2 (the progress read says so), so
+        # no RKE2 task runs and no System Upgrade Controller request is made.
+        assert not [t for n in others for t in ok_tasks(run, n, 'RKE2 |')]
+        assert not [r for r in lab.emu.requests if 'upgrade.cattle.io' in r['path']]
         # The canaries the canary playbook isolated are released: label, taint and owner annotation gone.
         for c in plan['canaries']:
             node = lab.emu.get('v1', 'Node', c)

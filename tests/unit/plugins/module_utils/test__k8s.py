@@ -2,7 +2,14 @@
 scripted HTTP server on loopback (one function under test: the retry policy and errors)."""
 from __future__ import annotations
 
+import base64
 import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -185,10 +192,10 @@ def test_kubeconfig_context_and_impersonation(tmp_path):
     path.write_text(json.dumps(cfg))
     api = K.get_api_client({'kubeconfig': str(path), 'context': 'b', 'impersonate_user': 'bob',
                             'impersonate_groups': ['g1', 'g2']})
-    assert api.configuration.host == 'http://127.0.0.1:2'
-    assert api.default_headers['Impersonate-User'] == 'bob'
-    assert 'Impersonate-Group' not in api.default_headers
-    assert api.gpufleet_impersonate_groups == ['g1', 'g2']
+    assert api.host == 'http://127.0.0.1:2' and api.loader == 'kubeconfig'
+    assert api.headers['Impersonate-User'] == 'bob'
+    assert 'Impersonate-Group' not in api.headers
+    assert api.impersonate_groups == ['g1', 'g2']
     assert K.K8sClient(api)._headers(None)['authorization'] == 'Bearer t0k'
     with pytest.raises(K.K8sError) as exc:
         K.get_api_client({'kubeconfig': str(path), 'context': 'zzz'})
@@ -208,9 +215,9 @@ def test_impersonated_groups_go_one_per_header_line(server):
 @pytest.mark.parametrize('value,verify', [('false', False), ('True', True), ('0', False)])
 def test_verify_ssl_from_the_environment(monkeypatch, value, verify):
     monkeypatch.setenv('K8S_AUTH_VERIFY_SSL', value)
-    assert K.get_api_client({'host': 'https://127.0.0.1:6443'}).configuration.verify_ssl is verify
+    assert K.get_api_client({'host': 'https://127.0.0.1:6443'}).verify_ssl is verify
     # The option wins over the environment.
-    assert K.get_api_client({'host': 'https://127.0.0.1:6443', 'validate_certs': not verify}).configuration.verify_ssl \
+    assert K.get_api_client({'host': 'https://127.0.0.1:6443', 'validate_certs': not verify}).verify_ssl \
         is (not verify)
 
 
@@ -237,3 +244,133 @@ def test_auth_spec_is_copied():
 def test_path_for():
     assert K.path_for('v1', 'pods', 'p', 'ns', 'eviction') == '/api/v1/namespaces/ns/pods/p/eviction'
     assert K.path_for('kubevirt.io/v1', 'virtualmachineinstances') == '/apis/kubevirt.io/v1/virtualmachineinstances'
+
+
+# -- kubeconfig reading without the kubernetes library, over real TLS ---------------------------
+
+def _openssl(*args, cwd):
+    subprocess.run(['openssl', *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope='module')
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1 (SAN) and a client certificate (CN=gpufleet-admin)."""
+    if not shutil.which('openssl'):
+        pytest.skip('openssl is not installed')
+    d = tmp_path_factory.mktemp('pki')
+    _openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca.key', '-out', 'ca.crt', '-days', '2',
+             '-subj', '/CN=test-ca', cwd=d)
+    (d / 'san.cnf').write_text('subjectAltName=IP:127.0.0.1\n')
+    for name, cn in (('server', 'kube-apiserver'), ('client', 'gpufleet-admin')):
+        _openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', name + '.key', '-out', name + '.csr',
+                 '-subj', '/CN=' + cn, cwd=d)
+        extra = ['-extfile', 'san.cnf'] if name == 'server' else []
+        _openssl('x509', '-req', '-in', name + '.csr', '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial',
+                 '-out', name + '.crt', '-days', '2', *extra, cwd=d)
+    return d
+
+
+@pytest.fixture
+def tls_server(pki):
+    """The scripted server behind TLS that requires a client certificate signed by the CA."""
+    s = Scripted()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(pki / 'server.crt'), str(pki / 'server.key'))
+    ctx.load_verify_locations(str(pki / 'ca.crt'))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    s.httpd.socket = ctx.wrap_socket(s.httpd.socket, server_side=True)
+    s.url = s.url.replace('http://', 'https://')
+    yield s
+    s.close()
+
+
+def _b64(path):
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _kubeconfig(server, cluster, user):
+    return {'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'c',
+            'clusters': [{'name': 'k', 'cluster': dict({'server': server}, **cluster)}],
+            'users': [{'name': 'u', 'user': user}],
+            'contexts': [{'name': 'c', 'context': {'cluster': 'k', 'user': 'u'}}]}
+
+
+def test_kubeconfig_with_certificate_data_over_tls(tls_server, pki, tmp_path, monkeypatch):
+    # Client certificate and key as data: read into the SSL context, never left on disk.
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    tls_server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    config = _kubeconfig(tls_server.url, {'certificate-authority-data': _b64(pki / 'ca.crt')},
+                         {'client-certificate-data': _b64(pki / 'client.crt'),
+                          'client-key-data': _b64(pki / 'client.key'), 'token': 'sekret'})
+    api = K.get_api_client({'kubeconfig': config})
+    assert api.loader == 'kubeconfig' and api.verify_ssl is True
+    assert K.K8sClient(api, sleep=lambda s: None).get('/api/v1/nodes/n') == NODE
+    assert tls_server.log[-1][3]['Authorization'] == 'Bearer sekret'
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kubeconfig_with_certificate_files_relative_to_it(tls_server, pki, tmp_path):
+    tls_server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    for name in ('ca.crt', 'client.crt', 'client.key'):
+        shutil.copy(pki / name, tmp_path / name)
+    (tmp_path / 'token').write_text('from-a-file\n')
+    config = _kubeconfig(tls_server.url, {'certificate-authority': 'ca.crt'},
+                         {'client-certificate': 'client.crt', 'client-key': 'client.key', 'tokenFile': 'token'})
+    path = tmp_path / 'kubeconfig'
+    path.write_text(json.dumps(config))
+    api = K.get_api_client({'kubeconfig': str(path)})
+    assert K.K8sClient(api, sleep=lambda s: None).get('/api/v1/nodes/n') == NODE
+    assert tls_server.log[-1][3]['Authorization'] == 'Bearer from-a-file'
+
+
+@pytest.mark.filterwarnings('ignore::urllib3.exceptions.InsecureRequestWarning')
+def test_server_certificate_is_verified(tls_server, pki):
+    # Without the CA the server's certificate is refused; insecure-skip-tls-verify accepts it.
+    user = {'client-certificate-data': _b64(pki / 'client.crt'), 'client-key-data': _b64(pki / 'client.key')}
+    api = K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {}, user)})
+    with pytest.raises(K.K8sError) as exc:
+        K.K8sClient(api, get_attempts=1).get('/api/v1/nodes/n')
+    assert 'CERTIFICATE_VERIFY_FAILED' in str(exc.value)
+    tls_server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    api = K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': True}, user)})
+    assert api.verify_ssl is False
+    assert K.K8sClient(api, get_attempts=1).get('/api/v1/nodes/n') == NODE
+
+
+def test_bad_certificate_data_is_named():
+    config = _kubeconfig('https://127.0.0.1:6443', {'certificate-authority-data': 'not base64!'}, {})
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': config})
+    assert "kubeconfig='<dict>'" in str(exc.value) and 'certificate-authority-data is not base64' in str(exc.value)
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': _kubeconfig('https://127.0.0.1:6443', {}, {
+            'client-certificate-data': base64.b64encode(b'junk').decode(), 'client-key-data': 'a2V5'})})
+    assert str(exc.value).startswith('cannot load the client certificate and key:')
+
+
+def test_exec_plugin_is_read_by_the_kubernetes_library(server):
+    # An exec credential plugin: only the kubernetes library runs those.
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    credential = json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', 'kind': 'ExecCredential',
+                             'status': {'token': 'from-exec'}})
+    config = _kubeconfig(server.url, {}, {'exec': {'apiVersion': 'client.authentication.k8s.io/v1',
+                                                   'command': sys.executable,
+                                                   'args': ['-c', 'print(%r)' % credential],
+                                                   'interactiveMode': 'Never'}})
+    api = K.get_api_client({'kubeconfig': config})
+    assert api.loader == 'kubernetes'
+    K.K8sClient(api, sleep=lambda s: None).get('/api/v1/nodes/n')
+    assert server.log[-1][3]['Authorization'] == 'Bearer from-exec'
+
+
+def test_an_ordinary_kubeconfig_does_not_import_the_kubernetes_library(tmp_path):
+    # Importing kubernetes costs ~0.3 s of CPU in each Kubernetes task's process (bench/lab_overhead.py).
+    path = tmp_path / 'kubeconfig'
+    path.write_text(json.dumps(_kubeconfig('http://127.0.0.1:9', {}, {'token': 't'})))
+    code = ('import sys\n'
+            'from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K\n'
+            'api = K.get_api_client({"kubeconfig": %r})\n'
+            'print(api.loader, any(m == "kubernetes" or m.startswith("kubernetes.") for m in sys.modules))\n' % str(path))
+    out = subprocess.run([sys.executable, '-c', code], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    assert out.stdout.split() == ['kubeconfig', 'False']

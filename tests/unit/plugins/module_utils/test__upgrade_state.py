@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
 
 KEY = 'driver=580.130.00,kernel=6.8.0-134-generic'
@@ -35,6 +36,24 @@ def test_phases_done_follow_the_order_and_draining_counts_as_cordoned():
     assert v['was_cordoned'] is False
     v = S.view(node({S.ANN_STATE: 'draining', S.ANN_INITIAL: 'false'}, True), KEY)
     assert v['done_phases'] == ['cordoned']
+
+
+def test_view_reports_what_the_kubelet_runs():
+    n = node()
+    n['status']['nodeInfo'] = {'kernelVersion': '6.8.0-134-generic', 'kubeletVersion': 'v1.35.3+rke2r3'}
+    v = S.view(n, KEY)
+    assert (v['kernel'], v['rke2']) == ('6.8.0-134-generic', 'v1.35.3+rke2r3')
+    assert S.view(node(), KEY)['rke2'] is None
+
+
+def test_view_says_whether_halted_vms_are_recorded():
+    assert S.ANN_STOPPED_VMS == D.ANN_STOPPED_VMS
+    assert S.view(node(), KEY)['vms_to_start'] is False
+    assert S.view(node({S.ANN_STOPPED_VMS: '[]'}), KEY)['vms_to_start'] is False
+    vm = '[{"name":"vm-1","namespace":"ml","runStrategy":"Always"}]'
+    assert S.view(node({S.ANN_STOPPED_VMS: vm}), KEY)['vms_to_start'] is True
+    # A malformed record still counts: node_drain start_vms runs and names the problem.
+    assert S.view(node({S.ANN_STOPPED_VMS: 'junk'}), KEY)['vms_to_start'] is True
 
 
 def test_phases_of_another_target_do_not_count():
