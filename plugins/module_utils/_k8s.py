@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import importlib.util
 import json
 import os
@@ -145,6 +146,7 @@ def _env_bool(name: str) -> bool:
     raise K8sError('%s=%r is not a boolean (use true or false)' % (name, os.environ.get(name)))
 
 
+@dataclasses.dataclass
 class ApiConnection:
     """Where and how to reach the API server: what K8sClient needs, and nothing generated.
 
@@ -154,31 +156,29 @@ class ApiConnection:
     V(kubernetes) for the client library's loaders).
     """
 
-    def __init__(self, host: str, pool: Any, headers: Dict[str, str], impersonate_groups: List[str],
-                 verify_ssl: bool, loader: str) -> None:
-        self.host = host
-        self.pool = pool
-        self.headers = headers
-        self.impersonate_groups = impersonate_groups
-        self.verify_ssl = verify_ssl
-        self.loader = loader
+    host: str
+    pool: Any
+    headers: Dict[str, str] = dataclasses.field(repr=False)  # Authorization: never in a repr
+    impersonate_groups: List[str]
+    verify_ssl: bool
+    loader: str
 
 
+@dataclasses.dataclass
 class _Settings:
     """What a kubeconfig (or the kubernetes library's loader) and the options say, before the pool exists."""
 
-    def __init__(self) -> None:
-        self.host: Optional[str] = None
-        self.verify_ssl = True
-        self.ca_file: Optional[str] = None
-        self.ca_data: Optional[str] = None
-        self.cert_file: Optional[str] = None
-        self.key_file: Optional[str] = None
-        self.cert_data: Optional[bytes] = None
-        self.key_data: Optional[bytes] = None
-        self.tls_server_name: Optional[str] = None
-        self.proxy: Optional[str] = None
-        self.authorization: Optional[str] = None
+    host: Optional[str] = None
+    verify_ssl: bool = True
+    ca_file: Optional[str] = None
+    ca_data: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    cert_data: Optional[bytes] = None
+    key_data: Optional[bytes] = dataclasses.field(default=None, repr=False)
+    tls_server_name: Optional[str] = None
+    proxy: Optional[str] = None
+    authorization: Optional[str] = dataclasses.field(default=None, repr=False)
 
 
 # What the built-in kubeconfig reader understands. A user entry with anything else (an exec or

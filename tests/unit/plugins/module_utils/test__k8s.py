@@ -374,3 +374,9 @@ def test_an_ordinary_kubeconfig_does_not_import_the_kubernetes_library(tmp_path)
     out = subprocess.run([sys.executable, '-c', code], check=True, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
     assert out.stdout.split() == ['kubeconfig', 'False']
+
+
+def test_credentials_stay_out_of_the_connection_repr():
+    api = K.get_api_client({'host': 'https://127.0.0.1:6443', 'api_key': 'sekret-token'})
+    assert api.headers['Authorization'] == 'Bearer sekret-token'
+    assert 'sekret' not in repr(api)
