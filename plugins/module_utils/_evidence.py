@@ -34,6 +34,8 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time
+
 SCHEMA = 'gpufleet.upgrade/evidence/v1'
 TUPLE_KEYS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
 ROLES = ('canary', 'control', 'batch', 'other')
@@ -65,18 +67,12 @@ def rfc3339(moment: datetime.datetime) -> str:
 
 
 def parse_rfc3339(value: Any, field: str) -> datetime.datetime:
-    if isinstance(value, datetime.datetime):
-        moment = value
-    else:
-        text = str(value).strip() if value is not None else ''
-        iso = text[:-1] + '+00:00' if text.endswith(('Z', 'z')) else text
-        try:
-            moment = datetime.datetime.fromisoformat(iso.replace('t', 'T'))
-        except ValueError:
-            raise EvidenceError('%s: %r is not an RFC 3339 time' % (field, value))
-    if moment.tzinfo is None:
-        raise EvidenceError('%s: %r has no UTC offset' % (field, value))
-    return moment
+    """An RFC 3339 time (or an aware datetime) as an aware UTC datetime; EvidenceError names the field."""
+    try:
+        return parse_time(value if isinstance(value, datetime.datetime) else
+                          (str(value) if value is not None else ''), field)
+    except ValueError as exc:
+        raise EvidenceError(str(exc)) from None
 
 
 def _norm_time(value: Any, field: str) -> Optional[str]:

@@ -4,7 +4,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE to the collection: no compatibility promise. Do not import from outside gpufleet.upgrade.
-"""Kubernetes timestamps (RFC 3339, ``Z`` or offset, optional fraction) as aware UTC datetimes."""
+"""Kubernetes timestamps (RFC 3339, ``Z`` or offset, optional fraction) as aware UTC datetimes.
+
+The one RFC 3339 reader of the Kubernetes, evidence and metric-gate code: a regular expression,
+not `datetime.fromisoformat`, whose accepted forms differ between Python 3.9 and 3.11.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any
 
 _RFC3339_RE = re.compile(
     r'^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$')
+_NO_ZONE_RE = re.compile(r'^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?$')
 
 
 def parse_time(value: Any, field_name: str) -> datetime.datetime:
@@ -25,6 +30,8 @@ def parse_time(value: Any, field_name: str) -> datetime.datetime:
         return value.astimezone(datetime.timezone.utc)
     m = _RFC3339_RE.match(value.strip()) if isinstance(value, str) else None
     if not m:
+        if isinstance(value, str) and _NO_ZONE_RE.match(value.strip()):
+            raise ValueError('%s: %r has no UTC offset (add Z or +00:00)' % (field_name, value))
         raise ValueError('%s: %r is not an RFC 3339 time such as 2026-07-14T12:00:00Z' % (field_name, value))
     date, clock, frac, zone = m.groups()
     micro = (frac[1:] + '000000')[:6] if frac else '000000'

@@ -35,6 +35,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.error import URLError
 from urllib.parse import urlencode
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time as rfc3339_time
+
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
 REDUCERS = ('mean', 'max', 'min', 'last')
@@ -97,14 +99,10 @@ def parse_time(value: Any, field: str) -> float:
         return float(text)
     except ValueError:
         pass
-    iso = text[:-1] + '+00:00' if text.endswith(('Z', 'z')) else text
     try:
-        parsed = datetime.datetime.fromisoformat(iso.replace('t', 'T'))
-    except ValueError:
-        raise MetricGateError('%s: %r is not an RFC 3339 time or unix seconds' % (field, value))
-    if parsed.tzinfo is None:
-        raise MetricGateError('%s: %r has no UTC offset (add Z or +00:00)' % (field, value))
-    return parsed.timestamp()
+        return rfc3339_time(text, field).timestamp()
+    except ValueError as exc:
+        raise MetricGateError('%s (or unix seconds)' % exc) from None
 
 
 def iso(ts: float) -> str:

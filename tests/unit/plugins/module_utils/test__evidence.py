@@ -82,7 +82,11 @@ def test_merge_is_idempotent_and_replaces_by_key() -> None:
     ({'gates': [{'name': 'g', 'passed': 'maybe'}]}, r"gates\[0\] \(g\).passed: 'maybe' is not a boolean"),
     ({'gates': [{'name': 'g', 'passed': True, 'category': 'vibes'}]}, r"category: 'vibes' is not one of"),
     ({'gates': [{'name': 'g', 'passed': True, 'started': at(5), 'finished': at(1)}]}, r'finished .* is before started'),
-    ({'gates': [{'name': 'g', 'passed': True, 'started': '2026-07-14 12:00'}]}, r"started: '2026-07-14 12:00' has no UTC"),
+    ({'gates': [{'name': 'g', 'passed': True, 'started': '2026-07-14 12:00:00'}]},
+     r"started: '2026-07-14 12:00:00' has no UTC offset"),
+    # Seconds are required (RFC 3339; Python 3.11's fromisoformat would take it, 3.9's would not).
+    ({'gates': [{'name': 'g', 'passed': True, 'started': '2026-07-14T12:00Z'}]},
+     r"started: '2026-07-14T12:00Z' is not an RFC 3339 time"),
     ({'gates': [{'name': 'g', 'passed': True, 'colour': 'red'}]}, r'gates\[0\]: unknown field\(s\) colour'),
     ({'nodes': [{'role': 'canary'}]}, r'nodes\[0\].name is required'),
     ({'nodes': [{'name': 'n', 'role': 'pilot'}]}, r"nodes\[0\].role: 'pilot' is not one of"),
