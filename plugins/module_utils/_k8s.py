@@ -481,8 +481,9 @@ class K8sClient:
         return headers
 
     def request(self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Any = None,
-                content_type: Optional[str] = None) -> Any:
-        """One request, no retry. Returns the decoded JSON body (or None); raises K8sError."""
+                content_type: Optional[str] = None, text: bool = False) -> Any:
+        """One request, no retry. Returns the decoded JSON body (or None), or with `text` the body as
+        text (a pod's log); raises K8sError."""
         url = self.api.host + path
         if query:
             url += '?' + urlencode([(k, v) for k, v in query.items() if v is not None])
@@ -492,8 +493,11 @@ class K8sClient:
             content_type = content_type or 'application/json'
         desc = '%s %s' % (method, path)
         self.requests_made += 1
+        headers = self._headers(content_type)
+        if text:
+            headers['Accept'] = 'text/plain, */*'
         try:
-            resp = self.pool.request(method, url, body=data, headers=self._headers(content_type),
+            resp = self.pool.request(method, url, body=data, headers=headers,
                                      timeout=urllib3.Timeout(total=self.request_timeout), retries=False,
                                      preload_content=True)
         except urllib3.exceptions.NewConnectionError as exc:
@@ -512,6 +516,8 @@ class K8sClient:
             msg = _status_message(resp.data)
             raise _error_for(resp.status)('%s: HTTP %d%s' % (desc, resp.status, (' ' + msg) if msg else ''),
                                           status=resp.status, method=method, path=path, reason=msg)
+        if text:
+            return resp.data.decode('utf-8', 'replace')
         if not resp.data:
             return None
         try:

@@ -241,20 +241,9 @@ def _quote(s: str) -> str:
 
 
 def read_log(k8s: Any, namespace: str, pod: str, container: Optional[str]) -> str:
-    """GET .../pods/<pod>/log as text (K8sClient decodes JSON only), bounded by its request timeout."""
-    import urllib3
+    """GET .../pods/<pod>/log as text, one request bounded by the client's request timeout."""
     path = '/api/v1/namespaces/%s/pods/%s/log' % (_quote(namespace), _quote(pod))
-    url = k8s.cfg.host.rstrip('/') + path + (('?container=' + _quote(container)) if container else '')
-    headers = k8s._headers(None)
-    headers['Accept'] = 'text/plain, */*'
-    k8s.requests_made += 1
-    resp = k8s.pool.request('GET', url, headers=headers, timeout=urllib3.Timeout(total=k8s.request_timeout),
-                            retries=False, preload_content=True)
-    if resp.status >= 400:
-        from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
-        raise K8sError('GET %s: HTTP %d %s' % (path, resp.status, resp.data[:200].decode('utf-8', 'replace')),
-                       status=resp.status, method='GET', path=path)
-    return resp.data.decode('utf-8', 'replace')
+    return k8s.request('GET', path, {'container': container} if container else None, text=True)
 
 
 def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 'default', repeat: int = 3,

@@ -380,3 +380,11 @@ def test_credentials_stay_out_of_the_connection_repr():
     api = K.get_api_client({'host': 'https://127.0.0.1:6443', 'api_key': 'sekret-token'})
     assert api.headers['Authorization'] == 'Bearer sekret-token'
     assert 'sekret' not in repr(api)
+
+
+def test_text_answers_for_pod_logs(server):
+    server.script[('GET', '/api/v1/namespaces/ml/pods/p/log')] = [(200, 'not json at all', 0)]
+    got = client(server).request('GET', '/api/v1/namespaces/ml/pods/p/log', {'container': 'c'}, text=True)
+    assert got == '"not json at all"'          # the body as it came, undecoded
+    assert server.log[-1][1] == '/api/v1/namespaces/ml/pods/p/log?container=c'
+    assert server.log[-1][3]['Accept'] == 'text/plain, */*'
