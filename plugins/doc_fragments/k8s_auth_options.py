@@ -64,7 +64,10 @@ options:
     aliases: [key_file]
   proxy:
     description:
-      - HTTP proxy URL for the API connection. Can also be set with E(K8S_AUTH_PROXY).
+      - HTTP proxy URL for the API connection. Can also be set with E(K8S_AUTH_PROXY), or with the kubeconfig's
+        C(proxy-url).
+      - Without any of these, E(https_proxy) or E(http_proxy) (by the API's scheme), else E(all_proxy), apply, as for
+        C(kubectl); E(no_proxy) (host names and their subdomains, C(host:port), IP networks, C(*)) bypasses any proxy.
     type: str
   impersonate_user:
     description:

@@ -29,6 +29,7 @@ import base64
 import copy
 import dataclasses
 import importlib.util
+import ipaddress
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ import ssl
 import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 # The kubernetes library is imported only for what its loaders alone can read (exec and
 # auth-provider plugins, the in-cluster service account): importing it costs about 0.3 s of CPU, and
@@ -340,6 +341,7 @@ def get_api_client(params: Dict[str, Any]) -> ApiConnection:
     _apply_options(s, params, host)
     if not s.host:
         raise K8sError('no Kubernetes API host: set host or a kubeconfig with a server')
+    s.proxy = _effective_proxy(str(s.host), s.proxy)
     headers = {}
     if s.authorization:
         headers['Authorization'] = s.authorization
@@ -383,9 +385,57 @@ def _apply_options(s: _Settings, params: Dict[str, Any], host: Optional[str]) ->
         s.proxy = proxy
 
 
+def _env(name: str) -> Optional[str]:
+    """A proxy variable as urllib reads it: the lower-case name first, then the upper-case one."""
+    return os.environ.get(name) or os.environ.get(name.upper()) or None
+
+
+def _effective_proxy(host: str, proxy: Optional[str]) -> Optional[str]:
+    """The proxy for `host`, as kubectl and the kubernetes library choose it: the configured one
+    (option, K8S_AUTH_PROXY, the kubeconfig's proxy-url), else https_proxy/http_proxy by the host's
+    scheme, else all_proxy; none when no_proxy matches the host."""
+    if not proxy:
+        proxy = _env(urlsplit(host).scheme + '_proxy') or _env('all_proxy')
+    if proxy and _bypasses(host, _env('no_proxy') or ''):
+        return None
+    return proxy
+
+
+def _bypasses(host: str, no_proxy: str) -> bool:
+    """no_proxy matches `host`: `*`, an IP address or network (CIDR), a domain and its subdomains
+    (a leading dot is optional), or host:port."""
+    url = urlsplit(host)
+    name = (url.hostname or '').lower()
+    if not name:
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        address = None
+    netloc = url.netloc.lower().rsplit('@', 1)[-1]
+    for entry in (e.strip().lower() for e in no_proxy.split(',')):
+        if not entry:
+            continue
+        if entry == '*':
+            return True
+        if address is not None:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+        entry = entry.lstrip('.')
+        if entry in (name, netloc) or name.endswith('.' + entry) or netloc.endswith('.' + entry):
+            return True
+    return False
+
+
 def _pool(s: _Settings) -> Any:
     """A urllib3 pool manager with the TLS settings (client certificate data never stays on disk)."""
-    kw: Dict[str, Any] = {'cert_reqs': ssl.CERT_REQUIRED if s.verify_ssl else ssl.CERT_NONE, 'retries': False}
+    kw: Dict[str, Any] = {'cert_reqs': ssl.CERT_REQUIRED if s.verify_ssl else ssl.CERT_NONE, 'retries': False,
+                          # Kept connections per host, as the kubernetes library sizes them (node_drain
+                          # evicts from up to `parallel` threads at once).
+                          'maxsize': max(10, (os.cpu_count() or 1) * 5)}
     if s.ca_file:
         kw['ca_certs'] = s.ca_file
     if s.ca_data:

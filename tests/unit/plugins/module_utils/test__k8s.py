@@ -388,3 +388,48 @@ def test_text_answers_for_pod_logs(server):
     assert got == '"not json at all"'          # the body as it came, undecoded
     assert server.log[-1][1] == '/api/v1/namespaces/ml/pods/p/log?container=c'
     assert server.log[-1][3]['Accept'] == 'text/plain, */*'
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch):
+    for name in ('http_proxy', 'https_proxy', 'all_proxy', 'no_proxy'):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+def test_proxy_from_the_environment_is_used_for_the_api(server, no_proxy_env):
+    # As kubectl and the kubernetes library: http(s)_proxy by the API's scheme; the request goes to the
+    # proxy with the API's absolute URL.
+    no_proxy_env.setenv('HTTP_PROXY', server.url)
+    api = K.get_api_client({'host': 'http://10.255.255.1:6443', 'api_key': 't'})
+    with pytest.raises(K.NotFoundError):
+        K.K8sClient(api, get_attempts=1).get('/api/v1/nodes/n')
+    assert server.log[-1][1] == 'http://10.255.255.1:6443/api/v1/nodes/n'
+
+
+@pytest.mark.parametrize('host,no_proxy,proxied', [
+    ('https://api.example.com:6443', '', True),
+    ('https://api.example.com:6443', 'example.com', False),
+    ('https://api.example.com:6443', '.example.com', False),
+    ('https://api.example.com:6443', 'api.example.com:6443', False),
+    ('https://api.example.com:6443', 'other.com,ample.com', True),
+    ('https://10.0.3.7:6443', '10.0.0.0/16', False),
+    ('https://10.1.3.7:6443', '10.0.0.0/16', True),
+    ('https://[fd00::7]:6443', 'fd00::/8', False),
+    ('https://api.example.com:6443', '*', False),
+])
+def test_no_proxy_rules(no_proxy_env, host, no_proxy, proxied):
+    no_proxy_env.setenv('https_proxy', 'http://proxy.example.com:3128')
+    no_proxy_env.setenv('NO_PROXY', no_proxy)
+    pool = K.get_api_client({'host': host}).pool
+    assert (getattr(pool, 'proxy', None) is not None) is proxied
+
+
+def test_an_explicit_proxy_wins_over_the_environment(no_proxy_env):
+    no_proxy_env.setenv('HTTPS_PROXY', 'http://env-proxy:3128')
+    pool = K.get_api_client({'host': 'https://api:6443', 'proxy': 'http://explicit:8080'}).pool
+    assert pool.proxy.host == 'explicit'
+    no_proxy_env.setenv('NO_PROXY', 'api')
+    assert getattr(K.get_api_client({'host': 'https://api:6443', 'proxy': 'http://explicit:8080'}).pool,
+                   'proxy', None) is None
