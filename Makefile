@@ -25,12 +25,13 @@ export PYTHONDONTWRITEBYTECODE := 1
 PYTEST      := $(VPY) -m pytest
 SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
-.PHONY: help venv collection test units integration sanity molecule lint lab emulator clean system-deps device-bundle
+.PHONY: help venv collection controlplane cluster test units integration sanity molecule lint lab emulator clean system-deps device-bundle
 
 help:
 	@echo "make lab    - run the main job (the lab rollout on the emulated fleet; FAULT=none for no fault)"
 	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity, ansible-lint)"
-	@echo "make units | integration | molecule | sanity | lint | emulator | clean"
+	@echo "make cluster - run the test control plane in the foreground (kubeconfig: \$$CLUSTER_KUBECONFIG)"
+	@echo "make units | integration | molecule | sanity | lint | controlplane | emulator | clean"
 
 $(STAMP): requirements.txt requirements-test.txt
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 found; set PYTHON=" >&2; exit 1; }
@@ -65,10 +66,22 @@ system-deps:
 	  echo "WARNING: system-deps: missing$$missing and not root with apt-get; the tests that need them will SKIP" >&2; \
 	fi
 
+# The test control plane (tests/cluster): etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+# and KWOK built from their Go modules (tests/cluster/go/go.mod + go.sum) into ~/.cache/gpufleet
+# (GPUFLEET_CACHE), once per machine: prints progress and how long the build took; reused after.
+controlplane: collection
+	@$(VPY) tests/cluster/build.py >/dev/null
+
+# The control plane in the foreground (Ctrl-C stops it); CLUSTER_FLEET=file.yml seeds it.
+CLUSTER_KUBECONFIG ?= .cluster/kubeconfig
+cluster: controlplane
+	PYTHONPATH=$(CURDIR)/tests $(VPY) -m cluster --kubeconfig $(CLUSTER_KUBECONFIG) \
+	  $(if $(CLUSTER_FLEET),--fleet $(CLUSTER_FLEET))
+
 units: collection system-deps
 	$(PYTEST) tests/unit
 
-integration: collection system-deps
+integration: collection system-deps controlplane
 	$(PYTEST) tests/integration
 
 # ansible-test wants to run inside ansible_collections/<ns>/<name>: copy the files git would
@@ -92,7 +105,7 @@ sanity: collection
 # could shadow the work tree is removed. Every scenario runs; the target fails if any failed.
 MOLECULE_SCENARIOS ?= node_upgrade rollback
 MOLECULE_HOME      := $(CURDIR)/tests/output/molecule/ansible-home
-molecule: collection
+molecule: collection controlplane
 	@for stale in $(HOME)/.ansible/collections/ansible_collections/gpufleet/upgrade \
 	  $(MOLECULE_HOME)/collections/ansible_collections/gpufleet/upgrade; do \
 	  if [ -e "$$stale" ] || [ -L "$$stale" ]; then echo "molecule: removing $$stale (it could shadow the work tree)"; rm -rf "$$stale"; fi; \
@@ -112,7 +125,7 @@ lint: collection
 	@awx=$$($(VPY) tests/tools/awx_collection.py) && \
 	  ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/$(COLL_ROOT):$$awx $(VENV)/bin/ansible-lint --offline --nocolor $(LINT_ARGS)
 
-test: collection system-deps
+test: collection system-deps controlplane
 	$(PYTEST) tests/unit tests/integration
 	$(MAKE) --no-print-directory molecule
 	$(MAKE) --no-print-directory sanity
@@ -121,7 +134,7 @@ test: collection system-deps
 # The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on an emulated
 # 40-node pool, with an injected Xid 79 (FAULT=none: the whole rollout completes; FAULT=<node>).
 FAULT ?= auto
-lab: collection
+lab: collection controlplane
 	$(VPY) tests/tools/lab.py --fault $(FAULT)
 
 # The Kubernetes API emulator in the foreground (Ctrl-C stops it); EMULATOR_FLEET=file.yml seeds it.
@@ -138,4 +151,4 @@ device-bundle: collection
 	  "nvidia-ml-py==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')"
 
 clean:
-	rm -rf $(VENV) tests/output .lab .device
+	rm -rf $(VENV) tests/output .lab .device .cluster

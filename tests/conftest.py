@@ -19,4 +19,4 @@ os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'col
 
 # Fixtures of the test tools: the Kubernetes API emulator (`emulator`), the NVML stand-in
 # (`fake_nvml`, `nvml_stub_lib`).
-pytest_plugins = ['emulator.pytest_plugin', 'tools.nvml_stub']
+pytest_plugins = ['emulator.pytest_plugin', 'cluster.pytest_plugin', 'tools.nvml_stub']
