@@ -60,6 +60,16 @@ class ControlPlaneError(RuntimeError):
     pass
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (Linux), so a killed
+    test run or lab leaves no control-plane process behind."""
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -138,7 +148,8 @@ class ControlPlane:
         assert self.bin is not None
         logf = open(self.dir / 'logs' / ('%s.log' % name), 'ab')  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen([str(self.bin / args[0]), *args[1:]], stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         logf.close()
         self.procs[name] = proc
         return proc
