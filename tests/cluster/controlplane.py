@@ -118,8 +118,8 @@ class ControlPlane:
         except BaseException:
             self.stop()
             raise
-        self.log('control plane: up at %s in %.1f s (Kubernetes %s)' % (self.url, time.monotonic() - t0,
-                                                                      KUBERNETES_VERSION))
+        self.log('control plane: up at %s in %.1f s (Kubernetes %s)' % (
+            self.url, time.monotonic() - t0, KUBERNETES_VERSION))
         return self
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -211,8 +211,8 @@ class ControlPlane:
 
     def _component_kubeconfig(self, name: str, user: str, groups: tuple[str, ...] = ()) -> pathlib.Path:
         crt, key = self.pki.issue(name, user, groups)
-        return self.write_kubeconfig(self.dir / ('%s.kubeconfig' % name), {'client-certificate': str(crt),
-                                                                          'client-key': str(key)})
+        user_entry = {'client-certificate': str(crt), 'client-key': str(key)}
+        return self.write_kubeconfig(self.dir / ('%s.kubeconfig' % name), user_entry)
 
     def write_kubeconfig(self, path: pathlib.Path, user: dict[str, Any], server: str | None = None,
                          namespace: str = 'default') -> pathlib.Path:
@@ -307,8 +307,8 @@ class ControlPlane:
         def published() -> bool:
             # kube-root-ca.crt appears once the controller manager runs; the default service account
             # once its token controller does.
-            code, _ = self._get('/api/v1/namespaces/default/configmaps/kube-root-ca.crt', token)
-            code2, _ = self._get('/api/v1/namespaces/default/serviceaccounts/default', token)
+            code = self._get('/api/v1/namespaces/default/configmaps/kube-root-ca.crt', token)[0]
+            code2 = self._get('/api/v1/namespaces/default/serviceaccounts/default', token)[0]
             return code == 200 and code2 == 200
 
         self._until('kube-controller-manager (kube-root-ca.crt, default service account)', published)

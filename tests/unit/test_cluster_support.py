@@ -71,7 +71,7 @@ def test_pki_issues_a_loopback_server_certificate_and_client_identities(tmp_path
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert '127.0.0.1' in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
     assert cert.issuer == pki.ca_cert.subject
-    ccrt, _ = pki.issue('admin', 'someone', ('system:masters',))
+    ccrt = pki.issue('admin', 'someone', ('system:masters',))[0]
     subject = x509.load_pem_x509_certificate(ccrt.read_bytes()).subject
     assert subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME)[0].value == 'system:masters'
     assert oct(key.stat().st_mode & 0o777) == '0o600'
