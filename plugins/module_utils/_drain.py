@@ -23,7 +23,10 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
   nothing;
 - evictions run in parallel with a bound; 429 (a PodDisruptionBudget) and transient errors are
   retried every `retry_interval` seconds until the deadline, each eviction carrying the pod's UID
-  as precondition; deletion is awaited by UID (a new pod with the same name is not the old one);
+  as precondition; a 409 (the precondition failed, or the API server's own PodDisruptionBudget
+  status update conflicted) re-reads the pod: the same UID still there is retried, not counted as
+  gone; deletion is awaited by UID (a new pod with the same name is not the old one); no request
+  of the rounds waits past `timeout` (K8sClient.bounded);
 - on failure the node stays cordoned and the result lists what remains and why;
 - uncordon lifts only a cordon this collection made (initial-unschedulable "false"), unless force;
 - start_vms (after the node passed its gates) restores each VirtualMachine recorded in
@@ -33,6 +36,7 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -454,6 +458,10 @@ class DrainClient:
     def vmi_gone(self, vmi: Dict[str, Any], node: str) -> bool:
         raise NotImplementedError
 
+    def bounded(self, deadline: float) -> Any:
+        """A context in which no request waits past `deadline` (the Drainer's clock)."""
+        return contextlib.nullcontext()
+
 
 def _delete_options(pod: Dict[str, Any], grace_period: Optional[int]) -> Dict[str, Any]:
     opts: Dict[str, Any] = {'apiVersion': 'v1', 'kind': 'DeleteOptions',
@@ -507,6 +515,9 @@ class KubeDrainClient(DrainClient):
         meta = pod['metadata']
         current = self.k8s.get_or_none(path_for('v1', 'pods', meta['name'], meta.get('namespace')))
         return current is None or (current.get('metadata') or {}).get('uid') != meta.get('uid')
+
+    def bounded(self, deadline):
+        return self.k8s.bounded(deadline)
 
     def vmi_gone(self, vmi, node):
         meta = vmi['metadata']
@@ -756,15 +767,27 @@ class Drainer:
             return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')
         except NotFoundError:
             return 'done', ''
-        except ConflictError:
-            # the UID precondition failed: the pod we classified is gone (a new one took its name)
-            return 'done', ''
+        except ConflictError as exc:
+            # Either the UID precondition failed (the pod we classified is gone, a new one took its
+            # name) or the API server's own update of the PodDisruptionBudget's status conflicted
+            # (the pod is still running). Only a read by UID tells which.
+            return self._after_conflict(it, exc)
         except TooManyRequestsError as exc:
             return 'retry', 'eviction refused by a PodDisruptionBudget (429): %s' % (exc.reason or exc.msg)
         except K8sError as exc:
+            if exc.reason == 'deadline':
+                return 'retry', it.last_reason
             if exc.status is None or exc.status >= 500:
                 return 'retry', 'transient API error: %s' % exc.msg
             return 'failed', str(exc)
+
+    def _after_conflict(self, it: _Item, exc: K8sError) -> Tuple[str, str]:
+        reason = 'eviction answered 409 Conflict (%s) while the pod is still there' % (exc.reason or exc.msg)
+        try:
+            gone = self.client.pod_gone(it.obj)
+        except K8sError as read:
+            return 'retry', '%s; re-reading the pod failed: %s' % (reason, read.msg)
+        return ('done', '') if gone else ('retry', reason)
 
     def _run(self, name: str, items: List[_Item]) -> None:
         """Rounds until every item is done or failed, or the deadline: evictions (and VMI checks)
@@ -773,7 +796,7 @@ class Drainer:
         self._node = name
         opts = self.opts
         deadline = self.clock() + opts.timeout
-        with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool, self.client.bounded(deadline):
             while True:
                 now = self.clock()
                 due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
@@ -787,7 +810,8 @@ class Drainer:
                                       if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
                                      for it in pod_waits]
                     except K8sError as exc:
-                        outcomes += [(it, ('wait', 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
+                        outcomes += [(it, ('wait', it.last_reason if exc.reason == 'deadline'
+                                           else 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
                 now = self.clock()
                 for it, (outcome, reason) in outcomes:
                     if outcome == 'done':

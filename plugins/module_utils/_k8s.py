@@ -26,6 +26,7 @@ is parsed page by page) and any discovery round-trips.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -502,7 +503,7 @@ class K8sClient:
 
     def __init__(self, api: ApiConnection, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  get_attempts: int = 4, backoff: float = 0.5, update_attempts: int = 5,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         if request_timeout is None or request_timeout <= 0:
             raise K8sError('request_timeout must be a positive number of seconds, got %r' % (request_timeout,))
         self.api = api
@@ -512,6 +513,9 @@ class K8sClient:
         self.backoff = backoff
         self.update_attempts = max(1, update_attempts)
         self.sleep = sleep
+        self.clock = clock
+        # A `clock()` value no request or retry may pass (None: none): see bounded().
+        self.deadline: Optional[float] = None
         self.requests_made = 0
         self.retries_made = 0
 
@@ -519,6 +523,27 @@ class K8sClient:
     def from_params(cls, params: Dict[str, Any], **kwargs: Any) -> 'K8sClient':
         return cls(get_api_client(params), request_timeout=params.get('request_timeout') or DEFAULT_REQUEST_TIMEOUT,
                    **kwargs)
+
+    @contextlib.contextmanager
+    def bounded(self, deadline: Optional[float]) -> Iterator[None]:
+        """Within the block no request waits past `deadline` (a `clock()` value): each request's
+        timeout is cut to the time left, a retry that would start after it is not made, and a
+        request once it has passed is not sent (K8sError, reason V(deadline))."""
+        previous = self.deadline
+        self.deadline = deadline if previous is None or deadline is None else min(previous, deadline)
+        try:
+            yield
+        finally:
+            self.deadline = previous
+
+    def _timeout(self, desc: str, method: str, path: str) -> float:
+        if self.deadline is None:
+            return self.request_timeout
+        left = self.deadline - self.clock()
+        if left <= 0:
+            raise K8sError('%s: not sent, the deadline has passed' % desc, status=None, method=method, path=path,
+                           reason='deadline')
+        return min(self.request_timeout, left)
 
     # -- one request ------------------------------------------------------------------------
     def _headers(self, content_type: Optional[str]) -> Any:
@@ -542,19 +567,22 @@ class K8sClient:
             data = json.dumps(body).encode('utf-8')
             content_type = content_type or 'application/json'
         desc = '%s %s' % (method, path)
+        timeout = self._timeout(desc, method, path)
         self.requests_made += 1
         headers = self._headers(content_type)
         if text:
             headers['Accept'] = 'text/plain, */*'
         try:
             resp = self.pool.request(method, url, body=data, headers=headers,
-                                     timeout=urllib3.Timeout(total=self.request_timeout), retries=False,
+                                     timeout=urllib3.Timeout(total=timeout), retries=False,
                                      preload_content=True)
         except urllib3.exceptions.NewConnectionError as exc:
             raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
                            status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
-            msg = '%s: no answer within the request timeout of %gs' % (desc, self.request_timeout)
+            msg = '%s: no answer within the request timeout of %gs' % (desc, timeout)
+            if timeout < self.request_timeout:
+                msg += ' (the time left before the deadline)'
             if method != 'GET':
                 msg += ('; the change may or may not have been applied (a write is not re-sent blindly): rerun the '
                         'task, it resumes from what is on the server')
@@ -580,21 +608,31 @@ class K8sClient:
     def get(self, path: str, query: Optional[Dict[str, Any]] = None) -> Any:
         """GET with bounded retries on 5xx, timeouts and connection errors (safe: reads)."""
         last: Optional[K8sError] = None
+        attempts = 0
         for attempt in range(self.get_attempts):
             if attempt:
+                pause = min(self.backoff * (2 ** (attempt - 1)), 5.0)
+                if self.deadline is not None and self.clock() + pause >= self.deadline:
+                    break
                 self.retries_made += 1
-                self.sleep(min(self.backoff * (2 ** (attempt - 1)), 5.0))
+                self.sleep(pause)
             try:
+                attempts += 1
                 return self.request('GET', path, query)
             except K8sError as exc:
+                if exc.reason == 'deadline':
+                    if last is None:
+                        raise
+                    break
                 if exc.status in RETRYABLE_STATUS or exc.status is None:
                     last = exc
                     continue
                 raise
         if last is None:  # pragma: no cover - the loop runs at least once
             raise K8sError('GET %s: no attempt made' % path)
-        raise K8sError('%s (gave up after %d attempts)' % (last.msg, self.get_attempts), status=last.status,
-                       method='GET', path=path, reason=last.reason)
+        why = ('gave up after %d attempts' % attempts if attempts == self.get_attempts
+               else 'gave up after %d attempt(s): the deadline left no time for another' % attempts)
+        raise K8sError('%s (%s)' % (last.msg, why), status=last.status, method='GET', path=path, reason=last.reason)
 
     def get_or_none(self, path: str, query: Optional[Dict[str, Any]] = None) -> Any:
         try:

@@ -64,7 +64,8 @@ options:
     default: drain
   timeout:
     description:
-      - Seconds the whole drain may take (evictions, retries on 429 and the wait for deletion), after O(wait_for_jobs).
+      - Seconds the whole drain may take (evictions, retries on 429 and 409 and the wait for deletion), after
+        O(wait_for_jobs). No request of these rounds waits past it (each request's timeout is cut to the time left).
     type: float
     default: 300
   grace_period:

@@ -350,6 +350,41 @@ def test_transient_eviction_errors_are_retried_with_the_uid_precondition(emulato
     assert evictions_of(emulator.requests, 'other-gpu') == 3
 
 
+PDB_CONFLICT = ('Operation cannot be fulfilled on poddisruptionbudgets.policy "other": the object has been '
+                'modified; please apply your changes to the latest version and try again')
+
+
+def test_eviction_409_from_a_pdb_status_conflict_is_retried_while_the_pod_is_there(emulator, run_playbook):
+    """Issue 12 (1): the API server answers 409 when its own update of the PodDisruptionBudget's status
+    conflicts; the pod is still running. The drain re-reads it by UID and evicts again: it never
+    reports drained with the pod still there."""
+    load(emulator)
+    emulator.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=409, times=2, message=PDB_CONFLICT)
+    run = run_playbook(play(emulator, drain_task(node=S.OTHER)))
+    assert run.rc == 0, run.stdout
+    res = run.result('drain')
+    assert res['upgrade_state'] == 'drained'
+    assert names(res['evicted']) == OTHER_NODE_PODS
+    assert evictions_of(emulator.requests, 'other-gpu') == 3
+    assert node_pods(emulator, S.OTHER) == []
+    # each 409 was followed by a read of the pod (by name, compared by UID)
+    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/namespaces/ml/pods/other-gpu'][:2] == [
+        'GET', 'GET']
+
+
+def test_eviction_409_until_the_deadline_fails_the_drain_with_the_pod_listed(emulator, run_playbook):
+    load(emulator)
+    emulator.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=409, message=PDB_CONFLICT)
+    run = run_playbook(play(emulator, dict(drain_task(node=S.OTHER, timeout=3), ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['upgrade_state'] == 'drain-failed'
+    assert [(r['name'], r['reason']) for r in res['remaining']] == [
+        ('other-gpu', 'eviction answered 409 Conflict (%s) while the pod is still there' % PDB_CONFLICT)]
+    assert 'ml/other-gpu' in node_pods(emulator, S.OTHER)
+    assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
+
+
 def test_unknown_node_and_bad_options(emulator, run_playbook):
     load(emulator)
     run = run_playbook(play(

@@ -601,3 +601,131 @@ def test_start_vms_keeps_the_record_of_a_vm_whose_start_failed():
     assert json.loads(c.nodes['n1']['metadata']['annotations'][D.ANN_STOPPED_VMS]) == [
         {'namespace': 'vms', 'name': 'b', 'running': True}]
     assert c.vms[('vms', 'a')]['spec']['runStrategy'] == 'Always'
+
+
+# -- issue 12: a 409 from the eviction subresource is not "pod gone" ----------------------------
+PDB_CONFLICT = ('Operation cannot be fulfilled on poddisruptionbudgets.policy "web": the object has been modified; '
+                'please apply your changes to the latest version and try again')
+
+
+def test_eviction_409_while_the_same_pod_is_there_is_retried():
+    """The API server answers 409 when its own PodDisruptionBudget status update conflicts: the pod
+    is still running, so the drain re-reads it by UID and evicts again."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import ConflictError
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={'a': [ConflictError('POST eviction: HTTP 409 ' + PDB_CONFLICT,
+                                                                 status=409, reason=PDB_CONFLICT)] * 2})
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert res['state'] == 'drained'
+    assert ('ml', 'a') not in c.pods
+    assert [call for call in c.calls if call == ('evict', 'a')] == [('evict', 'a')] * 3
+    assert sorted(e['name'] for e in res['evicted']) == ['a', 'b']
+
+
+def test_eviction_409_persisting_to_the_deadline_fails_the_drain():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import ConflictError
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={'a': [ConflictError('POST eviction: HTTP 409', status=409,
+                                                                 reason=PDB_CONFLICT)] * 1000})
+    res = _drainer(c, clock, timeout=30).drain('n1')
+    assert res['failed'] is True and res['state'] == 'drain-failed'
+    assert [(r['name'], r['reason']) for r in res['remaining']] == [
+        ('a', 'eviction answered 409 Conflict (%s) while the pod is still there'
+         % PDB_CONFLICT)]
+    assert any(p['metadata']['name'] == 'a' for p in c.pods.values())
+
+
+def test_eviction_409_for_a_replaced_pod_counts_as_gone():
+    """The UID precondition failed: a new pod took the name; the one we classified is gone."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import ConflictError
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+    key = [k for k in c.pods if k[1] == 'a'][0]
+
+    def replaced(pod, grace):
+        c.pods[key] = dict(c.pods[key], metadata=dict(c.pods[key]['metadata'], uid='new-uid'))
+        raise ConflictError('POST eviction: HTTP 409 Precondition failed: UID in precondition', status=409)
+    c.errors = {}
+    orig = c.evict
+    c.evict = lambda pod, grace: replaced(pod, grace) if pod['metadata']['name'] == 'a' else orig(pod, grace)
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert c.pods[key]['metadata']['uid'] == 'new-uid'
+
+
+# -- issue 12: every wait of a drain round stays inside the drain's timeout --------------------
+class SlowPool:
+    """A urllib3 pool stand-in on a fake clock: every request takes its whole timeout and times out."""
+
+    def __init__(self, clock, answers=None):
+        self.clock = clock
+        self.timeouts = []
+        self.answers = answers or {}
+
+    def request(self, method, url, body=None, headers=None, timeout=None, retries=None, preload_content=True):
+        import urllib3
+        path = url.split('://', 1)[1].split('/', 1)[1].split('?')[0]
+        for (m, suffix), answer in self.answers.items():
+            if m == method and ('/' + path).endswith(suffix):
+                got = answer()
+                if got is not None:
+                    return got
+        self.timeouts.append(timeout.total)
+        self.clock.t += timeout.total
+        raise urllib3.exceptions.ReadTimeoutError(None, url, 'read timed out')
+
+
+def test_a_drain_round_stays_inside_its_timeout_when_the_api_stops_answering():
+    """After the eviction the pod list stops answering: each check of the deletion would wait four
+    30 s request timeouts; the rounds end at the drain's deadline all the same."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K
+
+    class Answer:
+        def __init__(self, status, body):
+            self.status, self.data = status, json.dumps(body).encode()
+
+    clock = Clock()
+    node = S.node('n1')
+    node['metadata']['resourceVersion'] = '1'
+    pod = S.pod('a', node_name='n1', owner_ref=S.owner('ReplicaSet', 'r'))
+    pod['metadata']['uid'] = 'u-a'
+    lists = {'n': 0}
+
+    def list_pods():
+        lists['n'] += 1
+        return Answer(200, {'items': [pod], 'metadata': {}}) if lists['n'] == 1 else None  # then: no answer
+
+    pool = SlowPool(clock, {('GET', '/nodes/n1'): lambda: Answer(200, node),
+                            ('PATCH', '/nodes/n1'): lambda: Answer(200, D.apply_merge_patch(node, D.cordon_patch(node))),
+                            ('GET', '/pods'): list_pods,
+                            ('GET', '/virtualmachineinstances'): lambda: Answer(404, {}),
+                            ('POST', '/eviction'): lambda: Answer(201, {})})
+    api = K.ApiConnection('https://api.test', pool, {}, [], True, 'options')
+    k8s = K.K8sClient(api, request_timeout=30, sleep=clock.sleep, clock=clock.now)
+    start = clock.now()
+    res = D.Drainer(D.KubeDrainClient(k8s), D.DrainOptions(timeout=20, retry_interval=1), clock=clock.now,
+                    sleep=clock.sleep).drain('n1')
+    assert res['failed'] is True and res['state'] == 'drain-failed'
+    assert [r['name'] for r in res['remaining']] == ['a']
+    assert pool.timeouts and all(t <= 20 for t in pool.timeouts)
+    assert clock.now() - start <= 20.01   # today: 20 s + up to four 30 s timeouts and their backoff
+
+
+def test_requests_and_get_retries_are_capped_by_the_client_deadline():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K
+    clock = Clock()
+    pool = SlowPool(clock)
+    api = K.ApiConnection('https://api.test', pool, {}, [], True, 'options')
+    k8s = K.K8sClient(api, request_timeout=30, sleep=clock.sleep, clock=clock.now)
+    with k8s.bounded(clock.now() + 45):
+        with pytest.raises(K.K8sError) as exc:
+            k8s.get('/api/v1/nodes/n1')
+    assert clock.now() - 1000 <= 45
+    assert pool.timeouts[0] == 30 and sum(pool.timeouts) <= 45
+    assert 'deadline' in str(exc.value)
+    # outside the bound: the ordinary request timeout again
+    pool.timeouts.clear()
+    with pytest.raises(K.K8sError):
+        k8s.get('/api/v1/nodes/n1')
+    assert pool.timeouts == [30, 30, 30, 30]
