@@ -15,7 +15,8 @@
 - `K8sClient`: raw JSON requests over that client's configuration with an explicit timeout and a
   bounded retry policy: reads (GET) are retried on 500/502/503/504, connection errors and
   timeouts; writes are never retried blindly. `update()` applies a patch computed from a fresh
-  read with the object's resourceVersion as precondition, and on 409 re-reads and re-computes.
+  read with the object's resourceVersion as precondition, and on 409, 5xx or a timeout re-reads
+  and re-computes (idempotent by construction), within `update_attempts`.
 - `K8sError` (and `NotFoundError`, `ConflictError`, `TooManyRequestsError`) with messages that
   name the request.
 
@@ -691,19 +692,24 @@ class K8sClient:
 
         `compute(obj)` returns the patch, or None when nothing needs to change. On 409 the object
         is re-read and the patch re-computed (at most `update_attempts` times): safe, because the
-        patch is derived from the fresh state and guarded by its resourceVersion. Any other write
-        error is raised at once. `current`, a recent read of the object, saves the first GET (a
+        patch is derived from the fresh state and guarded by its resourceVersion. The same holds for
+        500/502/503/504, a timeout or a lost connection (the write may or may not have been
+        applied: the fresh read tells). Any other write error is raised at once. `current`, a recent read of the object, saves the first GET (a
         stale one only costs a 409 and a re-read). Returns (object before, object after).
         """
-        last: Optional[ConflictError] = None
+        last: Optional[K8sError] = None
+        first: Optional[Dict[str, Any]] = None
+        ambiguous = False   # a failed attempt may have been applied (5xx, timeout)
         for attempt in range(self.update_attempts):
             if attempt:
                 self.retries_made += 1
                 self.sleep(min(self.backoff * attempt, 2.0))
             obj = current if (current is not None and not attempt) else self.get(path)
+            if first is None:
+                first = obj
             patch = compute(copy.deepcopy(obj))
             if not patch:
-                return obj, obj
+                return (first if ambiguous else obj), obj
             patch = copy.deepcopy(patch)
             patch.setdefault('metadata', {})['resourceVersion'] = (obj.get('metadata') or {}).get('resourceVersion')
             try:
@@ -711,9 +717,21 @@ class K8sClient:
             except ConflictError as exc:
                 last = exc
                 continue
-            return obj, after
+            except K8sError as exc:
+                # Safe to send again: the patch is re-computed from a fresh read and guarded by its
+                # resourceVersion, so one that was applied after all is seen and not repeated.
+                if exc.reason != 'deadline' and (exc.status in RETRYABLE_STATUS or exc.status is None):
+                    last = exc
+                    ambiguous = True
+                    continue
+                raise
+            return (first if ambiguous else obj), after
         if last is None:  # pragma: no cover
             raise K8sError('PATCH %s: no attempt made' % path)
+        if not isinstance(last, ConflictError):
+            raise K8sError('%s (gave up after %d attempts, each computed from a fresh read)'
+                           % (last.msg, self.update_attempts), status=last.status, method='PATCH', path=path,
+                           reason=last.reason)
         raise ConflictError('%s: the object kept changing (409 Conflict on %d attempts); nothing was changed by '
                             'this call, rerun the task' % (last.msg, self.update_attempts),
                             status=409, method='PATCH', path=path)

@@ -329,16 +329,28 @@ def test_persistent_conflict_fails_clearly_and_changes_nothing(emulator, run_pla
     assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
 
 
-def test_server_error_on_a_write_is_not_retried(emulator, run_playbook):
+def test_server_error_on_a_node_write_is_retried_from_a_fresh_read_within_a_bound(emulator, run_playbook):
     load(emulator)
     emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=500, times=100)
     run = run_playbook(play(emulator, dict(drain_task(node=S.OTHER), ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: HTTP 500')
-    assert res['msg'].endswith('(node gpu-2, state drain)')
-    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
+    assert res['msg'].endswith('(gave up after 5 attempts, each computed from a fresh read) (node gpu-2, state drain)')
+    verbs = [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2']
+    assert verbs.count('PATCH') == 5 and verbs == ['GET', 'PATCH'] + ['GET', 'PATCH'] * 4
     assert not any(r['path'].endswith('/eviction') for r in emulator.requests)
+
+
+def test_one_server_error_on_a_node_write_does_not_fail_the_task(emulator, run_playbook):
+    """Issue 12 (6): one 503 on the Node patch (an etcd leader change) is retried from a fresh read."""
+    load(emulator)
+    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=503, times=1)
+    run = run_playbook(play(emulator, {'name': 'cordon', 'gpufleet.upgrade.node_drain': {
+        'name': S.OTHER, 'state': 'cordon'}}))
+    assert run.rc == 0, run.stdout
+    assert run.result('cordon')['changed'] is True
+    assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
 
 
 def test_transient_eviction_errors_are_retried_with_the_uid_precondition(emulator, run_playbook):
