@@ -41,6 +41,8 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
+from ._text import redact_urls
+
 # The kubernetes library is imported only for what its loaders alone can read (exec and
 # auth-provider plugins, the in-cluster service account): importing it costs about 0.3 s of CPU, and
 # every Kubernetes task of a rollout is a new Python process (bench/lab_overhead.py).
@@ -337,7 +339,8 @@ def get_api_client(params: Dict[str, Any]) -> ApiConnection:
         raise
     except Exception as exc:  # yaml errors, bad context name, unreadable files, the library's ConfigException
         raise K8sError('cannot load the Kubernetes configuration (kubeconfig=%r, context=%r): %s'
-                       % (kubeconfig if not isinstance(kubeconfig, dict) else '<dict>', context, exc)) from exc
+                       % (kubeconfig if not isinstance(kubeconfig, dict) else '<dict>', context,
+                          redact_urls(exc))) from exc
     if s is None:
         s = _Settings()
     _apply_options(s, params, host)
@@ -456,7 +459,7 @@ def _pool(s: _Settings) -> Any:
                 return SOCKSProxyManager(s.proxy, **kw)
             return urllib3.ProxyManager(s.proxy, **kw)
         except (ImportError, ValueError) as exc:
-            raise K8sError('proxy %r cannot be used: %s' % (s.proxy, exc)) from exc
+            raise K8sError('proxy %r cannot be used: %s' % (redact_urls(s.proxy), redact_urls(exc))) from exc
     return urllib3.PoolManager(**kw)
 
 
@@ -578,7 +581,8 @@ class K8sClient:
                                      timeout=urllib3.Timeout(total=timeout), retries=False,
                                      preload_content=True)
         except urllib3.exceptions.NewConnectionError as exc:
-            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s'
+                           % (desc, redact_urls(self.api.host), redact_urls(exc)),
                            status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
             msg = '%s: no answer within the request timeout of %gs' % (desc, timeout)
@@ -589,7 +593,8 @@ class K8sClient:
                         'task, it resumes from what is on the server')
             raise K8sError(msg, status=None, method=method, path=path, reason='timeout') from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s'
+                           % (desc, redact_urls(self.api.host), redact_urls(exc)),
                            status=None, method=method, path=path, reason='connection') from exc
         if resp.status >= 400:
             msg = _status_message(resp.data)

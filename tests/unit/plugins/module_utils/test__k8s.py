@@ -471,3 +471,34 @@ def test_update_gives_up_on_a_persistent_5xx(server):
     assert str(exc.value) == ('PATCH /api/v1/nodes/n: HTTP 503 unavailable (gave up after 3 attempts, each computed '
                               'from a fresh read)')
     assert [e[0] for e in server.log].count('PATCH') == 3
+
+
+# -- issue 12 (11): no URL's userinfo (proxy or API credentials) in any message ------------------
+def test_a_proxy_that_cannot_be_used_is_named_without_its_credentials(no_proxy_env):
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'host': 'https://api.test:6443', 'api_key': 't',
+                          'proxy': 'ftp://alice:s3cr3t@proxy.test:3128'})
+    assert 's3cr3t' not in str(exc.value) and 'alice' not in str(exc.value)
+    assert "proxy 'ftp://proxy.test:3128' cannot be used" in str(exc.value)
+
+
+def test_an_unreachable_api_behind_a_proxy_is_named_without_credentials(no_proxy_env):
+    api = K.get_api_client({'host': 'http://bob:hunter2@127.0.0.1:9', 'api_key': 't',
+                            'proxy': 'http://alice:s3cr3t@127.0.0.1:9'})
+    c = K.K8sClient(api, request_timeout=1, get_attempts=1, sleep=lambda s: None)
+    with pytest.raises(K.K8sError) as exc:
+        c.get('/api/v1/nodes/n')
+    text = str(exc.value)
+    assert 's3cr3t' not in text and 'hunter2' not in text and 'alice' not in text and 'bob' not in text, text
+
+
+@pytest.mark.parametrize('url,clean', [
+    ('https://user:pass@proxy:3128', 'https://proxy:3128'),
+    ('http://user@proxy', 'http://proxy'),
+    ('socks5h://u:p%40ss@10.0.0.1:1080/x', 'socks5h://10.0.0.1:1080/x'),
+    ('https://api.test:6443', 'https://api.test:6443'),
+    ('proxy 1: https://a:b@h/ and http://c:d@i:1', 'proxy 1: https://h/ and http://i:1'),
+])
+def test_redact_urls(url, clean):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
+    assert redact_urls(url) == clean
