@@ -63,7 +63,8 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_PAGE_SIZE = 500
 
 AUTH_ARG_SPEC: Dict[str, Dict[str, Any]] = {
-    'kubeconfig': {'type': 'raw'},
+    # Secret: an inline kubeconfig holds tokens, passwords and keys (a path is masked the same way).
+    'kubeconfig': {'type': 'raw', 'no_log': True},
     'context': {'type': 'str'},
     'host': {'type': 'str'},
     'api_key': {'type': 'str', 'no_log': True},
