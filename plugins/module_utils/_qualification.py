@@ -184,7 +184,9 @@ def format_timestamp(value: datetime.datetime) -> str:
     if value.tzinfo is None:
         value = value.replace(tzinfo=datetime.timezone.utc)
     utc = value.astimezone(datetime.timezone.utc)
-    text = utc.strftime('%Y-%m-%dT%H:%M:%S')
+    # Explicit zero padding: strftime's %Y writes year 999 as "999" on glibc, which no RFC 3339
+    # reader (parse_timestamp included) accepts.
+    text = '%04d-%02d-%02dT%02d:%02d:%02d' % (utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second)
     if utc.microsecond:
         text += ('.%06d' % utc.microsecond).rstrip('0')
     return text + 'Z'
@@ -194,6 +196,18 @@ def format_timestamp(value: datetime.datetime) -> str:
 
 class _LoadProblem(Exception):
     pass
+
+
+class _LongNumber:
+    """What the loader makes of an integer of more than MAX_INT_BITS bits: never a field's value,
+    and one that CPython cannot even convert to text (``int``/``repr`` refuse more than 4300 decimal
+    digits), so it stands in for it and the field is reported, with no traceback."""
+
+    def __repr__(self) -> str:
+        return '<a number of more than 300 digits>'
+
+
+MAX_INT_BITS = 1000  # 2 ** 1000 has 302 decimal digits
 
 
 _LOADER_CLASS = None  # type: t.Any
@@ -275,6 +289,17 @@ def _loader_class() -> t.Any:
                 mapping[key] = self.construct_object(value_node, deep=deep)
             return mapping
 
+        def construct_yaml_int(self, node: t.Any) -> t.Any:
+            try:
+                value = super().construct_yaml_int(node)
+            except ValueError:  # more decimal digits than CPython converts (sys.get_int_max_str_digits)
+                return _LongNumber()
+            if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:  # hex, octal, sexagesimal
+                return _LongNumber()
+            return value
+
+    StrictLoader.add_constructor('tag:yaml.org,2002:int', StrictLoader.construct_yaml_int)
+
     drop = {'tag:yaml.org,2002:bool', 'tag:yaml.org,2002:timestamp', 'tag:yaml.org,2002:merge',
             'tag:yaml.org,2002:value', 'tag:yaml.org,2002:yaml'}
     resolvers: t.Dict[t.Any, t.List[t.Any]] = {}
@@ -336,6 +361,8 @@ def _describe(value: t.Any) -> str:
         return 'null'
     if isinstance(value, bool):
         return 'the boolean %s' % ('true' if value else 'false')
+    if isinstance(value, _LongNumber):
+        return 'a number of more than 300 digits'
     if isinstance(value, (int, float)):
         return 'the number %s' % show(value)
     if isinstance(value, str):
@@ -360,7 +387,7 @@ def _field_problems(data: t.Dict[str, t.Any], allowed: t.Sequence[str], path: st
 
 def _want_str(data: t.Dict[str, t.Any], key: str, path: str, problems: t.List[str]) -> None:
     if key in data and not isinstance(data[key], str):
-        hint = ' (quote it)' if isinstance(data[key], (int, float, bool)) or data[key] is None else ''
+        hint = ' (quote it)' if isinstance(data[key], (int, float, bool, _LongNumber)) or data[key] is None else ''
         problems.append('field %s must be a string, got %s%s' % (show(_join(path, key)), _describe(data[key]), hint))
 
 
