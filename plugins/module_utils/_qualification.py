@@ -548,6 +548,53 @@ def _tuple_problems(side: str, values: t.Any) -> t.Tuple[t.Dict[str, str], t.Lis
     return out, problems
 
 
+def age_problems(record: Record, max_canary_age_seconds: t.Union[int, str] = DEFAULT_MAX_CANARY_AGE,
+                 now: t.Optional[datetime.datetime] = None) -> t.List[str]:
+    """Rule 6: the canary completed neither in the future nor longer ago than the maximum age."""
+    if now is None:
+        now = datetime.datetime.now(datetime.timezone.utc)
+    elif now.tzinfo is None:
+        now = now.replace(tzinfo=datetime.timezone.utc)
+    problems = []  # type: t.List[str]
+    if record.completed_at > now + FUTURE_SKEW:
+        problems.append('canary completion time is in the future')
+    try:
+        if isinstance(max_canary_age_seconds, str):
+            age_text = max_canary_age_seconds.strip()
+            max_age = _duration.parse(max_canary_age_seconds, 'max_canary_age')
+        elif isinstance(max_canary_age_seconds, int) and not isinstance(max_canary_age_seconds, bool):
+            if max_canary_age_seconds <= 0:
+                raise ValueError('max_canary_age %d must be positive' % max_canary_age_seconds)
+            max_age = max_canary_age_seconds
+            age_text = _duration.format_seconds(max_age)
+        else:
+            raise ValueError('max_canary_age %s is not a duration' % show(max_canary_age_seconds))
+    except ValueError as exc:
+        problems.append(str(exc))
+    else:
+        # Integer microseconds: exact at the boundary, no overflow for huge limits.
+        age_us = (now - record.completed_at) // datetime.timedelta(microseconds=1)
+        if age_us > max_age * 1000000:
+            problems.append('canary evidence is older than %s' % age_text)
+    return problems
+
+
+def hardware_problems(record: Record, pci_ids: t.Any) -> t.List[str]:
+    """Rule 2: the node's PCI ids and the record's hardware are valid and the same set."""
+    problems = []
+    record_ids, record_pci = _pci.normalize_all(list(record.hardware), prefix='record ')
+    node_ids, node_pci = _pci.normalize_all(pci_ids)
+    problems.extend(node_pci)
+    problems.extend(record_pci)
+    if not _pci.split_items(pci_ids):
+        problems.append('pci_ids must list at least one PCI id')
+    if not record.hardware:
+        problems.append('record hardware must list at least one PCI id')
+    if record_ids != node_ids:
+        problems.append('hardware tuple mismatch')
+    return problems
+
+
 def check_gate(record_text: t.Union[str, bytes], pci_ids: t.Any, current: t.Any, target: t.Any,
                max_canary_age_seconds: t.Union[int, str] = DEFAULT_MAX_CANARY_AGE,
                now: t.Optional[datetime.datetime] = None) -> GateResult:
@@ -570,16 +617,7 @@ def check_gate(record_text: t.Union[str, bytes], pci_ids: t.Any, current: t.Any,
     # Rule 1
     problems.extend(_identity_problems(record))
     # Rule 2
-    record_ids, record_pci = _pci.normalize_all(list(record.hardware), prefix='record ')
-    node_ids, node_pci = _pci.normalize_all(pci_ids)
-    problems.extend(node_pci)
-    problems.extend(record_pci)
-    if not _pci.split_items(pci_ids):
-        problems.append('pci_ids must list at least one PCI id')
-    if not record.hardware:
-        problems.append('record hardware must list at least one PCI id')
-    if record_ids != node_ids:
-        problems.append('hardware tuple mismatch')
+    problems.extend(hardware_problems(record, pci_ids))
     # Rule 3
     cur, cur_problems = _tuple_problems('current', current)
     tgt, tgt_problems = _tuple_problems('target', target)
@@ -602,26 +640,7 @@ def check_gate(record_text: t.Union[str, bytes], pci_ids: t.Any, current: t.Any,
     if len(versions) == 2:
         problems.extend(_rke2.transition_problems(versions['current'], versions['target']))
     # Rule 6
-    if record.completed_at > now + FUTURE_SKEW:
-        problems.append('canary completion time is in the future')
-    try:
-        if isinstance(max_canary_age_seconds, str):
-            age_text = max_canary_age_seconds.strip()
-            max_age = _duration.parse(max_canary_age_seconds, 'max_canary_age')
-        elif isinstance(max_canary_age_seconds, int) and not isinstance(max_canary_age_seconds, bool):
-            if max_canary_age_seconds <= 0:
-                raise ValueError('max_canary_age %d must be positive' % max_canary_age_seconds)
-            max_age = max_canary_age_seconds
-            age_text = _duration.format_seconds(max_age)
-        else:
-            raise ValueError('max_canary_age %s is not a duration' % show(max_canary_age_seconds))
-    except ValueError as exc:
-        problems.append(str(exc))
-    else:
-        # Integer microseconds: exact at the boundary, no overflow for huge limits.
-        age_us = (now - record.completed_at) // datetime.timedelta(microseconds=1)
-        if age_us > max_age * 1000000:
-            problems.append('canary evidence is older than %s' % age_text)
+    problems.extend(age_problems(record, max_canary_age_seconds, now))
     # Rule 7
     problems.extend(_canary_result_problems(record))
 
