@@ -300,8 +300,11 @@ def test_node_cordoned_beforehand_stays_cordoned_after_uncordon(emulator, run_pl
     assert run.result('again')['changed'] is False
     assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
     assert kubectl(emulator, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
-    run = run_playbook(play(emulator, task('force', 'uncordon', force=True)))
-    assert run.result('force')['changed'] is True
+    # issue 12 (13): force is only for unmanaged pods; lifting a cordon we did not make has its own option
+    run = run_playbook(play(emulator, task('force', 'uncordon', force=True),
+                            task('preexisting', 'uncordon', uncordon_preexisting=True)))
+    assert run.result('force')['kept_cordon'] is True
+    assert run.result('preexisting')['changed'] is True and run.result('preexisting')['kept_cordon'] is False
     assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
 
 

@@ -47,7 +47,7 @@ def test_uncordon_lifts_only_our_cordon():
     after = D.apply_merge_patch(admin, patch)
     assert after['spec']['unschedulable'] is True
     assert D.uncordon_patch(after) == (None, True)          # idempotent, still kept
-    assert D.uncordon_patch(after, force=True) == ({'spec': {'unschedulable': None}}, False)
+    assert D.uncordon_patch(after, uncordon_preexisting=True) == ({'spec': {'unschedulable': None}}, False)
 
 
 def test_uncordon_of_a_node_cordoned_by_someone_else_without_record_keeps_it():
@@ -729,3 +729,95 @@ def test_requests_and_get_retries_are_capped_by_the_client_deadline():
     with pytest.raises(K.K8sError):
         k8s.get('/api/v1/nodes/n1')
     assert pool.timeouts == [30, 30, 30, 30]
+
+
+# -- issue 12 (3): the record of who cordoned is tied to our own cordon --------------------------
+TAINT = 'node.kubernetes.io/unschedulable'
+
+
+def _taint(at):
+    return {'key': TAINT, 'effect': 'NoSchedule', 'timeAdded': at}
+
+
+def test_cordoning_a_schedulable_node_refreshes_a_stale_initial_record():
+    stale = S.node('n', annotations={D.ANN_INITIAL: 'true', D.ANN_CORDON_TAINT: '2026-01-01T00:00:00Z'})
+    assert D.cordon_patch(stale) == {'spec': {'unschedulable': True}, 'metadata': {'annotations': {
+        D.ANN_INITIAL: 'false', D.ANN_CORDON_TAINT: None, D.ANN_STATE: 'cordoned'}}}
+
+
+def test_uncordon_lifts_only_the_cordon_whose_taint_we_recorded():
+    ours = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false',
+                                                         D.ANN_CORDON_TAINT: '2026-07-14T12:00:01Z'})
+    ours['spec']['taints'] = [_taint('2026-07-14T12:00:01Z')]
+    patch, kept = D.uncordon_patch(ours)
+    assert kept is False and patch['spec'] == {'unschedulable': None}
+    # uncordoned and cordoned again by someone else since: a new taint, not ours
+    theirs = json.loads(json.dumps(ours))
+    theirs['spec']['taints'] = [_taint('2026-07-20T08:30:00Z')]
+    patch, kept = D.uncordon_patch(theirs)
+    assert kept is True and 'spec' not in (patch or {})
+    assert D.uncordon_patch(theirs, uncordon_preexisting=True)[0]['spec'] == {'unschedulable': None}
+
+
+class TaintingClient(FakeClient):
+    """FakeClient plus the node lifecycle controller: the unschedulable taint follows spec.unschedulable."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.stamp = 0
+
+    def operator(self, name, unschedulable):
+        n = self.nodes[name]
+        n['spec']['unschedulable'] = unschedulable or None
+        self.controller(name)
+
+    def controller(self, name):
+        n = self.nodes[name]
+        taints = [t for t in n['spec'].get('taints') or [] if t['key'] != TAINT]
+        has = any(t['key'] == TAINT for t in n['spec'].get('taints') or [])
+        if n['spec'].get('unschedulable'):
+            if not has:
+                self.stamp += 1
+                taints.append(_taint('2026-07-14T12:00:%02dZ' % self.stamp))
+            else:
+                taints = n['spec']['taints']
+        n['spec']['taints'] = taints
+
+    def update_node(self, name, compute, current=None):
+        before, after = super().update_node(name, compute, current)
+        self.controller(name)
+        return before, copy.deepcopy(self.nodes[name])
+
+
+def test_a_stale_initial_record_does_not_lift_an_operators_later_cordon():
+    """Run 1 cordons and fails; an operator uncordons, later cordons by hand for a hardware ticket;
+    run 2's uncordon keeps that cordon."""
+    clock = Clock()
+    c = TaintingClient(clock, _simple(), pdb_until={'a': 10 ** 9})
+    res = _drainer(c, clock, timeout=10).drain('n1')             # run 1: fails, stays cordoned
+    assert res['failed'] and c.nodes['n1']['spec']['unschedulable'] is True
+    assert c.nodes['n1']['metadata']['annotations'][D.ANN_CORDON_TAINT] == '2026-07-14T12:00:01Z'
+    c.operator('n1', False)                                      # the operator uncordons ...
+    c.operator('n1', True)                                       # ... and later cordons for a ticket
+    r = _drainer(c, clock).uncordon('n1')                        # run 2
+    assert r['kept_cordon'] is True
+    assert c.nodes['n1']['spec']['unschedulable'] is True
+
+
+def test_our_cordon_is_lifted_after_a_successful_drain():
+    clock = Clock()
+    c = TaintingClient(clock, _simple())
+    assert not _drainer(c, clock).drain('n1')['failed']
+    r = _drainer(c, clock).uncordon('n1')
+    assert r['kept_cordon'] is False and not c.nodes['n1']['spec'].get('unschedulable')
+
+
+# -- issue 12 (13): `force` is for unmanaged pods; lifting a pre-existing cordon has its own option --
+def test_force_no_longer_lifts_a_cordon_that_was_there_before():
+    admin = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'true'})
+    clock = Clock()
+    c = FakeClient(clock, [admin])
+    r = D.Drainer(c, D.DrainOptions(force=True), clock=clock.now, sleep=clock.sleep).uncordon('n')
+    assert r['kept_cordon'] is True and c.nodes['n']['spec']['unschedulable'] is True
+    r = D.Drainer(c, D.DrainOptions(), clock=clock.now, sleep=clock.sleep).uncordon('n', uncordon_preexisting=True)
+    assert r['kept_cordon'] is False and not c.nodes['n']['spec'].get('unschedulable')
