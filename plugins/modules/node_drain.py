@@ -106,6 +106,8 @@ options:
   disable_eviction:
     description:
       - Delete pods instead of using the eviction API, bypassing PodDisruptionBudgets.
+      - Needs the opt-in ClusterRole C(gpufleet-upgrade-pod-delete) (C(docs/rbac/)) besides C(gpufleet-upgrade-operator),
+        which cannot delete pods.
     type: bool
     default: false
   wait_for_jobs:
