@@ -27,7 +27,7 @@ description:
     means C(gpufleet.io/initial-unschedulable) is V(false) (written whenever this collection cordons a schedulable
     node, so a record left by an earlier run never stands for a cordon made since) and, when recorded, the
     C(timeAdded) of the C(node.kubernetes.io/unschedulable) taint that the node lifecycle controller put on for our
-    cordon (C(gpufleet.io/cordon-taint-added)) is still the node's: a cordon someone lifted and set again since is
+    cordon (C(gpufleet.io/cordon-taint-added)) is still the node's; a cordon someone lifted and set again since is
     kept. The initial-state and progress annotations are removed, except the progress V(validated) that the
     P(gpufleet.upgrade.node_upgrade#role) role records when every gate passed (M(gpufleet.upgrade.upgrade_state)
     clears it when it records the node done, so a controller killed in between resumes after the gates). The record

@@ -19,7 +19,7 @@ description:
     C(draining) and C(drained); the roles write C(snapshotted), C(installed), C(activated), C(validated), C(failed)
     and C(rolled-back)). C(gpufleet.io/upgrade-target) holds the target the phases belong to; phases recorded for
     another target, or without a target, do not count. Phases from C(drained) on count only while the node is
-    cordoned (C(validated) also after the collection's own uncordon): a node uncordoned by hand since is drained
+    cordoned (C(validated) also after the collection's own uncordon); a node uncordoned by hand since is drained
     again. V(done) removes both and writes C(gpufleet.io/upgraded-to).
   - C(gpufleet.io/initial-unschedulable) (written by M(gpufleet.upgrade.node_drain) when it cordons) tells whether
     the node was cordoned before the rollout; RV(state.was_cordoned) reports it.
@@ -57,7 +57,7 @@ options:
     description:
       - With O(phase=snapshotted), the SHA-256 of the rollback snapshot (RV(gpufleet.upgrade.node_snapshot#module:sha256)),
         recorded in C(gpufleet.io/snapshot-sha256) for this target. The snapshot file lives on the controller that
-        took it: a rerun from another checkout, and a rollback, refuse a snapshot file that is missing or has
+        took it; a rerun from another checkout, and a rollback, refuse a snapshot file that is missing or has
         another digest. V(done) retires it.
     type: str
   wait_ready:
@@ -139,7 +139,7 @@ state:
     cordon_lost:
       description:
         - The node records C(drained) or a later phase for this target but is not cordoned (someone uncordoned it
-          since): those phases do not count, and the rollout drains the node again before it installs anything.
+          since); those phases do not count, and the rollout drains the node again before it installs anything.
       type: bool
     snapshot_sha256:
       description: The digest of this target's rollback snapshot recorded on the Node, or V(null).

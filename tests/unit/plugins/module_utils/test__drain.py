@@ -746,8 +746,8 @@ def test_cordoning_a_schedulable_node_refreshes_a_stale_initial_record():
 
 
 def test_uncordon_lifts_only_the_cordon_whose_taint_we_recorded():
-    ours = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false',
-                                                         D.ANN_CORDON_TAINT: '2026-07-14T12:00:01Z'})
+    ours = S.node('n', unschedulable=True,
+                  annotations={D.ANN_INITIAL: 'false', D.ANN_CORDON_TAINT: '2026-07-14T12:00:01Z'})
     ours['spec']['taints'] = [_taint('2026-07-14T12:00:01Z')]
     patch, kept = D.uncordon_patch(ours)
     assert kept is False and patch['spec'] == {'unschedulable': None}
