@@ -142,7 +142,7 @@ def test_pdb_429_is_retried_and_the_drain_succeeds_when_relaxed(cluster, run_pla
         cluster.apply(pdb('train', 'ml', 'train-gpu', min_available=0))
 
     with KubeVirtStandIn(cluster), WhenRequests(cluster, lambda reqs: evictions_of(reqs, 'train-gpu') >= 2,
-                                                 relax) as when:
+                                                relax) as when:
         run = run_playbook(play(cluster, drain_task(**ALLOW_ALL, timeout=60)))
     res = run.result('drain')
     assert when.fired.is_set()
@@ -196,7 +196,7 @@ def _with_checkpoint_job():
 def test_wait_for_jobs_deadline_fails_and_evicts_nothing(cluster, run_playbook):
     load(cluster, _with_checkpoint_job())
     run = run_playbook(play(cluster, drain_task(node=S.OTHER, ignore_errors=True,
-                                                 wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 2})))
+                                                wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 2})))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith("wait_for_jobs: 1 pod(s) matching 'role=checkpoint' on node gpu-2 did not finish "
@@ -218,7 +218,7 @@ def test_wait_for_jobs_then_drain_once_the_job_finished(cluster, run_playbook):
 
     with WhenRequests(cluster, listed_twice, finish_job) as when:
         run = run_playbook(play(cluster, drain_task(node=S.OTHER, timeout=30,
-                                                     wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 60})))
+                                                    wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 60})))
     assert when.fired.is_set()
     res = run.result('drain')
     assert run.rc == 0, run.stdout
@@ -426,7 +426,7 @@ def test_wait_is_by_uid_a_recreated_pod_with_the_same_name_is_not_the_old_one(cl
 def test_evict_policy_fails_at_the_deadline_while_the_vmi_stays(cluster, run_playbook):
     load(cluster)
     run = run_playbook(play(cluster, drain_task(force=True, delete_local_data=True, vmi_policy='evict', timeout=3,
-                                                 ignore_errors=True)))
+                                                ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert [(r['kind'], r['name'], r['reason']) for r in res['remaining']] == [
@@ -445,7 +445,7 @@ def test_evict_policy_succeeds_once_the_vmi_left(cluster, run_playbook):
 
     with WhenRequests(cluster, lambda reqs: evictions_of(reqs, 'virt-launcher-vm-gpu-x7k2p') >= 1, migrated):
         run = run_playbook(play(cluster, drain_task(force=True, delete_local_data=True, vmi_policy='evict',
-                                                     timeout=30)))
+                                                    timeout=30)))
     res = run.result('drain')
     assert run.rc == 0, run.stdout
     assert names(res['evicted'], 'VirtualMachineInstance') == ['vms/vm-gpu']
