@@ -243,11 +243,20 @@ def test_idempotency_ladder_check_apply_check_apply(cluster, run_playbook):
     after = {'unschedulable': True, 'annotations': {'gpufleet.io/initial-unschedulable': 'false',
                                                     'gpufleet.io/upgrade-state': 'drained'}}
     assert first_diff(c1)['after'] == after
-    assert first_diff(a1)['after'] == after
+    # On the real cluster the node lifecycle controller adds the unschedulable taint after the cordon;
+    # when it is there by the drain's last write, our record of our own cordon names its timeAdded
+    # (issue 12, 3); check mode cannot predict it.
+    a1_after = first_diff(a1)['after']
+    annotations = dict(a1_after['annotations'])
+    taint_added = annotations.pop('gpufleet.io/cordon-taint-added', None)
+    assert dict(a1_after, annotations=annotations) == after
     assert node_pods(cluster, S.OTHER) == []
     # check mode wrote nothing: the first writes come from apply-1 (mutations are in order)
     n = node(cluster, S.OTHER)
     assert n['spec']['unschedulable'] is True
+    if taint_added is not None:
+        assert taint_added in [t.get('timeAdded') for t in n['spec'].get('taints') or []
+                               if t['key'] == 'node.kubernetes.io/unschedulable']
 
 
 def test_check_mode_changes_nothing(cluster, run_playbook):
