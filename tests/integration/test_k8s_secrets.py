@@ -8,24 +8,23 @@ import pytest
 import yaml
 
 import k8s_scenario as S
+from cluster import rbac
 from k8s_support import load
 
 pytestmark = pytest.mark.slow
 
-TOKEN = 'sha256~gpufleet-Inline-Token-9f3c2a71'
 
-
-def _inline_kubeconfig(emulator) -> dict:
-    with open(emulator.kubeconfig, encoding='utf-8') as f:
+def _inline_kubeconfig(cluster) -> tuple[dict, str]:
+    """A real credential the API server accepts: a service account's token (bound to the reader role),
+    inline in the kubeconfig dict."""
+    with open(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader'), encoding='utf-8') as f:
         config = yaml.safe_load(f)
-    for user in config['users']:
-        user['user'] = {'token': TOKEN}
-    return config
+    return config, config['users'][0]['user']['token']
 
 
-def test_an_inline_kubeconfig_token_appears_nowhere(emulator, run_playbook):
-    load(emulator)
-    kubeconfig = _inline_kubeconfig(emulator)
+def test_an_inline_kubeconfig_token_appears_nowhere(cluster, run_playbook):
+    load(cluster)
+    kubeconfig, token = _inline_kubeconfig(cluster)
     play = [{'name': 'inline kubeconfig', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
         {'name': 'read', 'gpufleet.upgrade.upgrade_state': {
             'node': S.NODE, 'target': {'driver': '580.130.00'}, 'kubeconfig': kubeconfig}, 'register': 'progress'},
@@ -40,5 +39,8 @@ def test_an_inline_kubeconfig_token_appears_nowhere(emulator, run_playbook):
     assert res['state']['name'] == S.NODE           # the inline kubeconfig was used
     assert 'invocation' in res                        # and the invocation was injected
     assert 'failed_drain' in run.stdout
-    assert TOKEN not in run.stdout
-    assert TOKEN not in json.dumps(run.events)
+    assert len(token) > 100
+    assert token not in run.stdout
+    assert token not in json.dumps(run.events)
+    for part in token.split('.'):                     # nor any part of the JWT
+        assert part not in run.stdout
