@@ -85,7 +85,7 @@ def target_entry(files: BootFiles, kernel: str, menu_entry: Optional[str]) -> st
         return menu_entry
     found = gb.entries_for_kernel(files.menu, kernel)
     if not found:
-        listed = sorted({it.kernel for _, it in gb._walk(files.menu) if it.kernel})
+        listed = sorted({it.kernel for it in gb.menu_entries(files.menu) if it.kernel})
         raise BootError("%s has no menu entry that boots kernel %s (expected a menuentry with 'linux /boot/vmlinuz-%s', "
                         "as update-grub writes once the kernel is installed; kernels listed: %s); run update-grub, "
                         "nothing was changed" % (files.grub_cfg_path, kernel, kernel, ', '.join(listed) or 'none'))

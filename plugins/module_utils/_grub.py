@@ -148,7 +148,12 @@ def entries_for_kernel(menu: Sequence[MenuItem], kernel: str) -> List[str]:
     """`>`-joined id paths of the normal (not recovery) entries that boot `kernel`, the
     submenu entries first (their ids name the release, so they stay right when kernels are added)."""
     found = [(len(path) == 1, '>'.join(path)) for path, it in _walk(menu) if it.kernel == kernel and not it.recovery]
-    return [p for _, p in sorted(found, key=lambda x: x[0])]
+    return [item[1] for item in sorted(found, key=lambda x: x[0])]
+
+
+def menu_entries(menu: Sequence[MenuItem]) -> List[MenuItem]:
+    """Every menu entry, submenus walked, in menu order."""
+    return [item for path, item in _walk(menu)]
 
 
 def resolve_entry(menu: Sequence[MenuItem], entry: Optional[str]) -> Optional[MenuItem]:

@@ -361,8 +361,8 @@ def check_availability(kset: AptKernelSet, req: KernelRequest, policy: Dict[str,
     else:
         kv = offered[0] if offered else None
     if kv is None:
-        missing.append('%s%s (offered: %s)' % (image, ' ' + kernel_version if kernel_version else '',
-                                                ', '.join(offered) or 'none'))
+        wanted = ' ' + kernel_version if kernel_version else ''
+        missing.append('%s%s (offered: %s)' % (image, wanted, ', '.join(offered) or 'none'))
     else:
         for name in kset.image + kset.optional + kset.headers:
             vs = _offered(policy, name)
@@ -383,9 +383,9 @@ def check_availability(kset: AptKernelSet, req: KernelRequest, policy: Dict[str,
         elif fits:
             resolved[name] = fits[0]
         else:
-            missing.append('%s for driver %s (offered: %s)' % (name, req.driver_version, ', '.join(
-                '%s for driver %s' % (v, d or 'unknown') for v, d in sorted(mv.items(), key=lambda x: pk._deb_key(x[0]),
-                                                                             reverse=True)) or 'none'))
+            builds = sorted(mv.items(), key=lambda x: pk._deb_key(x[0]), reverse=True)
+            listed = ', '.join('%s for driver %s' % (v, d or 'unknown') for v, d in builds)
+            missing.append('%s for driver %s (offered: %s)' % (name, req.driver_version, listed or 'none'))
     return Availability(kv, resolved, skipped, missing, mv)
 
 
@@ -593,8 +593,10 @@ def previous_from_installed(req: KernelRequest, installed: Dict[str, str], runni
     return dataclasses.replace(req, previous_kernel=prev_k, previous_driver_version=prev_d)  # type: ignore[arg-type]
 
 
-def inspect(node: AptKernel, req: KernelRequest, running: Optional[str]) -> Tuple[KernelRequest, AptKernelSet,
-                                                                                 Availability, WayBack, Dict[str, str]]:
+Inspection = Tuple[KernelRequest, AptKernelSet, Availability, WayBack, Dict[str, str]]
+
+
+def inspect(node: AptKernel, req: KernelRequest, running: Optional[str]) -> Inspection:
     """Read-only preflight: availability and the way back. Raises nothing for missing packages."""
     req.validate()
     installed = node.installed()
@@ -655,7 +657,7 @@ def plan(node: AptKernel, req: KernelRequest, running: Optional[str]) -> KernelP
         # Name every installed member of the driver set so apt keeps them equal (as driver_pin does).
         install.update({n: v for n, v in driver.resolved.items() if n in installed and n not in install})
     holds_before = node.holds()
-    kernel_pins = {n: v for n, v in avail.resolved.items()}
+    kernel_pins = dict(avail.resolved)
     before_pins_text = node.read('etc/apt/preferences.d/' + KERNEL_PIN_FILE)
     pins = {n: v for n, v in pk.parse_preferences(before_pins_text).items()
             if not n.startswith(('linux-image-', 'linux-modules-', 'linux-headers-'))}

@@ -162,11 +162,15 @@ grubenv:
   returned: state=trial or state=default
   type: dict
 next_boot:
-  description: What GRUB boots next, C(entry), C(kernel), C(once) (a pending C(next_entry)), C(fallback_entry), C(fallback_kernel); V(null) when the GRUB files cannot be read (verify only).
+  description: >-
+    What GRUB boots next, C(entry), C(kernel), C(once) (a pending C(next_entry)), C(fallback_entry),
+    C(fallback_kernel); V(null) when the GRUB files cannot be read (verify only).
   returned: always
   type: dict
 verification:
-  description: With O(state=verify), C(kernel), C(running_kernel), C(driver_version), C(loaded_driver_version), C(module_build_kernel), C(open_module), C(problems), C(ok).
+  description: >-
+    With O(state=verify), C(kernel), C(running_kernel), C(driver_version), C(loaded_driver_version),
+    C(module_build_kernel), C(open_module), C(problems), C(ok).
   returned: state=verify
   type: dict
 commands:
@@ -216,7 +220,7 @@ def read_files(p):
         raise bt.BootError('cannot read the GRUB configuration %s; expected the grub.cfg that update-grub generates, '
                            'nothing was changed' % cfg_path)
     menu = gb.parse_grub_cfg(cfg)
-    if not any(it.kernel for _, it in gb._walk(menu)):
+    if not any(it.kernel for it in gb.menu_entries(menu)):
         raise bt.BootError("%s lists no menu entry with a 'linux /boot/vmlinuz-<release>' line; expected the grub.cfg "
                            "that update-grub generates, nothing was changed" % cfg_path)
     default_path = _under(root, gb.DEFAULT_GRUB)
@@ -274,8 +278,8 @@ def do_verify(module, p, running, osrelease):
         nb = None
     result = dict(changed=False, verification=v.as_dict(), next_boot=nb, commands=[])
     if not v.ok and p['fail_on_mismatch']:
-        module.fail_json(msg='kernel %s%s: %s' % (p['kernel'], ' with driver %s' % p['driver_version'] if p['driver_version'] else '',
-                                                   '; '.join(v.problems)), **result)
+        with_driver = ' with driver %s' % p['driver_version'] if p['driver_version'] else ''
+        module.fail_json(msg='kernel %s%s: %s' % (p['kernel'], with_driver, '; '.join(v.problems)), **result)
     module.exit_json(**result)
 
 

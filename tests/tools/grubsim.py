@@ -141,7 +141,7 @@ def boot(grubenv: pathlib.Path, grub_cfg: pathlib.Path, grub_default: str = 'sav
     written as `sys/kernel/osrelease` and, with `driver`, `driver/nvidia/version`."""
     cfg = grub_cfg.read_text()
     tries: list[tuple[str, Optional[str], bool]] = []
-    for _ in range(max_boots):
+    while len(tries) < max_boots:
         env = read_env(grubenv)
         if env.get('next_entry'):
             entry = env['next_entry']
