@@ -412,7 +412,7 @@ def check_way_back(req: KernelRequest, policy: Dict[str, pk.PolicyEntry], shows:
     problems: List[str] = []
     # Once the driver moved (a rerun after the transaction), the previous driver's modules are no
     # longer on the node by design; what counts then is that the rollback can reinstall them.
-    moved = installed_driver(installed, req.branch) not in (None, pdrv)
+    moved = installed_driver(installed, req.branch) == req.driver_version != pdrv
     if 'linux-image-%s' % pkern not in installed:
         problems.append('the previous kernel %s is not installed (no linux-image-%s)' % (pkern, pkern))
     b = req.branch

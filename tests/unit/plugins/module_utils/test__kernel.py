@@ -186,6 +186,10 @@ def test_way_back_prebuilt():
     moved = dict(installed, **{LRM % K134: '6.8.0-134.134+2', 'nvidia-kernel-common-580-server': '580.130.00-0ubuntu1'})
     w = kn.check_way_back(REQ, pol, recs, moved, str)
     assert (w.ok, w.modules_on_node) == (True, False)
+    # A previous driver the node never had is not mistaken for a moved one.
+    wrong = kn.KernelRequest(K135, '580', '580.130.00', 'prebuilt', K134, '580.142.00')
+    w = kn.check_way_back(wrong, pol, recs, installed, str)
+    assert w.problems[0] == '%s for driver 580.142.00 is not installed (installed: 6.8.0-134.134+1 for driver 580.126.20)' % (LRM % K134)
 
 
 def test_way_back_dkms(tmp_path):
