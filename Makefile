@@ -51,6 +51,8 @@ collection: $(STAMP)
 # report). Installed when missing and running as root with apt-get (one `apt-get update`);
 # otherwise a loud warning, and the tests that need them skip saying why. Append, don't replace.
 SYSTEM_DEPS += prometheus chromium
+# grub-editenv for the kernel_boot integration tests and tests/tools/grubsim.py.
+SYSTEM_DEPS += grub-common
 system-deps:
 	@missing=""; for p in $(sort $(SYSTEM_DEPS)); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \

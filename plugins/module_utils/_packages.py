@@ -144,6 +144,13 @@ PRESETS: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
         'nvidia-driver-{b}-server', 'libnvidia-compute-{b}-server', 'nvidia-kernel-common-{b}-server',
         'nvidia-dkms-{b}-server', 'nvidia-utils-{b}-server', 'nvidia-compute-utils-{b}-server'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
+    # Canonical archive, server flavour with Canonical's signed prebuilt kernel modules
+    # (linux-modules-nvidia-{b}-server-<kernel>, one per kernel ABI, installed with the kernel by
+    # kernel_packages): the user space without DKMS.
+    'ubuntu-server-prebuilt': ('apt', (
+        'nvidia-headless-no-dkms-{b}-server', 'libnvidia-compute-{b}-server', 'nvidia-kernel-common-{b}-server',
+        'nvidia-utils-{b}-server', 'nvidia-compute-utils-{b}-server'),
+        ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
     # Canonical archive, desktop flavour.
     'ubuntu': ('apt', (
         'nvidia-driver-{b}', 'libnvidia-compute-{b}', 'nvidia-kernel-common-{b}', 'nvidia-dkms-{b}',

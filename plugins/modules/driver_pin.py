@@ -51,11 +51,15 @@ options:
         C(libnvidia-compute-<branch>-server), C(nvidia-kernel-common-<branch>-server), C(nvidia-dkms-<branch>-server),
         C(nvidia-utils-<branch>-server), C(nvidia-compute-utils-<branch>-server); optional
         C(nvidia-fabricmanager-<branch>), C(libnvidia-nscq-<branch>)). V(ubuntu) is the same without C(-server).
+        V(ubuntu-server-prebuilt) is the C(-server) flavour for Canonical's signed prebuilt kernel modules
+        (C(nvidia-headless-no-dkms-<branch>-server) instead of C(nvidia-driver-<branch>-server) and
+        C(nvidia-dkms-<branch>-server); the per-kernel C(linux-modules-nvidia-<branch>-server-<kernel>) comes with
+        the kernel through M(gpufleet.upgrade.kernel_packages)).
         V(cuda-repo) is NVIDIA's CUDA repository for Debian/Ubuntu (branch in the names up to 580, none from 590).
         V(rhel-dnf) is NVIDIA's repository for RHEL/Rocky/Fedora.
       - Requires O(branch). Mutually exclusive with O(packages).
     type: str
-    choices: [ubuntu-server, ubuntu, cuda-repo, rhel-dnf]
+    choices: [ubuntu-server, ubuntu-server-prebuilt, ubuntu, cuda-repo, rhel-dnf]
   branch:
     description:
       - The driver branch, for example V(580). Required with O(preset) and with the dnf module stream.

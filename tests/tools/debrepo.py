@@ -291,3 +291,75 @@ def deb_repo_with_broken(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Pa
 @pytest.fixture
 def apt_root(tmp_path: pathlib.Path, deb_repo: pathlib.Path) -> AptRoot:
     return AptRoot.create(tmp_path / 'root', deb_repo)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel stacks for the kernel modules (issue 14): both module sources, both kernel releases
+# --------------------------------------------------------------------------------------------
+
+# The seed's kernel change; KERNEL_OLD (6.8.0-134-generic) is the one nodes run now.
+KERNEL_TARGET = '6.8.0-135-generic'
+# Offered with its kernel packages but without Canonical's prebuilt NVIDIA modules (and without
+# linux-modules-extra), as a new ABI is for a while after its release.
+KERNEL_NOMOD = '6.8.0-136-generic'
+UUID = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0'
+# (kernel, driver, n): linux-modules-nvidia-580-server-<kernel> at <kernel version>+<n>, built for
+# <driver>. Kernel 134 has builds for both drivers; 135 only for the newer driver.
+PREBUILT_MODULES = ((KERNEL_OLD, OLD, 1), (KERNEL_OLD, NEW, 2), (KERNEL_TARGET, NEW, 1))
+
+
+def kernel_version(release: str) -> str:
+    """Ubuntu's package version of a kernel release: 6.8.0-135-generic -> 6.8.0-135.135."""
+    base, abi = release.split('-')[:2]
+    return '%s-%s.%s' % (base, abi, abi)
+
+
+def kernel_stack_specs(releases: Sequence[str] = (KERNEL_OLD, KERNEL_TARGET), extra: bool = True) -> list[DebSpec]:
+    """`linux-image-<k>` (depends on `linux-modules-<k>` at its version, as Ubuntu's does),
+    `linux-modules-<k>`, `linux-modules-extra-<k>` (unless `extra` is false) and `linux-headers-<k>`."""
+    specs = []
+    for rel in releases:
+        v = kernel_version(rel)
+        specs.append(DebSpec('linux-modules-%s' % rel, v, section='kernel'))
+        specs.append(DebSpec('linux-image-%s' % rel, v, depends='linux-modules-%s (= %s)' % (rel, v), section='kernel'))
+        if extra:
+            specs.append(DebSpec('linux-modules-extra-%s' % rel, v, depends='linux-modules-%s (= %s)' % (rel, v),
+                                 section='kernel'))
+        specs.append(DebSpec('linux-headers-%s' % rel, v, section='kernel'))
+    return specs
+
+
+def prebuilt_module_specs(builds: Sequence[tuple[str, str, int]] = PREBUILT_MODULES, branch: str = BRANCH) -> list[DebSpec]:
+    """Canonical's signed prebuilt modules: one package per kernel ABI whose Depends pin the driver
+    (`nvidia-kernel-common-<b>-server (<= <driver>-1)` and `(>= <driver>)`, as the archive's do)."""
+    specs = []
+    common = 'nvidia-kernel-common-%s-server' % branch
+    for rel, driver, n in builds:
+        specs.append(DebSpec('linux-modules-nvidia-%s-server-%s' % (branch, rel), '%s+%d' % (kernel_version(rel), n),
+                             depends='linux-image-%s | linux-image-unsigned-%s, %s (<= %s-1), %s (>= %s)'
+                             % (rel, rel, common, driver, common, driver), section='kernel'))
+    return specs
+
+
+def prebuilt_driver_specs(versions: Sequence[str] = (OLD, NEW), branch: str = BRANCH) -> list[DebSpec]:
+    """`nvidia-headless-no-dkms-<b>-server`: the user space for the prebuilt modules (the rest of
+    the set comes from `driver_specs`)."""
+    specs = []
+    for up in versions:
+        v = deb_version(up)
+        specs.append(DebSpec('nvidia-headless-no-dkms-%s-server' % branch, v, depends=', '.join(
+            '%s (= %s)' % (n % branch, v) for n in (
+                'nvidia-kernel-common-%s-server', 'libnvidia-compute-%s-server', 'nvidia-compute-utils-%s-server'))))
+    return specs
+
+
+def kernel_repo_specs() -> list[DebSpec]:
+    return (driver_specs() + prebuilt_driver_specs() + kernel_stack_specs()
+            + kernel_stack_specs((KERNEL_NOMOD,), extra=False) + prebuilt_module_specs())
+
+
+@pytest.fixture(scope='session')
+def kernel_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Driver sets (both module sources) and kernels 6.8.0-134/135/136-generic."""
+    require_tools()
+    return cached_repo(tmp_path_factory.getbasetemp(), kernel_repo_specs())

@@ -1,0 +1,207 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise. Runs on GPU nodes (Python >= 3.9).
+"""GRUB as the kernel modules read it: the environment block (grubenv), the generated menu
+(grub.cfg), GRUB_DEFAULT, and which kernel a node boots next.
+
+GRUB's rule (Debian/Ubuntu `00_header`): a non-empty `next_entry` boots once and GRUB clears it
+(`set next_entry=` then `save_env next_entry`, leaving `next_entry=` in the block); otherwise, with
+`GRUB_DEFAULT=saved`, `saved_entry` boots (entry 0 when unset); otherwise GRUB_DEFAULT itself.
+Entries are a menu entry id, a title, or an index, and `>` walks into a submenu.
+
+Everything here is pure (text in, values out); writing goes through `grub-editenv` in the modules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+GRUBENV_SIZE = 1024
+GRUBENV_HEADER = '# GRUB Environment Block\n'
+GRUBENV_PATHS = ('boot/grub/grubenv', 'boot/grub2/grubenv')
+GRUB_CFG_PATHS = ('boot/grub/grub.cfg', 'boot/grub2/grub.cfg')
+DEFAULT_GRUB = 'etc/default/grub'
+DEFAULT_GRUB_DIR = 'etc/default/grub.d'
+
+
+class GrubError(Exception):
+    """A clear, user-facing error naming the file and what was expected."""
+
+
+# --------------------------------------------------------------------------------------------
+# grubenv
+# --------------------------------------------------------------------------------------------
+
+def parse_grubenv(data: bytes, path: str) -> Dict[str, str]:
+    """The variables of a GRUB environment block; GrubError when `data` is not one."""
+    if len(data) != GRUBENV_SIZE or not data.startswith(GRUBENV_HEADER.encode()):
+        raise GrubError('%s is not a GRUB environment block (expected %d bytes starting with %r, as '
+                        'grub-editenv writes it; found %d bytes starting with %r)'
+                        % (path, GRUBENV_SIZE, GRUBENV_HEADER.strip(), len(data), data[:24].decode('utf-8', 'replace')))
+    env: Dict[str, str] = {}
+    for line in data.decode('utf-8', 'replace').split('\n'):
+        if not line or line.startswith('#') or '=' not in line:
+            continue
+        k, v = line.split('=', 1)
+        env[k] = v.replace('\\\n', '\n').replace('\\\\', '\\')
+    return env
+
+
+def render_grubenv(env: Dict[str, str]) -> str:
+    """The block grub-editenv would write for `env` (used for check-mode diffs only)."""
+    body = GRUBENV_HEADER + ''.join('%s=%s\n' % (k, v.replace('\\', '\\\\').replace('\n', '\\\n'))
+                                    for k, v in env.items())
+    if len(body.encode('utf-8')) > GRUBENV_SIZE:
+        raise GrubError('the GRUB environment block would exceed %d bytes' % GRUBENV_SIZE)
+    return body + '#' * (GRUBENV_SIZE - len(body.encode('utf-8')))
+
+
+def env_text(env: Dict[str, str]) -> str:
+    """A readable listing for diffs (what `grub-editenv list` prints)."""
+    return ''.join('%s=%s\n' % kv for kv in env.items())
+
+
+# --------------------------------------------------------------------------------------------
+# /etc/default/grub (and grub.d/*.cfg, read after it, as update-grub sources them)
+# --------------------------------------------------------------------------------------------
+
+def grub_default(texts: Sequence[Optional[str]]) -> Optional[str]:
+    """GRUB_DEFAULT after sourcing every text in order (last assignment wins), unquoted."""
+    value = None
+    for text in texts:
+        for line in (text or '').splitlines():
+            m = re.match(r'^\s*(?:export\s+)?GRUB_DEFAULT=(.*?)\s*$', line)
+            if m:
+                v = m.group(1)
+                if len(v) >= 2 and v[0] == v[-1] and v[0] in '"\'':
+                    v = v[1:-1]
+                value = v
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# grub.cfg
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class MenuItem:
+    kind: str                 # 'menuentry' or 'submenu'
+    title: str
+    id: Optional[str]
+    kernel: Optional[str] = None     # from the entry's `linux /boot/vmlinuz-<release>` line
+    recovery: bool = False
+    children: List['MenuItem'] = dataclasses.field(default_factory=list)
+
+
+_ITEM_RE = re.compile(r"""^\s*(menuentry|submenu)\s+(?:'([^']*)'|"([^"]*)"|(\S+))(.*)\{\s*$""")
+_ID_RE = re.compile(r"""(?:\$menuentry_id_option|--id)\s+(?:'([^']*)'|"([^"]*)"|(\S+))""")
+_LINUX_RE = re.compile(r'^\s*linux(?:efi|16)?\s+\S*?/vmlinuz-(\S+)')
+
+
+def parse_grub_cfg(text: str) -> List[MenuItem]:
+    """The menu tree of a generated grub.cfg (top-level items, submenus with their children)."""
+    top: List[MenuItem] = []
+    stack: List[Tuple[Optional[MenuItem], List[MenuItem]]] = [(None, top)]
+    depth_other = 0          # braces of other blocks (if/function) inside the current level
+    for line in text.splitlines():
+        m = _ITEM_RE.match(line)
+        if m:
+            title = next(g for g in m.group(2, 3, 4) if g is not None)
+            idm = _ID_RE.search(m.group(5) or '')
+            item_id = next((g for g in idm.groups() if g is not None), None) if idm else None
+            item = MenuItem(m.group(1), title, item_id, recovery='recovery mode' in title)
+            stack[-1][1].append(item)
+            stack.append((item, item.children))
+            continue
+        s = line.strip()
+        current = stack[-1][0]
+        if current is not None and current.kind == 'menuentry':
+            lm = _LINUX_RE.match(line)
+            if lm and current.kernel is None:
+                current.kernel = lm.group(1)
+        if s.endswith('{') and not s.startswith('#'):
+            depth_other += 1
+        elif s == '}':
+            if depth_other:
+                depth_other -= 1
+            elif len(stack) > 1:
+                stack.pop()
+    return top
+
+
+def _walk(items: Sequence[MenuItem], prefix_ids: Tuple[str, ...] = ()) -> List[Tuple[Tuple[str, ...], MenuItem]]:
+    out = []
+    for it in items:
+        path = prefix_ids + ((it.id or it.title),)
+        if it.kind == 'menuentry':
+            out.append((path, it))
+        else:
+            out.extend(_walk(it.children, path))
+    return out
+
+
+def entries_for_kernel(menu: Sequence[MenuItem], kernel: str) -> List[str]:
+    """`>`-joined id paths of the normal (not recovery) entries that boot `kernel`, the
+    submenu entries first (their ids name the release, so they stay right when kernels are added)."""
+    found = [(len(path) == 1, '>'.join(path)) for path, it in _walk(menu) if it.kernel == kernel and not it.recovery]
+    return [item[1] for item in sorted(found, key=lambda x: x[0])]
+
+
+def menu_entries(menu: Sequence[MenuItem]) -> List[MenuItem]:
+    """Every menu entry, submenus walked, in menu order."""
+    return [item for path, item in _walk(menu)]
+
+
+def resolve_entry(menu: Sequence[MenuItem], entry: Optional[str]) -> Optional[MenuItem]:
+    """The menu entry a GRUB default names (index, id or title per `>` step); None if none."""
+    if entry is None or entry.strip() == '':
+        entry = '0'
+    level: Sequence[MenuItem] = menu
+    item: Optional[MenuItem] = None
+    for step in entry.split('>'):
+        step = step.strip()
+        item = None
+        if step.isdigit():
+            if int(step) < len(level):
+                item = level[int(step)]
+        else:
+            item = next((it for it in level if it.id == step), None) or \
+                next((it for it in level if it.title == step), None)
+        if item is None:
+            return None
+        level = item.children
+    return item if item is not None and item.kind == 'menuentry' else None
+
+
+@dataclasses.dataclass
+class NextBoot:
+    """What GRUB boots next: the entry, its kernel, whether it is a one-shot (`next_entry`), and
+    what boots after that one-shot (the fallback)."""
+    entry: str
+    kernel: Optional[str]
+    once: bool
+    fallback_entry: str
+    fallback_kernel: Optional[str]
+
+    def as_dict(self) -> Dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def default_entry(env: Dict[str, str], default: Optional[str]) -> str:
+    if default == 'saved':
+        return env.get('saved_entry') or '0'
+    return default if default not in (None, '') else '0'
+
+
+def next_boot(menu: Sequence[MenuItem], env: Dict[str, str], default: Optional[str]) -> NextBoot:
+    fallback = default_entry(env, default)
+    fb_item = resolve_entry(menu, fallback)
+    nxt = env.get('next_entry') or ''
+    if nxt:
+        item = resolve_entry(menu, nxt)
+        return NextBoot(nxt, item.kernel if item else None, True, fallback, fb_item.kernel if fb_item else None)
+    return NextBoot(fallback, fb_item.kernel if fb_item else None, False, fallback, fb_item.kernel if fb_item else None)

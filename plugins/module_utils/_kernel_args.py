@@ -1,0 +1,59 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise. Runs on GPU nodes (Python >= 3.9).
+"""Argument spec and request building shared by kernel_check and kernel_packages (their options
+are documented in the gpufleet.upgrade.kernel doc fragment)."""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from typing import Any, Dict, Optional
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+
+_SPEC: Dict[str, Dict[str, Any]] = dict(
+    kernel=dict(type='str', required=True),
+    branch=dict(type='str', required=True),
+    driver_version=dict(type='str', required=True),
+    module_source=dict(type='str', required=True, choices=list(kn.MODULE_SOURCES)),
+    previous_kernel=dict(type='str'),
+    previous_driver_version=dict(type='str'),
+    check_way_back=dict(type='bool', default=True),
+    installroot=dict(type='path'),
+    proc_path=dict(type='path', default='/proc'),
+    update_cache=dict(type='bool', default=False),
+)
+
+
+def argument_spec() -> Dict[str, Dict[str, Any]]:
+    return copy.deepcopy(_SPEC)
+
+
+def make_node(module: Any) -> kn.AptKernel:
+    p = module.params
+    if p['installroot'] and not os.path.isdir(p['installroot']):
+        raise kn.KernelError('installroot %r is not a directory' % p['installroot'])
+    if not (p['installroot'] or (shutil.which('apt-get') and shutil.which('dpkg-query'))):
+        raise kn.KernelError('this node has no apt-get/dpkg-query: the RHEL-family kernel set is resolved as data '
+                             '(see docs/host.md) but not installed by this module yet')
+
+    def run(argv, env):
+        return module.run_command(argv, environ_update=env)
+    return kn.AptKernel(pk.AptBackend(pk.Runner(run, p['installroot'])))
+
+
+def running_kernel(proc_path: str) -> Optional[str]:
+    text = pk.read_text(os.path.join(proc_path, 'sys/kernel/osrelease'))
+    return text.strip() if text else None
+
+
+def request(module: Any) -> kn.KernelRequest:
+    p = module.params
+    return kn.KernelRequest(kernel=p['kernel'], branch=p['branch'], driver_version=p['driver_version'],
+                            module_source=p['module_source'], previous_kernel=p['previous_kernel'],
+                            previous_driver_version=p['previous_driver_version'], check_way_back=p['check_way_back'])

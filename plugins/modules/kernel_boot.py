@@ -1,0 +1,356 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_boot
+short_description: One-shot trial boot of a kernel through GRUB, its commit as the default, and its verification
+version_added: 0.1.0
+author:
+  - gpufleet.upgrade contributors (@gpufleet)
+description:
+  - "O(state=trial): makes O(kernel) the B(next) boot only, as C(grub-reboot) does: C(grub-editenv <grubenv> set
+    next_entry=<entry>). GRUB boots a set C(next_entry) once and clears it, so the boot after that (and any power
+    cycle of a node that did not come up) returns to C(saved_entry). The module also points C(saved_entry) at the
+    fallback kernel (the running one unless O(fallback_kernel)) when it does not already boot it."
+  - "O(state=default): makes O(kernel) the saved default (C(saved_entry), as C(grub-set-default) does) and clears a
+    pending C(next_entry). Only while O(kernel) is running (after the trial boot and the node's gates) unless
+    O(require_running=false)."
+  - "O(state=verify): read only. Compares the running kernel (C(<proc_path>/sys/kernel/osrelease)) with O(kernel)
+    and the loaded NVIDIA module (C(<proc_path>/driver/nvidia/version)) with O(driver_version), reports the kernel
+    the module was built for when the file names it, and fails on a mismatch unless O(fail_on_mismatch=false)."
+  - The menu entry is found in the generated C(grub.cfg) (the entry whose C(linux) line loads C(/boot/vmlinuz-<kernel>),
+    by its C($menuentry_id_option) id path, for example
+    C(gnulinux-advanced-<uuid>>gnulinux-6.8.0-135-generic-advanced-<uuid>)), or given as O(menu_entry).
+  - Refuses, with nothing changed, a kernel that is not installed, a C(grub.cfg) without an entry for it, a GRUB
+    environment block that is not one, C(GRUB_DEFAULT) other than C(saved) (the one-shot fallback needs it), and with
+    O(module_source) a kernel without the NVIDIA module for O(driver_version) or a module source that does not match
+    the installed packages.
+extends_documentation_fragment:
+  - gpufleet.upgrade.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details:
+      - The GRUB environment variables before and after.
+  idempotent:
+    support: full
+    description: Running the module twice with the same input gives the same result.
+options:
+  kernel:
+    description:
+      - The kernel release as C(uname -r) prints it, for example V(6.8.0-135-generic).
+    type: str
+    required: true
+  state:
+    description:
+      - V(trial), V(default) or V(verify), see the description.
+    type: str
+    required: true
+    choices: [trial, default, verify]
+  fallback_kernel:
+    description:
+      - With O(state=trial), the kernel GRUB returns to after the trial. Default is the running kernel.
+    type: str
+  menu_entry:
+    description:
+      - The GRUB menu entry (id, title or index path joined by C(>)) that boots O(kernel), instead of finding it in
+        C(grub.cfg). It must still resolve in C(grub.cfg) to an entry that boots O(kernel).
+    type: str
+  driver_version:
+    description:
+      - The NVIDIA driver expected with O(kernel) (for example V(580.130.00)); compared by O(state=verify) and, with
+        O(module_source), required as a module for O(kernel) by O(state=trial).
+    type: str
+  module_source:
+    description:
+      - With O(state=trial) or O(state=default), require the NVIDIA module for O(kernel) from this source (the DKMS
+        build, or C(linux-modules-nvidia-<branch>-server-<kernel>) installed for O(driver_version)).
+    type: str
+    choices: [dkms, prebuilt]
+  branch:
+    description:
+      - The driver branch; required with O(module_source=prebuilt).
+    type: str
+  require_running:
+    description:
+      - With O(state=default), refuse unless O(kernel) is the running kernel.
+    type: bool
+    default: true
+  fail_on_mismatch:
+    description:
+      - With O(state=verify), fail when the running kernel or the loaded driver differ from the expected ones.
+    type: bool
+    default: true
+  installroot:
+    description:
+      - Operate on the system under this directory instead of C(/) (the GRUB files, packages and DKMS tree under it).
+    type: path
+  grubenv:
+    description:
+      - The GRUB environment block. Default C(boot/grub/grubenv), else C(boot/grub2/grubenv), under O(installroot).
+    type: path
+  grub_cfg:
+    description:
+      - The generated GRUB configuration. Default C(boot/grub/grub.cfg), else C(boot/grub2/grub.cfg), under O(installroot).
+    type: path
+  proc_path:
+    description:
+      - Where C(/proc) is (C(sys/kernel/osrelease), C(driver/nvidia/version)).
+    type: path
+    default: /proc
+  grub_editenv:
+    description:
+      - The C(grub-editenv) program (from C(grub-common); C(grub2-editenv) on the RHEL family).
+    type: str
+    default: grub-editenv
+notes:
+  - Runs on the GPU node (Python 3.9 or later). The module does not reboot; reboot after O(state=trial).
+  - GRUB clears C(next_entry) only where it can write its environment block (not on LVM, RAID or btrfs-only /boot);
+    O(state=verify) returns the pending C(next_entry) so a caller can see one that was not consumed.
+seealso:
+  - module: gpufleet.upgrade.kernel_packages
+  - module: gpufleet.upgrade.kernel_check
+"""
+
+EXAMPLES = r"""
+---
+- name: Boot the new kernel once
+  gpufleet.upgrade.kernel_boot:
+    kernel: 6.8.0-135-generic
+    state: trial
+    module_source: prebuilt
+    branch: "580"
+    driver_version: 580.130.00
+
+- name: After the reboot, verify what came up
+  gpufleet.upgrade.kernel_boot:
+    kernel: 6.8.0-135-generic
+    state: verify
+    driver_version: 580.130.00
+  register: booted
+
+- name: After the node's gates passed, keep the new kernel
+  gpufleet.upgrade.kernel_boot:
+    kernel: 6.8.0-135-generic
+    state: default
+"""
+
+RETURN = r"""
+entry:
+  description: The GRUB menu entry of O(kernel).
+  returned: state=trial or state=default
+  type: str
+  sample: gnulinux-advanced-0f1e2d3c>gnulinux-6.8.0-135-generic-advanced-0f1e2d3c
+fallback_kernel:
+  description: With O(state=trial), the kernel GRUB returns to after the trial.
+  returned: state=trial
+  type: str
+booted:
+  description: O(kernel) is the running kernel already.
+  returned: state=trial or state=default
+  type: bool
+grubenv:
+  description: The GRUB environment variables after the task (predicted in check mode).
+  returned: state=trial or state=default
+  type: dict
+next_boot:
+  description: >-
+    What GRUB boots next, C(entry), C(kernel), C(once) (a pending C(next_entry)), C(fallback_entry),
+    C(fallback_kernel); V(null) when the GRUB files cannot be read (verify only).
+  returned: always
+  type: dict
+verification:
+  description: >-
+    With O(state=verify), C(kernel), C(running_kernel), C(driver_version), C(loaded_driver_version),
+    C(module_build_kernel), C(open_module), C(problems), C(ok).
+  returned: state=verify
+  type: dict
+commands:
+  description: The commands run (in check mode, the ones that would run).
+  returned: always
+  type: list
+  elements: list
+"""
+
+import os
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _boot as bt
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+
+
+def _under(root, rel):
+    return os.path.join(root or '/', rel.lstrip('/'))
+
+
+def _pick(root, given, candidates):
+    if given:
+        return given if os.path.isabs(given) else _under(root, given)
+    for rel in candidates:
+        if os.path.exists(_under(root, rel)):
+            return _under(root, rel)
+    return _under(root, candidates[0])
+
+
+def read_files(p):
+    root = p['installroot']
+    env_path = _pick(root, p['grubenv'], gb.GRUBENV_PATHS)
+    cfg_path = _pick(root, p['grub_cfg'], gb.GRUB_CFG_PATHS)
+    try:
+        with open(env_path, 'rb') as f:
+            data = f.read()
+    except OSError as e:
+        raise bt.BootError('cannot read the GRUB environment block %s (%s); expected the 1024-byte block that '
+                           'grub-install creates, nothing was changed' % (env_path, e.strerror or e))
+    env = gb.parse_grubenv(data, env_path)
+    cfg = pk.read_text(cfg_path)
+    if cfg is None:
+        raise bt.BootError('cannot read the GRUB configuration %s; expected the grub.cfg that update-grub generates, '
+                           'nothing was changed' % cfg_path)
+    menu = gb.parse_grub_cfg(cfg)
+    if not any(it.kernel for it in gb.menu_entries(menu)):
+        raise bt.BootError("%s lists no menu entry with a 'linux /boot/vmlinuz-<release>' line; expected the grub.cfg "
+                           "that update-grub generates, nothing was changed" % cfg_path)
+    default_path = _under(root, gb.DEFAULT_GRUB)
+    texts = [pk.read_text(default_path)]
+    ddir = _under(root, gb.DEFAULT_GRUB_DIR)
+    if os.path.isdir(ddir):
+        texts += [pk.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
+    if texts[0] is None:
+        raise bt.BootError('cannot read %s; expected the GRUB_DEFAULT settings update-grub reads, nothing was changed' % default_path)
+    return bt.BootFiles(env_path, env, cfg_path, menu, default_path, gb.grub_default(texts))
+
+
+def make_node(module):
+    def run(argv, env):
+        return module.run_command(argv, environ_update=env)
+    return kn.AptKernel(pk.AptBackend(pk.Runner(run, module.params['installroot'])))
+
+
+def installed_kernels(module, node):
+    found = set()
+    if module.params['installroot'] or module.get_bin_path('dpkg-query'):
+        for name in node.installed():
+            if name.startswith('linux-image-') and name[len('linux-image-'):][:1].isdigit():
+                found.add(name[len('linux-image-'):])
+    boot = _under(module.params['installroot'], 'boot')
+    if os.path.isdir(boot):
+        found |= {n[len('vmlinuz-'):] for n in os.listdir(boot) if n.startswith('vmlinuz-')}
+    return sorted(found)
+
+
+def gate_module(module, node, kernel):
+    p = module.params
+    if not p['module_source']:
+        return
+    if p['module_source'] == 'prebuilt' and not p['branch']:
+        raise bt.BootError('branch is required with module_source=prebuilt')
+    if p['driver_version']:
+        kn.check_driver_version(p['driver_version'], p['branch'])
+    installed = node.installed()
+    kn.check_source_matches(p['module_source'], installed)
+    missing = kn.nvidia_module_present(node, kernel, p['branch'] or '', p['module_source'], p['driver_version'], installed)
+    if missing:
+        raise bt.BootError('kernel %s has no NVIDIA module to boot with: %s; not changing what boots' % (kernel, missing))
+
+
+def do_verify(module, p, running, osrelease):
+    nv_path = os.path.join(p['proc_path'], 'driver/nvidia/version')
+    text = pk.read_text(nv_path)
+    nvidia = kn.parse_nvidia_version(text) if text is not None else None
+    v = bt.verify(p['kernel'], p['driver_version'], running, osrelease, nvidia, nv_path)
+    try:
+        files = read_files(p)
+        nb = gb.next_boot(files.menu, files.env, files.grub_default).as_dict()
+    except (bt.BootError, gb.GrubError):
+        nb = None
+    result = dict(changed=False, verification=v.as_dict(), next_boot=nb, commands=[])
+    if not v.ok and p['fail_on_mismatch']:
+        with_driver = ' with driver %s' % p['driver_version'] if p['driver_version'] else ''
+        module.fail_json(msg='kernel %s%s: %s' % (p['kernel'], with_driver, '; '.join(v.problems)), **result)
+    module.exit_json(**result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            kernel=dict(type='str', required=True),
+            state=dict(type='str', required=True, choices=list(bt.STATES)),
+            fallback_kernel=dict(type='str'),
+            menu_entry=dict(type='str'),
+            driver_version=dict(type='str'),
+            module_source=dict(type='str', choices=list(kn.MODULE_SOURCES)),
+            branch=dict(type='str'),
+            require_running=dict(type='bool', default=True),
+            fail_on_mismatch=dict(type='bool', default=True),
+            installroot=dict(type='path'),
+            grubenv=dict(type='path'),
+            grub_cfg=dict(type='path'),
+            proc_path=dict(type='path', default='/proc'),
+            grub_editenv=dict(type='str', default='grub-editenv'),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    node = None
+    try:
+        bt.check_release(p['kernel'])
+        if p['fallback_kernel']:
+            bt.check_release(p['fallback_kernel'], 'fallback_kernel')
+        if p['installroot'] and not os.path.isdir(p['installroot']):
+            raise bt.BootError('installroot %r is not a directory' % p['installroot'])
+        osrelease = os.path.join(p['proc_path'], 'sys/kernel/osrelease')
+        text = pk.read_text(osrelease)
+        running = text.strip() if text else None
+        if p['state'] == 'verify':
+            do_verify(module, p, running, osrelease)
+        node = make_node(module)
+        bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/')
+        files = read_files(p)
+        gate_module(module, node, p['kernel'])
+        if p['state'] == 'trial':
+            plan = bt.plan_trial(files, p['kernel'], running, p['fallback_kernel'], p['menu_entry'])
+        else:
+            plan = bt.plan_default(files, p['kernel'], running, p['require_running'], osrelease, p['menu_entry'])
+        editenv = p['grub_editenv']
+        cmds = plan.commands(editenv, files.grubenv_path)
+        if plan.changed and not module.check_mode:
+            tool = module.get_bin_path(editenv, required=False) if not os.path.isabs(editenv) else editenv
+            if not tool:
+                raise bt.BootError('%s not found on the node (install grub-common); nothing was changed' % editenv)
+            for argv in plan.commands(tool, files.grubenv_path):
+                rc, out, err = module.run_command(argv)
+                if rc != 0:
+                    raise bt.BootError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), (err or out).strip()))
+            files = read_files(p)
+        env_after = files.env if not module.check_mode else plan.after
+        result = dict(changed=plan.changed, entry=plan.entry, fallback_kernel=plan.fallback_kernel, booted=plan.booted,
+                      grubenv=env_after, next_boot=gb.next_boot(files.menu, env_after, files.grub_default).as_dict(),
+                      commands=cmds)
+        if module._diff:
+            result['diff'] = {'before_header': files.grubenv_path, 'after_header': files.grubenv_path,
+                              'before': gb.env_text(plan.before), 'after': gb.env_text(plan.after)}
+        module.exit_json(**result)
+    except (bt.BootError, gb.GrubError, kn.KernelError, pk.PackageError) as e:
+        module.fail_json(msg=str(e))
+    except (OSError, subprocess.SubprocessError) as e:
+        module.fail_json(msg='kernel_boot: %s' % e)
+    finally:
+        if node is not None:
+            node.backend.close()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,173 @@
+"""A GRUB boot, simulated for tests and the lab: which kernel boots, with GRUB's one-shot rule.
+
+Written from GRUB's generated `00_header` (Debian/Ubuntu), independently of the collection's
+code under test:
+
+    if [ "${next_entry}" ] ; then
+       set default="${next_entry}"
+       set next_entry=
+       save_env next_entry
+       set boot_once=true
+    else
+       set default="${saved_entry}"      # with GRUB_DEFAULT=saved; otherwise GRUB_DEFAULT
+    fi
+
+So a set `next_entry` boots once and is cleared (the block keeps an empty `next_entry=`), and the
+next boot, or a power cycle of a node that did not come up, takes `saved_entry`. The environment
+block is read and written with the real `grub-editenv` (Debian's `grub-common`).
+
+    cfg.write_text(render_grub_cfg([KERNEL_TARGET, KERNEL_OLD]))      # what update-grub writes
+    res = boot(grubenv, cfg, proc=proc, driver='580.130.00')           # reboot the node
+    res.kernel, res.boots                                              # what came up, every try
+    boot(grubenv, cfg, fails={KERNEL_TARGET})                          # the target panics: fallback
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import shutil
+import subprocess
+from typing import Collection, Optional, Sequence
+
+
+def editenv() -> str:
+    tool = shutil.which('grub-editenv')
+    if not tool:
+        raise RuntimeError('grub-editenv not found: install Debian package grub-common')
+    return tool
+
+
+def create_grubenv(path: pathlib.Path, **values: str) -> pathlib.Path:
+    """A fresh GRUB environment block (what grub-install creates) with `values` set."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    subprocess.run([editenv(), str(path), 'create'], check=True)
+    if values:
+        subprocess.run([editenv(), str(path), 'set'] + ['%s=%s' % kv for kv in values.items()], check=True)
+    return path
+
+
+def read_env(path: pathlib.Path) -> dict[str, str]:
+    out = subprocess.run([editenv(), str(path), 'list'], check=True, capture_output=True, text=True).stdout
+    return dict(line.split('=', 1) for line in out.splitlines() if '=' in line)
+
+
+def _version_key(release: str) -> list[int]:
+    return [int(x) for x in re.findall(r'\d+', release)]
+
+
+def render_grub_cfg(kernels: Sequence[str], uuid: str = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0',
+                    distributor: str = 'Ubuntu', grub_default: str = 'saved') -> str:
+    """The menu part of the grub.cfg update-grub generates: the newest kernel first as the simple
+    entry, then the "Advanced options" submenu with a normal and a recovery entry per kernel."""
+    ks = sorted(kernels, key=_version_key, reverse=True)
+    head = ['### BEGIN /etc/grub.d/00_header ###', 'if [ -s $prefix/grubenv ]; then', '  load_env', 'fi',
+            'if [ "${next_entry}" ] ; then', '   set default="${next_entry}"', '   set next_entry=',
+            '   save_env next_entry', '   set boot_once=true', 'else',
+            '   set default="%s"' % ('${saved_entry}' if grub_default == 'saved' else grub_default), 'fi',
+            'function load_video {', '  insmod all_video', '}', '### END /etc/grub.d/00_header ###',
+            '### BEGIN /etc/grub.d/10_linux ###']
+    body = ["menuentry '%s' --class ubuntu $menuentry_id_option 'gnulinux-simple-%s' {" % (distributor, uuid),
+            '\tlinux\t/boot/vmlinuz-%s root=UUID=%s ro' % (ks[0], uuid), '\tinitrd\t/boot/initrd.img-%s' % ks[0], '}',
+            "submenu 'Advanced options for %s' $menuentry_id_option 'gnulinux-advanced-%s' {" % (distributor, uuid)]
+    for k in ks:
+        for kind, title in (('advanced', '%s, with Linux %s' % (distributor, k)),
+                            ('recovery', '%s, with Linux %s (recovery mode)' % (distributor, k))):
+            body += ["\tmenuentry '%s' --class ubuntu $menuentry_id_option 'gnulinux-%s-%s-%s' {" % (title, k, kind, uuid),
+                     '\t\tlinux\t/boot/vmlinuz-%s root=UUID=%s ro%s' % (k, uuid, ' recovery nomodeset' if kind == 'recovery' else ''),
+                     '\t\tinitrd\t/boot/initrd.img-%s' % k, '\t}']
+    body.append('}')
+    return '\n'.join(head + body + ['### END /etc/grub.d/10_linux ###']) + '\n'
+
+
+@dataclasses.dataclass
+class _Item:
+    title: str
+    id: Optional[str]
+    kernel: Optional[str]
+    children: list['_Item']
+
+
+def _menu(cfg: str) -> list[_Item]:
+    top: list[_Item] = []
+    stack = [top]
+    items: list[Optional[_Item]] = [None]
+    for line in cfg.splitlines():
+        m = re.match(r"^\s*(menuentry|submenu) '([^']*)'.*?\$menuentry_id_option '([^']*)' \{$", line)
+        if m:
+            it = _Item(m.group(2), m.group(3), None, [])
+            stack[-1].append(it)
+            stack.append(it.children)
+            items.append(it)
+            continue
+        lm = re.match(r'^\s*linux\s+/boot/vmlinuz-(\S+)', line)
+        if lm and items[-1] is not None and items[-1].kernel is None:
+            items[-1].kernel = lm.group(1)
+        if line.strip() == '}' and len(stack) > 1:
+            stack.pop()
+            items.pop()
+    return top
+
+
+def kernel_of(cfg: str, entry: str) -> Optional[str]:
+    """The kernel a GRUB `default` (index, id or title, `>` into submenus) boots; None if none."""
+    level = _menu(cfg)
+    it: Optional[_Item] = None
+    for step in (entry or '0').split('>'):
+        it = None
+        if step.isdigit():
+            it = level[int(step)] if int(step) < len(level) else None
+        else:
+            it = next((x for x in level if step in (x.id, x.title)), None)
+        if it is None:
+            return None
+        level = it.children
+    return it.kernel if it else None
+
+
+@dataclasses.dataclass
+class BootResult:
+    kernel: Optional[str]           # what runs now (None: nothing came up within max_boots)
+    entry: str
+    boots: list[tuple[str, Optional[str], bool]]   # (entry, kernel, came up) per try
+
+
+def boot(grubenv: pathlib.Path, grub_cfg: pathlib.Path, grub_default: str = 'saved', fails: Collection[str] = (),
+         max_boots: int = 3, proc: Optional[pathlib.Path] = None, driver: Optional[str] = None) -> BootResult:
+    """Reboot: GRUB picks the entry (and clears a set next_entry with grub-editenv, as save_env does);
+    a kernel in `fails` does not come up and the node is power-cycled. With `proc`, what came up is
+    written as `sys/kernel/osrelease` and, with `driver`, `driver/nvidia/version`."""
+    cfg = grub_cfg.read_text()
+    tries: list[tuple[str, Optional[str], bool]] = []
+    while len(tries) < max_boots:
+        env = read_env(grubenv)
+        if env.get('next_entry'):
+            entry = env['next_entry']
+            subprocess.run([editenv(), str(grubenv), 'set', 'next_entry='], check=True)
+        else:
+            entry = (env.get('saved_entry') or '0') if grub_default == 'saved' else grub_default
+        kernel = kernel_of(cfg, entry)
+        up = kernel is not None and kernel not in fails
+        tries.append((entry, kernel, up))
+        if up:
+            if proc is not None:
+                (proc / 'sys/kernel').mkdir(parents=True, exist_ok=True)
+                (proc / 'sys/kernel/osrelease').write_text(kernel + '\n')
+                nv = proc / 'driver/nvidia/version'
+                if driver:
+                    nv.parent.mkdir(parents=True, exist_ok=True)
+                    nv.write_text(nvidia_version_text(driver))
+                elif nv.exists():
+                    nv.unlink()
+            return BootResult(kernel, entry, tries)
+    return BootResult(None, tries[-1][0] if tries else '', tries)
+
+
+def nvidia_version_text(driver: str, open_modules: bool = True) -> str:
+    """`/proc/driver/nvidia/version` as the R580 driver writes it."""
+    kind = 'Open Kernel Module for x86_64' if open_modules else 'x86_64 Kernel Module'
+    return ('NVRM version: NVIDIA UNIX %s  %s  Release Build  (dvs-builder@U22-I3-AF03-09-1)  '
+            'Sat Jan 10 05:20:46 UTC 2026\nGCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n'
+            % (kind, driver))

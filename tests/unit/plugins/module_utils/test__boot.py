@@ -1,0 +1,145 @@
+"""Unit tests of GRUB reading (_grub) and the trial/default/verify decisions (_boot)."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _boot as bt
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
+
+from tools import grubsim
+
+K134, K135 = '6.8.0-134-generic', '6.8.0-135-generic'
+UUID = 'u-1'
+E = 'gnulinux-advanced-u-1>gnulinux-%s-advanced-u-1'
+CFG = grubsim.render_grub_cfg([K134, K135], UUID)
+
+
+def files(env=None, default='saved', cfg=CFG):
+    return bt.BootFiles('/boot/grub/grubenv', dict(env or {}), '/boot/grub/grub.cfg', gb.parse_grub_cfg(cfg),
+                        '/etc/default/grub', default)
+
+
+def test_parse_grub_cfg_and_entries():
+    menu = gb.parse_grub_cfg(CFG)
+    top = [(i.kind, i.id, i.kernel) for i in menu]
+    assert top == [('menuentry', 'gnulinux-simple-u-1', K135), ('submenu', 'gnulinux-advanced-u-1', None)]
+    assert [(i.kernel, i.recovery) for i in menu[1].children] == [(K135, False), (K135, True), (K134, False), (K134, True)]
+    assert gb.entries_for_kernel(menu, K135) == [E % K135, 'gnulinux-simple-u-1']
+    assert gb.entries_for_kernel(menu, K134) == [E % K134]
+    assert gb.entries_for_kernel(menu, '6.8.0-1-generic') == []
+
+
+@pytest.mark.parametrize('entry, kernel', [
+    ('0', K135), ('', K135), (None, K135), ('1>2', K134), ('1>1', K135), (E % K134, K134),
+    ('Advanced options for Ubuntu>Ubuntu, with Linux %s' % K134, K134), ('gnulinux-simple-u-1', K135),
+    ('1', None), ('7', None), ('nope', None),
+])
+def test_resolve_entry(entry, kernel):
+    item = gb.resolve_entry(gb.parse_grub_cfg(CFG), entry)
+    assert (item.kernel if item else None) == kernel
+
+
+def test_grubenv_round_trip_and_rejects():
+    block = gb.render_grubenv({'saved_entry': E % K134, 'next_entry': ''})
+    assert len(block) == 1024
+    assert gb.parse_grubenv(block.encode(), 'f') == {'saved_entry': E % K134, 'next_entry': ''}
+    with pytest.raises(gb.GrubError, match=r"^f is not a GRUB environment block \(expected 1024 bytes starting with "
+                                           r"'# GRUB Environment Block', as grub-editenv writes it; found 14 bytes"):
+        gb.parse_grubenv(b'saved_entry=x\n', 'f')
+
+
+def test_grub_default_last_assignment_wins():
+    assert gb.grub_default(['GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n', None, 'GRUB_DEFAULT="saved"\n']) == 'saved'
+    assert gb.grub_default(["GRUB_DEFAULT='1>2'\n"]) == '1>2'
+    assert gb.grub_default(['# GRUB_DEFAULT=saved\n']) is None
+
+
+def test_next_boot():
+    menu = gb.parse_grub_cfg(CFG)
+    nb = gb.next_boot(menu, {'saved_entry': E % K134, 'next_entry': E % K135}, 'saved')
+    assert nb.as_dict() == {'entry': E % K135, 'kernel': K135, 'once': True, 'fallback_entry': E % K134, 'fallback_kernel': K134}
+    nb = gb.next_boot(menu, {'saved_entry': E % K134, 'next_entry': ''}, 'saved')
+    assert (nb.kernel, nb.once) == (K134, False)
+    # GRUB_DEFAULT=0 boots the newest kernel, whatever saved_entry says.
+    assert gb.next_boot(menu, {'saved_entry': E % K134}, '0').kernel == K135
+
+
+def test_trial_sets_next_entry_and_keeps_the_fallback():
+    p = bt.plan_trial(files({'saved_entry': E % K134}), K135, K134, None)
+    assert (p.sets, p.unsets, p.entry, p.fallback_kernel, p.changed) == ({'next_entry': E % K135}, [], E % K135, K134, True)
+    assert p.commands('grub-editenv', '/g') == [['grub-editenv', '/g', 'set', 'next_entry=%s' % (E % K135)]]
+    assert p.after == {'saved_entry': E % K134, 'next_entry': E % K135}
+    # Again: nothing to do.
+    assert not bt.plan_trial(files(p.after), K135, K134, None).changed
+
+
+@pytest.mark.parametrize('env', [{}, {'saved_entry': E % K135}, {'saved_entry': 'gone'}])
+def test_trial_points_saved_entry_at_the_fallback(env):
+    p = bt.plan_trial(files(env), K135, K134, None)
+    assert p.sets == {'next_entry': E % K135, 'saved_entry': E % K134}
+
+
+def test_trial_when_the_target_runs_already():
+    p = bt.plan_trial(files({'saved_entry': E % K135}), K135, K135, None)
+    assert (p.changed, p.booted) == (False, True)
+
+
+@pytest.mark.parametrize('kw, msg', [
+    (dict(default='0'), "/etc/default/grub sets GRUB_DEFAULT=0, expected GRUB_DEFAULT=saved: after the one-shot trial"),
+    (dict(default=None), '/etc/default/grub sets GRUB_DEFAULT=(unset, 0), expected GRUB_DEFAULT=saved'),
+    (dict(cfg=grubsim.render_grub_cfg([K134], UUID)), '/boot/grub/grub.cfg has no menu entry that boots kernel %s (expected a '
+     "menuentry with 'linux /boot/vmlinuz-%s', as update-grub writes once the kernel is installed; kernels listed: %s)"
+     % (K135, K135, K134)),
+])
+def test_trial_refusals(kw, msg):
+    f = files({'saved_entry': E % K134}, **kw)
+    with pytest.raises(bt.BootError) as e:
+        bt.plan_trial(f, K135, K134, None)
+    assert str(e.value).startswith(msg)
+
+
+def test_trial_fallback_errors():
+    with pytest.raises(bt.BootError, match='^fallback_kernel 6.8.0-135-generic is the trial kernel itself'):
+        bt.plan_trial(files(), K135, K134, K135)
+    with pytest.raises(bt.BootError, match='has no menu entry that boots the fallback kernel 6.8.0-1-generic'):
+        bt.plan_trial(files(), K135, '6.8.0-1-generic', None)
+    with pytest.raises(bt.BootError, match='^the fallback kernel is unknown'):
+        bt.plan_trial(files(), K135, None, None)
+
+
+def test_menu_entry_override():
+    p = bt.plan_trial(files({'saved_entry': E % K134}), K135, K134, None, menu_entry='1>0')
+    assert p.sets == {'next_entry': '1>0'}
+    with pytest.raises(bt.BootError, match=r"^menu_entry '1>2' does not name an entry of /boot/grub/grub.cfg that boots "
+                                           r"kernel 6.8.0-135-generic \(it boots 6.8.0-134-generic\)"):
+        bt.plan_trial(files(), K135, K134, None, menu_entry='1>2')
+
+
+def test_default():
+    p = bt.plan_default(files({'saved_entry': E % K134, 'next_entry': E % K135}), K135, K135, True, '/proc/sys/kernel/osrelease')
+    assert (p.sets, p.unsets) == ({'saved_entry': E % K135}, ['next_entry'])
+    assert p.commands('e', '/g') == [['e', '/g', 'set', 'saved_entry=%s' % (E % K135)], ['e', '/g', 'unset', 'next_entry']]
+    assert not bt.plan_default(files({'saved_entry': E % K135, 'next_entry': ''}), K135, K135, True, 'x').changed
+    with pytest.raises(bt.BootError, match=r"^kernel 6.8.0-135-generic is not running \(running: 6.8.0-134-generic, read from "
+                                           r"/p/sys/kernel/osrelease\)"):
+        bt.plan_default(files({'saved_entry': E % K134}), K135, K134, True, '/p/sys/kernel/osrelease')
+    assert bt.plan_default(files({'saved_entry': E % K134}), K135, K134, False, 'x').sets == {'saved_entry': E % K135}
+
+
+def test_verify():
+    nv = {'driver_version': '580.130.00', 'build_kernel': None, 'open': True}
+    v = bt.verify(K135, '580.130.00', K135, 'o', nv, 'n')
+    assert v.ok and v.as_dict()['ok'] is True
+    v = bt.verify(K135, '580.130.00', K134, 'o', dict(nv, driver_version='580.126.20', build_kernel=K134), 'n')
+    assert v.problems == ['the running kernel is %s, expected %s (o)' % (K134, K135),
+                          'the loaded NVIDIA kernel module is 580.126.20, expected 580.130.00 (n)',
+                          'the loaded NVIDIA kernel module was built for kernel %s, not %s (n)' % (K134, K135)]
+    v = bt.verify(K135, '580.130.00', None, 'o', None, 'n')
+    assert v.problems == ['o cannot be read, so the running kernel is unknown',
+                          'no NVIDIA kernel module is loaded (n does not exist), expected driver 580.130.00']
+
+
+@pytest.mark.parametrize('bad', ['new', '', '6.8', None])
+def test_check_release(bad):
+    with pytest.raises(bt.BootError, match='is not a kernel release such as 6.8.0-135-generic'):
+        bt.check_release(bad)

@@ -1,0 +1,65 @@
+"""tests/tools/grubsim.py: GRUB's boot choice with the real grub-editenv (Debian's grub-common)."""
+from __future__ import annotations
+
+import pytest
+
+from tools import grubsim
+from tools.debian import ensure_binary
+
+K134, K135 = '6.8.0-134-generic', '6.8.0-135-generic'
+E = 'gnulinux-advanced-u>gnulinux-%s-advanced-u'
+
+
+@pytest.fixture
+def grub(tmp_path):
+    path, why = ensure_binary('grub-common', 'grub-editenv')
+    if not path:
+        pytest.skip(why)
+    cfg = tmp_path / 'grub.cfg'
+    cfg.write_text(grubsim.render_grub_cfg([K134, K135], 'u'))
+    return tmp_path / 'grubenv', cfg
+
+
+def test_next_entry_boots_once_and_is_cleared(grub):
+    env, cfg = grub
+    grubsim.create_grubenv(env, saved_entry=E % K134, next_entry=E % K135)
+    assert len(env.read_bytes()) == 1024
+    first = grubsim.boot(env, cfg)
+    assert (first.kernel, first.entry) == (K135, E % K135)
+    # GRUB's save_env of the emptied variable: `next_entry=` stays in the block, empty.
+    assert grubsim.read_env(env) == {'saved_entry': E % K134, 'next_entry': ''}
+    assert grubsim.boot(env, cfg).kernel == K134
+
+
+def test_failed_one_shot_falls_back_to_saved_entry(grub, tmp_path):
+    env, cfg = grub
+    grubsim.create_grubenv(env, saved_entry=E % K134, next_entry=E % K135)
+    proc = tmp_path / 'proc'
+    res = grubsim.boot(env, cfg, fails={K135}, proc=proc, driver='580.126.20')
+    assert res.boots == [(E % K135, K135, False), (E % K134, K134, True)]
+    assert (proc / 'sys/kernel/osrelease').read_text() == K134 + '\n'
+    assert '  580.126.20  ' in (proc / 'driver/nvidia/version').read_text()
+
+
+def test_without_saved_entry_or_with_grub_default_0_entry_0_boots(grub):
+    env, cfg = grub
+    grubsim.create_grubenv(env)
+    assert grubsim.boot(env, cfg).kernel == K135          # newest first, as update-grub orders
+    grubsim.create_grubenv(env, saved_entry=E % K134)
+    assert grubsim.boot(env, cfg, grub_default='0').kernel == K135
+    assert grubsim.boot(env, cfg, grub_default='1>2').kernel == K134
+
+
+def test_nothing_comes_up(grub):
+    env, cfg = grub
+    grubsim.create_grubenv(env, saved_entry=E % K134)
+    res = grubsim.boot(env, cfg, fails={K134}, max_boots=2)
+    assert res.kernel is None and [b[2] for b in res.boots] == [False, False]
+
+
+def test_kernel_of_titles_and_indexes():
+    cfg = grubsim.render_grub_cfg([K135, K134], 'u')
+    assert grubsim.kernel_of(cfg, 'Advanced options for Ubuntu>Ubuntu, with Linux %s' % K134) == K134
+    assert grubsim.kernel_of(cfg, '1>1') == K135                   # the recovery entry of the newest
+    assert grubsim.kernel_of(cfg, 'gnulinux-simple-u') == K135
+    assert grubsim.kernel_of(cfg, '9') is None
