@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.suc import LABEL_NODE, LABEL_PLAN, SucStandIn, safe_concat_name
-from emulator import fixtures as f
+from cluster import fixtures as f
 
 pytestmark = pytest.mark.slow
 

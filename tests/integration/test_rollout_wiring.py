@@ -19,7 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests')]
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S  # noqa: E402
-from emulator import fixtures as f  # noqa: E402
+from cluster import fixtures as f  # noqa: E402
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 

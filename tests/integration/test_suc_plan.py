@@ -9,7 +9,7 @@ import pytest
 import rbac_check as R
 from cluster import rbac
 from cluster.suc import SucStandIn
-from emulator import fixtures as f
+from cluster import fixtures as f
 
 TGT = 'v1.36.1+rke2r1'
 CUR = 'v1.35.3+rke2r3'

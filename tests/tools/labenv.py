@@ -26,7 +26,7 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent)]
 
-from emulator import fixtures as f  # noqa: E402
+from cluster import fixtures as f  # noqa: E402
 from tools import debrepo, nvml_stub  # noqa: E402
 from tools.lab_node import installed_driver  # noqa: E402  (the hook's own reading of the install root)
 

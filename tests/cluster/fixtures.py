@@ -1,8 +1,9 @@
-"""Builders for the objects GPU-fleet tests need: plain dicts, ready for `emu.apply()`.
+"""Builders for the objects GPU-fleet tests need: plain dicts, ready for `cluster.apply()`.
 
 Every builder sets `metadata.uid` so that owner references can point at an object before it is
-applied (`owner_ref(obj)`); pods default to Running and Ready (pass `phase='Pending'`, or
-`phase=None` to let the simulator decide).
+applied (`owner_ref(obj)`; `Cluster.apply` maps it to the uid the API server gives); pods default to
+Running and Ready with that status kept as written (pass `phase='Pending'`, or `phase=None` to let
+KWOK play the pod).
 """
 from __future__ import annotations
 
