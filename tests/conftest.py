@@ -2,7 +2,7 @@
 
 `make units` / `make integration` put `.venv/collections` and `tests/` on sys.path (pytest.ini),
 so tests import the collection as `ansible_collections.gpufleet.upgrade...` and the test support
-packages (`emulator`, `tools`) by their plain names.
+packages (`cluster`, `tools`) by their plain names.
 """
 from __future__ import annotations
 
@@ -17,6 +17,6 @@ if VENV_BIN.is_dir() and str(VENV_BIN) not in os.environ.get('PATH', '').split(o
     os.environ['PATH'] = str(VENV_BIN) + os.pathsep + os.environ.get('PATH', '')
 os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'collections'))
 
-# Fixtures of the test tools: the Kubernetes API emulator (`emulator`), the NVML stand-in
+# Fixtures of the test tools: the real control plane (`control_plane`, `cluster`), the NVML stand-in
 # (`fake_nvml`, `nvml_stub_lib`).
-pytest_plugins = ['emulator.pytest_plugin', 'cluster.pytest_plugin', 'tools.nvml_stub']
+pytest_plugins = ['cluster.pytest_plugin', 'tools.nvml_stub']
