@@ -1,5 +1,9 @@
 """Helpers for the Kubernetes integration tests: plays with the auth defaults, kubectl, and a
-KubeVirt controller stand-in (a halted VirtualMachine's VMI and launcher pod go away)."""
+KubeVirt controller stand-in (a halted VirtualMachine's VMI and launcher pod go away).
+
+Each helper takes the `cluster` fixture (tests/cluster: the real control plane, read through the
+API; `kubeconfig` goes through the fault proxy, so kubectl's requests are in `requests` like the
+modules'). Tests not moved yet pass the API emulator (`emulator`), which has the same methods."""
 from __future__ import annotations
 
 import json
@@ -9,6 +13,8 @@ import threading
 from typing import Any, Callable
 
 import k8s_scenario as S
+from cluster import Cluster
+from cluster import kubevirt
 
 
 def play(emu: Any, *tasks: dict[str, Any], request_timeout: float = 5) -> list[dict[str, Any]]:
@@ -45,7 +51,17 @@ def mutations(emu: Any) -> list[tuple[str, str]]:
     return [(r['verb'], r['path']) for r in emu.mutating_requests()]
 
 
-class KubeVirtStandIn:
+class KubeVirtStandIn(kubevirt.KubeVirtStandIn):
+    """cluster.kubevirt.KubeVirtStandIn (through the real API) for a Cluster; on the API emulator,
+    for the tests not moved yet, the older stand-in that polls the emulator's store."""
+
+    def __new__(cls, target: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(target, Cluster):
+            return super().__new__(cls)
+        return _EmulatorKubeVirtStandIn(target, *args, **kwargs)
+
+
+class _EmulatorKubeVirtStandIn:
     """Plays KubeVirt's VM controller: when a VirtualMachine is halted, delete its VMI and the
     VMI's virt-launcher pod. Polls the emulator's store (not the API), so it adds no requests."""
 
@@ -56,7 +72,7 @@ class KubeVirtStandIn:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.halted: list[str] = []
 
-    def __enter__(self) -> 'KubeVirtStandIn':
+    def __enter__(self) -> '_EmulatorKubeVirtStandIn':
         self.thread.start()
         return self
 

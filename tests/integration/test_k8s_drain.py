@@ -1,5 +1,8 @@
-"""gpufleet.upgrade.node_drain through ansible-runner against the Kubernetes API emulator,
-cross-checked with kubectl where kubectl has the same operation."""
+"""gpufleet.upgrade.node_drain through ansible-runner against the real control plane (tests/cluster),
+cross-checked with kubectl (on the same server, through the same proxy) where kubectl has the same
+operation. Evictions, PodDisruptionBudgets (the disruption controller), the garbage collector and
+StatefulSets are the real ones; KWOK plays the kubelets; KubeVirt's VM controller is the stand-in
+of tests/cluster/kubevirt.py."""
 from __future__ import annotations
 
 import json
@@ -51,9 +54,9 @@ def only_touches(emu, node_name, pods):
 
 
 # -- blockers -----------------------------------------------------------------------------------
-def test_local_data_bare_pod_and_vmi_block_before_any_eviction(emulator, run_playbook):
-    load(emulator)
-    run = run_playbook(play(emulator, drain_task(ignore_errors=True)))
+def test_local_data_bare_pod_and_vmi_block_before_any_eviction(cluster, run_playbook):
+    load(cluster)
+    run = run_playbook(play(cluster, drain_task(ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert [(b['kind'], b['namespace'], b['name'], b['reason']) for b in sorted(res['blocked'], key=lambda b: b['name'])] == [
@@ -63,125 +66,125 @@ def test_local_data_bare_pod_and_vmi_block_before_any_eviction(emulator, run_pla
          'passthrough VMs cannot live-migrate; use vmi_policy=stop or evict)')]
     assert res['msg'].startswith('drain of node gpu-1 blocked before any eviction (the node stays cordoned)')
     # nothing evicted or deleted: the only writes are the Node's cordon and state
-    assert set(mutations(emulator)) == {('PATCH', '/api/v1/nodes/gpu-1')}
-    assert node_pods(emulator, S.NODE) == sorted(GPU1_EVICTABLE + GPU1_LEFT + ['vms/virt-launcher-vm-gpu-x7k2p'])
-    n = node(emulator)
+    assert set(mutations(cluster)) == {('PATCH', '/api/v1/nodes/gpu-1')}
+    assert node_pods(cluster, S.NODE) == sorted(GPU1_EVICTABLE + GPU1_LEFT + ['vms/virt-launcher-vm-gpu-x7k2p'])
+    n = node(cluster)
     assert n['spec']['unschedulable'] is True
     assert n['metadata']['annotations']['gpufleet.io/upgrade-state'] == 'drain-failed'
     assert n['metadata']['annotations']['gpufleet.io/initial-unschedulable'] == 'false'
 
 
-def test_each_blocker_is_lifted_only_by_its_option(emulator, run_playbook):
-    load(emulator)
+def test_each_blocker_is_lifted_only_by_its_option(cluster, run_playbook):
+    load(cluster)
     run = run_playbook(play(
-        emulator,
+        cluster,
         drain_task('no-force', force=False, delete_local_data=True, vmi_policy='stop', ignore_errors=True),
         drain_task('no-local', force=True, delete_local_data=False, vmi_policy='stop', ignore_errors=True),
         drain_task('refuse', force=True, delete_local_data=True, ignore_errors=True)))
     assert [b['name'] for b in run.result('no-force')['blocked']] == ['bare-debug']
     assert [b['name'] for b in run.result('no-local')['blocked']] == ['cache-gpu']
     assert [b['name'] for b in run.result('refuse')['blocked']] == ['vm-gpu']
-    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(emulator))
+    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(cluster))
 
 
-def test_kubectl_blocks_on_the_same_pods(emulator):
+def test_kubectl_blocks_on_the_same_pods(cluster):
     """Cross-check: kubectl drain without --force/--delete-emptydir-data refuses the same pods and
     evicts nothing (it knows nothing of VMIs)."""
-    load(emulator)
-    cp = kubectl(emulator, 'drain', S.NODE, '--ignore-daemonsets', '--timeout=20s', check=False)
+    load(cluster)
+    cp = kubectl(cluster, 'drain', S.NODE, '--ignore-daemonsets', '--timeout=20s', check=False)
     assert cp.returncode != 0
     assert 'ml/bare-debug' in cp.stderr and 'ml/cache-gpu' in cp.stderr
-    assert not any(r['verb'] == 'POST' and r['path'].endswith('/eviction') for r in emulator.requests)
+    assert not any(r['verb'] == 'POST' and r['path'].endswith('/eviction') for r in cluster.requests)
 
 
-def test_vmi_without_virtualmachine_is_refused_under_stop(emulator, run_playbook):
+def test_vmi_without_virtualmachine_is_refused_under_stop(cluster, run_playbook):
     objs = S.scenario()
     for o in objs:
         if o['kind'] == 'VirtualMachineInstance':
             del o['metadata']['ownerReferences']
-    load(emulator, [o for o in objs if o['kind'] != 'VirtualMachine'])
-    run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, ignore_errors=True)))
+    load(cluster, [o for o in objs if o['kind'] != 'VirtualMachine'])
+    run = run_playbook(play(cluster, drain_task(**ALLOW_ALL, ignore_errors=True)))
     res = run.result('drain')
     assert [(b['name'], b['reason']) for b in res['blocked']] == [
         ('vm-gpu', 'VirtualMachineInstance without a VirtualMachine cannot be stopped and restarted (vmi_policy=stop)')]
-    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(emulator))
+    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(cluster))
 
 
 # -- a full drain with the stop policy ----------------------------------------------------------
-def test_drain_with_stop_policy_evicts_halts_and_records(emulator, run_playbook):
-    load(emulator)
-    with KubeVirtStandIn(emulator) as kv:
-        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
+def test_drain_with_stop_policy_evicts_halts_and_records(cluster, run_playbook):
+    load(cluster)
+    with KubeVirtStandIn(cluster) as kv:
+        run = run_playbook(play(cluster, drain_task(**ALLOW_ALL)))
     res = run.result('drain')
     assert run.rc == 0, run.stdout
     assert names(res['evicted']) == GPU1_EVICTABLE
     assert names(res['skipped_pods']) == GPU1_LEFT
     assert res['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
     assert kv.halted == ['vms/vm-gpu']
-    assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'
-    ann = node(emulator)['metadata']['annotations']
+    assert cluster.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'
+    ann = node(cluster)['metadata']['annotations']
     assert json.loads(ann['gpufleet.io/stopped-vms']) == res['stopped_vms']
     assert ann['gpufleet.io/upgrade-state'] == 'drained'
-    assert node_pods(emulator, S.NODE) == GPU1_LEFT
-    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
-    assert only_touches(emulator, S.NODE, GPU1_EVICTABLE) == []
+    assert node_pods(cluster, S.NODE) == GPU1_LEFT
+    assert node_pods(cluster, S.OTHER) == OTHER_NODE_PODS
+    assert only_touches(cluster, S.NODE, GPU1_EVICTABLE) == []
     # cross-check with kubectl: what is left on the node, and the cordon
-    left = kubectl_json(emulator, 'get', 'pods', '-A', '--field-selector', 'spec.nodeName=gpu-1')['items']
+    left = kubectl_json(cluster, 'get', 'pods', '-A', '--field-selector', 'spec.nodeName=gpu-1')['items']
     assert sorted('%s/%s' % (p['metadata']['namespace'], p['metadata']['name']) for p in left) == GPU1_LEFT
-    assert kubectl(emulator, 'get', 'node', S.NODE, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
+    assert kubectl(cluster, 'get', 'node', S.NODE, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
 
 
 # -- PodDisruptionBudgets -----------------------------------------------------------------------
-def test_pdb_429_is_retried_and_the_drain_succeeds_when_relaxed(emulator, run_playbook):
-    load(emulator, S.scenario() + [pdb('train', 'ml', 'train-gpu', min_available=1)])
+def test_pdb_429_is_retried_and_the_drain_succeeds_when_relaxed(cluster, run_playbook):
+    load(cluster, S.scenario() + [pdb('train', 'ml', 'train-gpu', min_available=1)])
 
     def relax():
-        emulator.apply(pdb('train', 'ml', 'train-gpu', min_available=0))
+        cluster.apply(pdb('train', 'ml', 'train-gpu', min_available=0))
 
-    with KubeVirtStandIn(emulator), WhenRequests(emulator, lambda reqs: evictions_of(reqs, 'train-gpu') >= 2,
+    with KubeVirtStandIn(cluster), WhenRequests(cluster, lambda reqs: evictions_of(reqs, 'train-gpu') >= 2,
                                                  relax) as when:
-        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, timeout=60)))
+        run = run_playbook(play(cluster, drain_task(**ALLOW_ALL, timeout=60)))
     res = run.result('drain')
     assert when.fired.is_set()
     assert run.rc == 0, run.stdout
     assert names(res['evicted']) == GPU1_EVICTABLE
-    assert evictions_of(emulator.requests, 'train-gpu') >= 3      # refused twice, then accepted
-    assert evictions_of(emulator.requests, 'infer-mig') == 1
-    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
+    assert evictions_of(cluster.requests, 'train-gpu') >= 3      # refused twice, then accepted
+    assert evictions_of(cluster.requests, 'infer-mig') == 1
+    assert node_pods(cluster, S.OTHER) == OTHER_NODE_PODS
 
 
-def test_pdb_never_relaxed_fails_at_the_deadline_and_touches_nothing_else(emulator, run_playbook):
-    load(emulator, S.scenario() + [pdb('train', 'ml', 'train-gpu', max_unavailable=0)])
-    with KubeVirtStandIn(emulator):
-        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL, timeout=3, ignore_errors=True)))
+def test_pdb_never_relaxed_fails_at_the_deadline_and_touches_nothing_else(cluster, run_playbook):
+    load(cluster, S.scenario() + [pdb('train', 'ml', 'train-gpu', max_unavailable=0)])
+    with KubeVirtStandIn(cluster):
+        run = run_playbook(play(cluster, drain_task(**ALLOW_ALL, timeout=3, ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert [(r['kind'], r['namespace'], r['name']) for r in res['remaining']] == [('Pod', 'ml', 'train-gpu')]
     assert res['remaining'][0]['reason'].startswith('eviction refused by a PodDisruptionBudget (429)')
     assert 'did not complete within the timeout of 3s; the node stays cordoned' in res['msg']
     assert names(res['evicted']) == [p for p in GPU1_EVICTABLE if p != 'ml/train-gpu']
-    assert evictions_of(emulator.requests, 'train-gpu') >= 2
-    n = node(emulator)
+    assert evictions_of(cluster.requests, 'train-gpu') >= 2
+    n = node(cluster)
     assert n['spec']['unschedulable'] is True
     assert n['metadata']['annotations']['gpufleet.io/upgrade-state'] == 'drain-failed'
-    assert 'ml/train-gpu' in node_pods(emulator, S.NODE)
-    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
-    assert only_touches(emulator, S.NODE, GPU1_EVICTABLE) == []
-    assert node(emulator, S.OTHER)['spec'].get('unschedulable') in (None, False)
+    assert 'ml/train-gpu' in node_pods(cluster, S.NODE)
+    assert node_pods(cluster, S.OTHER) == OTHER_NODE_PODS
+    assert only_touches(cluster, S.NODE, GPU1_EVICTABLE) == []
+    assert node(cluster, S.OTHER)['spec'].get('unschedulable') in (None, False)
 
 
-def test_kubectl_drain_also_retries_the_pdb(emulator):
+def test_kubectl_drain_also_retries_the_pdb(cluster):
     """Cross-check: kubectl drain on the same budget keeps retrying and times out, leaving the
     protected pod, like node_drain."""
     objs = [o for o in S.scenario() if o['kind'] not in ('VirtualMachine', 'VirtualMachineInstance')
             and not o['metadata']['name'].startswith('virt-launcher')]
-    load(emulator, objs + [pdb('train', 'ml', 'train-gpu', max_unavailable=0)])
-    cp = kubectl(emulator, 'drain', S.NODE, '--ignore-daemonsets', '--force', '--delete-emptydir-data',
+    load(cluster, objs + [pdb('train', 'ml', 'train-gpu', max_unavailable=0)])
+    cp = kubectl(cluster, 'drain', S.NODE, '--ignore-daemonsets', '--force', '--delete-emptydir-data',
                  '--timeout=7s', check=False)
     assert cp.returncode != 0
-    assert 'ml/train-gpu' in node_pods(emulator, S.NODE)
-    assert evictions_of(emulator.requests, 'train-gpu') >= 2
-    assert node_pods(emulator, S.OTHER) == OTHER_NODE_PODS
+    assert 'ml/train-gpu' in node_pods(cluster, S.NODE)
+    assert evictions_of(cluster.requests, 'train-gpu') >= 2
+    assert node_pods(cluster, S.OTHER) == OTHER_NODE_PODS
 
 
 # -- wait_for_jobs ------------------------------------------------------------------------------
@@ -190,32 +193,31 @@ def _with_checkpoint_job():
     return S.scenario() + [job]
 
 
-def test_wait_for_jobs_deadline_fails_and_evicts_nothing(emulator, run_playbook):
-    load(emulator, _with_checkpoint_job())
-    run = run_playbook(play(emulator, drain_task(node=S.OTHER, ignore_errors=True,
+def test_wait_for_jobs_deadline_fails_and_evicts_nothing(cluster, run_playbook):
+    load(cluster, _with_checkpoint_job())
+    run = run_playbook(play(cluster, drain_task(node=S.OTHER, ignore_errors=True,
                                                  wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 2})))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith("wait_for_jobs: 1 pod(s) matching 'role=checkpoint' on node gpu-2 did not finish "
                                  'within 2s; nothing was evicted')
     assert [w['name'] for w in res['waiting_for_jobs']] == ['ckpt-0']
-    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(emulator))
-    assert node_pods(emulator, S.OTHER) == sorted(OTHER_NODE_PODS + ['ml/ckpt-0'])
+    assert not any(m[0] in ('POST', 'DELETE') for m in mutations(cluster))
+    assert node_pods(cluster, S.OTHER) == sorted(OTHER_NODE_PODS + ['ml/ckpt-0'])
 
 
-def test_wait_for_jobs_then_drain_once_the_job_finished(emulator, run_playbook):
-    load(emulator, _with_checkpoint_job())
+def test_wait_for_jobs_then_drain_once_the_job_finished(cluster, run_playbook):
+    load(cluster, _with_checkpoint_job())
 
-    def finish_job():
-        pod = emulator.get('v1', 'Pod', 'ckpt-0', 'ml')
-        pod['status'] = {'phase': 'Succeeded'}
-        emulator.apply(pod)
+    def finish_job():   # what the kubelet reports when the job's container exits 0
+        cluster.patch('v1', 'Pod', 'ckpt-0', {'status': {'phase': 'Succeeded', 'conditions': [
+            {'type': 'Ready', 'status': 'False', 'reason': 'PodCompleted'}]}}, 'ml', subresource='status')
 
     def listed_twice(reqs):
         return sum(1 for r in reqs if 'role=checkpoint' in str(r['query'].get('labelSelector', ''))) >= 2
 
-    with WhenRequests(emulator, listed_twice, finish_job) as when:
-        run = run_playbook(play(emulator, drain_task(node=S.OTHER, timeout=30,
+    with WhenRequests(cluster, listed_twice, finish_job) as when:
+        run = run_playbook(play(cluster, drain_task(node=S.OTHER, timeout=30,
                                                      wait_for_jobs={'selector': 'role=checkpoint', 'timeout': 60})))
     assert when.fired.is_set()
     res = run.result('drain')
@@ -224,10 +226,10 @@ def test_wait_for_jobs_then_drain_once_the_job_finished(emulator, run_playbook):
 
 
 # -- idempotency ladder, check and diff mode ----------------------------------------------------
-def test_idempotency_ladder_check_apply_check_apply(emulator, run_playbook):
-    load(emulator)
+def test_idempotency_ladder_check_apply_check_apply(cluster, run_playbook):
+    load(cluster)
     run = run_playbook(play(
-        emulator,
+        cluster,
         drain_task('check-1', node=S.OTHER, check_mode=True, diff=True),
         drain_task('apply-1', node=S.OTHER, diff=True),
         drain_task('check-2', node=S.OTHER, check_mode=True, diff=True),
@@ -243,196 +245,206 @@ def test_idempotency_ladder_check_apply_check_apply(emulator, run_playbook):
                                                     'gpufleet.io/upgrade-state': 'drained'}}
     assert first_diff(c1)['after'] == after
     assert first_diff(a1)['after'] == after
-    assert node_pods(emulator, S.OTHER) == []
+    assert node_pods(cluster, S.OTHER) == []
     # check mode wrote nothing: the first writes come from apply-1 (mutations are in order)
-    n = node(emulator, S.OTHER)
+    n = node(cluster, S.OTHER)
     assert n['spec']['unschedulable'] is True
 
 
-def test_check_mode_changes_nothing(emulator, run_playbook):
-    load(emulator)
-    before = emulator.get('v1', 'Node', S.NODE)
-    run = run_playbook(play(emulator, drain_task(check_mode=True, **ALLOW_ALL),
+def test_check_mode_changes_nothing(cluster, run_playbook):
+    load(cluster)
+    before = cluster.get('v1', 'Node', S.NODE)
+    run = run_playbook(play(cluster, drain_task(check_mode=True, **ALLOW_ALL),
                             {'name': 'cordon', 'check_mode': True,
                              'gpufleet.upgrade.node_drain': {'name': S.NODE, 'state': 'cordon'}}))
     assert run.rc == 0, run.stdout
-    assert emulator.mutating_requests() == []
+    assert cluster.mutating_requests() == []
     assert names(run.result('drain')['evicted']) == GPU1_EVICTABLE
     assert run.result('drain')['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
     assert run.result('cordon')['changed'] is True
-    assert emulator.get('v1', 'Node', S.NODE)['spec'] == before['spec']
+    assert cluster.get('v1', 'Node', S.NODE)['spec'] == before['spec']
 
 
-def test_cordon_uncordon_ladder_and_kubectl_agrees(emulator, run_playbook):
-    load(emulator)
+def test_cordon_uncordon_ladder_and_kubectl_agrees(cluster, run_playbook):
+    load(cluster)
 
     def task(name, state, **kw):
         return dict({'name': name, 'gpufleet.upgrade.node_drain': {'name': S.OTHER, 'state': state}}, **kw)
 
-    run = run_playbook(play(emulator, task('c-check', 'cordon', check_mode=True), task('c1', 'cordon'),
+    run = run_playbook(play(cluster, task('c-check', 'cordon', check_mode=True), task('c1', 'cordon'),
                             task('c2', 'cordon'), task('u-check', 'uncordon', check_mode=True), task('u1', 'uncordon'),
                             task('u2', 'uncordon')))
     assert [run.result(t)['changed'] for t in ('c-check', 'c1', 'c2', 'u-check', 'u1', 'u2')] == [
         True, True, False, True, True, False]
     assert run.result('u1')['kept_cordon'] is False
-    assert kubectl(emulator, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == ''
-    ann = node(emulator, S.OTHER)['metadata'].get('annotations') or {}
+    assert kubectl(cluster, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == ''
+    ann = node(cluster, S.OTHER)['metadata'].get('annotations') or {}
     assert not any(k.startswith('gpufleet.io/') for k in ann)
 
 
-def test_node_cordoned_beforehand_stays_cordoned_after_uncordon(emulator, run_playbook):
+def test_node_cordoned_beforehand_stays_cordoned_after_uncordon(cluster, run_playbook):
     objs = S.scenario()
     for o in objs:
         if o['kind'] == 'Node' and o['metadata']['name'] == S.OTHER:
             o['spec']['unschedulable'] = True
-    load(emulator, objs)
+    load(cluster, objs)
 
     def task(name, state, **kw):
         args = {'name': S.OTHER, 'state': state}
         args.update(kw)
         return {'name': name, 'gpufleet.upgrade.node_drain': args}
 
-    run = run_playbook(play(emulator, task('drain', 'drain', retry_interval=0.5), task('uncordon', 'uncordon'),
+    run = run_playbook(play(cluster, task('drain', 'drain', retry_interval=0.5), task('uncordon', 'uncordon'),
                             task('again', 'uncordon')))
     assert run.rc == 0, run.stdout
     assert run.result('drain')['initially_unschedulable'] is True
     assert run.result('uncordon')['kept_cordon'] is True
     assert run.result('again')['changed'] is False
-    assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
-    assert kubectl(emulator, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
-    run = run_playbook(play(emulator, task('force', 'uncordon', force=True)))
+    assert node(cluster, S.OTHER)['spec']['unschedulable'] is True
+    assert kubectl(cluster, 'get', 'node', S.OTHER, '-o', 'jsonpath={.spec.unschedulable}').stdout == 'true'
+    run = run_playbook(play(cluster, task('force', 'uncordon', force=True)))
     assert run.result('force')['changed'] is True
-    assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
+    assert not node(cluster, S.OTHER)['spec'].get('unschedulable')
 
 
 # -- faults on writes ---------------------------------------------------------------------------
-def test_node_patch_conflicts_are_reread_and_reapplied(emulator, run_playbook):
-    load(emulator)
-    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=409, times=2)
-    run = run_playbook(play(emulator, {'name': 'cordon', 'gpufleet.upgrade.node_drain': {
+def test_node_patch_conflicts_are_reread_and_reapplied(cluster, run_playbook):
+    load(cluster)
+    cluster.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=409, times=2)
+    run = run_playbook(play(cluster, {'name': 'cordon', 'gpufleet.upgrade.node_drain': {
         'name': S.OTHER, 'state': 'cordon'}}))
     assert run.rc == 0, run.stdout
     assert run.result('cordon')['changed'] is True
-    verbs = [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2']
+    verbs = [r['verb'] for r in cluster.requests if r['path'] == '/api/v1/nodes/gpu-2']
     assert verbs == ['GET', 'PATCH', 'GET', 'PATCH', 'GET', 'PATCH']
-    assert node(emulator, S.OTHER)['spec']['unschedulable'] is True
+    assert node(cluster, S.OTHER)['spec']['unschedulable'] is True
 
 
-def test_persistent_conflict_fails_clearly_and_changes_nothing(emulator, run_playbook):
-    load(emulator)
-    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=409, times=100)
-    run = run_playbook(play(emulator, {'name': 'cordon', 'ignore_errors': True, 'gpufleet.upgrade.node_drain': {
+def test_persistent_conflict_fails_clearly_and_changes_nothing(cluster, run_playbook):
+    load(cluster)
+    cluster.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=409, times=100)
+    run = run_playbook(play(cluster, {'name': 'cordon', 'ignore_errors': True, 'gpufleet.upgrade.node_drain': {
         'name': S.OTHER, 'state': 'cordon'}}))
     res = run.result('cordon')
     assert res['_event'] == 'runner_on_failed'
     assert 'kept changing (409 Conflict on 5 attempts); nothing was changed by this call' in res['msg']
-    assert not node(emulator, S.OTHER)['spec'].get('unschedulable')
+    assert not node(cluster, S.OTHER)['spec'].get('unschedulable')
 
 
-def test_server_error_on_a_write_is_not_retried(emulator, run_playbook):
-    load(emulator)
-    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=500, times=100)
-    run = run_playbook(play(emulator, dict(drain_task(node=S.OTHER), ignore_errors=True)))
+def test_server_error_on_a_write_is_not_retried(cluster, run_playbook):
+    load(cluster)
+    cluster.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', status=500, times=100)
+    run = run_playbook(play(cluster, dict(drain_task(node=S.OTHER), ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: HTTP 500')
     assert res['msg'].endswith('(node gpu-2, state drain)')
-    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
-    assert not any(r['path'].endswith('/eviction') for r in emulator.requests)
+    assert [r['verb'] for r in cluster.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
+    assert not any(r['path'].endswith('/eviction') for r in cluster.requests)
 
 
-def test_transient_eviction_errors_are_retried_with_the_uid_precondition(emulator, run_playbook):
-    load(emulator)
-    emulator.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=503, times=2)
-    run = run_playbook(play(emulator, drain_task(node=S.OTHER)))
+def test_transient_eviction_errors_are_retried_with_the_uid_precondition(cluster, run_playbook):
+    load(cluster)
+    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=503, times=2)
+    run = run_playbook(play(cluster, drain_task(node=S.OTHER)))
     assert run.rc == 0, run.stdout
     assert names(run.result('drain')['evicted']) == OTHER_NODE_PODS
-    assert evictions_of(emulator.requests, 'other-gpu') == 3
+    assert evictions_of(cluster.requests, 'other-gpu') == 3
 
 
-def test_unknown_node_and_bad_options(emulator, run_playbook):
-    load(emulator)
+def test_unknown_node_and_bad_options(cluster, run_playbook):
+    load(cluster)
     run = run_playbook(play(
-        emulator,
+        cluster,
         dict(drain_task('missing', node='gpu-404'), ignore_errors=True),
         dict(drain_task('bad', timeout=-1), ignore_errors=True),
         dict(drain_task('bad-jobs', wait_for_jobs={'selector': '', 'timeout': 5}), ignore_errors=True)))
     assert run.result('missing')['msg'] == "name: node 'gpu-404' does not exist (node gpu-404, state drain)"
     assert run.result('bad')['msg'] == 'timeout must be > 0, got -1.0'
     assert run.result('bad-jobs')['msg'] == "wait_for_jobs.selector must be a non-empty label selector, got ''"
-    assert emulator.mutating_requests() == []
+    assert cluster.mutating_requests() == []
 
 
-def test_slow_write_beyond_the_timeout_fails_clearly_and_a_rerun_resumes(emulator, run_playbook):
-    load(emulator)
-    emulator.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', delay=3, times=1)
+def test_slow_write_beyond_the_timeout_fails_clearly_and_a_rerun_resumes(cluster, run_playbook):
+    load(cluster)
+    cluster.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-2$', delay=3, times=1)
     cordon = {'name': 'cordon', 'ignore_errors': True,
               'gpufleet.upgrade.node_drain': {'name': S.OTHER, 'state': 'cordon'}}
-    run = run_playbook(play(emulator, cordon, request_timeout=1))
+    run = run_playbook(play(cluster, cordon, request_timeout=1))
     res = run.result('cordon')
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('PATCH /api/v1/nodes/gpu-2: no answer within the request timeout of 1s; the change '
                                  'may or may not have been applied')
-    assert [r['verb'] for r in emulator.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
+    assert [r['verb'] for r in cluster.requests if r['path'] == '/api/v1/nodes/gpu-2'].count('PATCH') == 1
     # The server may finish the slow write after the client gave up, or drop it with the connection:
     # give it the fault's delay to do either (bounded), then the rerun must end in the same state.
-    slow = [r for r in emulator.requests if r['verb'] == 'PATCH' and r.get('fault')][0]
+    slow = [r for r in cluster.requests if r['verb'] == 'PATCH' and r.get('fault')][0]
     deadline = time.monotonic() + 5
     while 'status' not in slow and time.monotonic() < deadline:
         time.sleep(0.05)
-    applied = bool(node(emulator, S.OTHER)['spec'].get('unschedulable'))
-    run = run_playbook(play(emulator, cordon))
+    applied = bool(node(cluster, S.OTHER)['spec'].get('unschedulable'))
+    run = run_playbook(play(cluster, cordon))
     assert run.result('cordon')['changed'] is (not applied)
-    n = node(emulator, S.OTHER)
+    n = node(cluster, S.OTHER)
     assert n['spec']['unschedulable'] is True
     assert n['metadata']['annotations']['gpufleet.io/initial-unschedulable'] == 'false'
 
 
-def test_wait_is_by_uid_a_recreated_pod_with_the_same_name_is_not_the_old_one(emulator, run_playbook):
-    """The ReplicaSet stand-in recreates each evicted pod at once with the same name and a new UID
-    (on another node: the drained one is cordoned). The drain completes; it does not wait for the
+def test_wait_is_by_uid_a_recreated_pod_with_the_same_name_is_not_the_old_one(cluster, run_playbook):
+    """A real StatefulSet recreates each evicted pod at once with the same name and a new UID (on
+    the other node: the drained one is cordoned). The drain completes; it does not wait for the
     name to disappear."""
-    from emulator import fixtures as F
-    emulator.simulator.recreate_owned_pods = True
-    emulator.apply([F.namespace('web'), F.gpu_node('gpu-a'), F.gpu_node('gpu-b'),
-                    F.replicaset('web', 'web', replicas=3)])
-    rs = emulator.get('apps/v1', 'ReplicaSet', 'web', 'web')
-    emulator.apply([F.replicaset_pod(rs, 'gpu-a', suffix=str(i)) for i in range(3)])
-    old = {p['metadata']['name']: p['metadata']['uid'] for p in emulator.list('v1', 'Pod', 'web')}
-    emulator.clear_requests()
-    run = run_playbook(play(emulator, drain_task(node='gpu-a', timeout=30)))
+    cluster.apply(S.namespaces('web') + [S.node('gpu-a'), S.node('gpu-b', unschedulable=True)])
+    cluster.apply({'apiVersion': 'apps/v1', 'kind': 'StatefulSet', 'metadata': {'name': 'web', 'namespace': 'web'},
+                   'spec': {'replicas': 3, 'serviceName': 'web', 'podManagementPolicy': 'Parallel',
+                            'selector': {'matchLabels': {'app': 'web'}},
+                            'template': {'metadata': {'labels': {'app': 'web'}},
+                                         'spec': {'containers': [{'name': 'main', 'image': 'registry.local/web:1'}],
+                                                  'terminationGracePeriodSeconds': 5}}}})
+
+    def running_on(node_name):
+        pods = cluster.list('v1', 'Pod', 'web')
+        return len(pods) == 3 and all(p['spec'].get('nodeName') == node_name and not p['metadata'].get(
+            'deletionTimestamp') and (p.get('status') or {}).get('phase') == 'Running' for p in pods)
+
+    cluster.wait_for(lambda: running_on('gpu-a'), timeout=60, message='the StatefulSet pods Running on gpu-a')
+    cluster.patch('v1', 'Node', 'gpu-b', {'spec': {'unschedulable': None}})
+    old = {p['metadata']['name']: p['metadata']['uid'] for p in cluster.list('v1', 'Pod', 'web')}
+    cluster.clear_requests()
+    run = run_playbook(play(cluster, drain_task(node='gpu-a', timeout=60)))
     res = run.result('drain')
     assert run.rc == 0, run.stdout
     assert names(res['evicted']) == ['web/web-0', 'web/web-1', 'web/web-2']
-    emulator.wait_for(lambda: len(emulator.list('v1', 'Pod', 'web')) == 3, timeout=10)
+    cluster.wait_for(lambda: running_on('gpu-b'), timeout=60, message='the StatefulSet pods Running on gpu-b')
     new = {p['metadata']['name']: (p['metadata']['uid'], p['spec'].get('nodeName'))
-           for p in emulator.list('v1', 'Pod', 'web')}
-    assert sorted(new) == sorted(old)
+           for p in cluster.list('v1', 'Pod', 'web')}
+    assert sorted(new) == sorted(old) == ['web-0', 'web-1', 'web-2']
     assert all(new[n][0] != old[n] and new[n][1] == 'gpu-b' for n in old)
+    assert evictions_of(cluster.requests, 'web-0') == 1
 
 
-def test_evict_policy_fails_at_the_deadline_while_the_vmi_stays(emulator, run_playbook):
-    load(emulator)
-    run = run_playbook(play(emulator, drain_task(force=True, delete_local_data=True, vmi_policy='evict', timeout=3,
+def test_evict_policy_fails_at_the_deadline_while_the_vmi_stays(cluster, run_playbook):
+    load(cluster)
+    run = run_playbook(play(cluster, drain_task(force=True, delete_local_data=True, vmi_policy='evict', timeout=3,
                                                  ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert [(r['kind'], r['name'], r['reason']) for r in res['remaining']] == [
         ('VirtualMachineInstance', 'vm-gpu', 'VMI still on the node')]
-    assert evictions_of(emulator.requests, 'virt-launcher-vm-gpu-x7k2p') == 1
-    assert node(emulator)['spec']['unschedulable'] is True
+    assert evictions_of(cluster.requests, 'virt-launcher-vm-gpu-x7k2p') == 1
+    assert node(cluster)['spec']['unschedulable'] is True
 
 
-def test_evict_policy_succeeds_once_the_vmi_left(emulator, run_playbook):
+def test_evict_policy_succeeds_once_the_vmi_left(cluster, run_playbook):
     """KubeVirt turns the launcher's eviction into a migration; the stand-in removes the VMI from
     the node once its launcher was evicted."""
-    load(emulator)
+    load(cluster)
 
     def migrated():
-        emulator.delete('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms')
+        cluster.delete('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms')
 
-    with WhenRequests(emulator, lambda reqs: evictions_of(reqs, 'virt-launcher-vm-gpu-x7k2p') >= 1, migrated):
-        run = run_playbook(play(emulator, drain_task(force=True, delete_local_data=True, vmi_policy='evict',
+    with WhenRequests(cluster, lambda reqs: evictions_of(reqs, 'virt-launcher-vm-gpu-x7k2p') >= 1, migrated):
+        run = run_playbook(play(cluster, drain_task(force=True, delete_local_data=True, vmi_policy='evict',
                                                      timeout=30)))
     res = run.result('drain')
     assert run.rc == 0, run.stdout
@@ -446,29 +458,29 @@ def start_vms_task(name: str = 'start', node: str = S.NODE, **flags) -> dict:
     return dict({'name': name, 'gpufleet.upgrade.node_drain': {'name': node, 'state': 'start_vms'}}, **flags)
 
 
-def test_start_vms_restores_the_run_state_the_drain_recorded(emulator, run_playbook):
+def test_start_vms_restores_the_run_state_the_drain_recorded(cluster, run_playbook):
     objs = S.scenario()
     # A second VM on the node that used `running: true` (no runStrategy).
     vm2 = S.vm('vm-legacy', run_strategy=None)
     objs += [vm2, S.vmi('vm-legacy'), S.launcher_pod('vm-legacy')]
-    load(emulator, objs)
+    load(cluster, objs)
 
     def vm(name):
-        return emulator.get('kubevirt.io/v1', 'VirtualMachine', name, 'vms')
+        return cluster.get('kubevirt.io/v1', 'VirtualMachine', name, 'vms')
 
-    with KubeVirtStandIn(emulator):
-        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
+    with KubeVirtStandIn(cluster):
+        run = run_playbook(play(cluster, drain_task(**ALLOW_ALL)))
     assert run.rc == 0, run.stdout
     assert run.result('drain')['stopped_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'},
                                                   {'namespace': 'vms', 'name': 'vm-legacy', 'running': True}]
     assert (vm('vm-gpu')['spec']['runStrategy'], vm('vm-legacy')['spec']['running']) == ('Halted', False)
 
     # check mode + diff: what would change, nothing written
-    emulator.clear_requests()
-    run = run_playbook(play(emulator, start_vms_task('check', check_mode=True, diff=True)))
+    cluster.clear_requests()
+    run = run_playbook(play(cluster, start_vms_task('check', check_mode=True, diff=True)))
     assert run.rc == 0, run.stdout
     res = run.result('check')
-    assert emulator.mutating_requests() == []
+    assert cluster.mutating_requests() == []
     assert res['changed'] is True
     assert [v['name'] for v in res['started_vms']] == ['vm-gpu', 'vm-legacy']
     diff = first_diff(res)
@@ -478,29 +490,75 @@ def test_start_vms_restores_the_run_state_the_drain_recorded(emulator, run_playb
     assert 'gpufleet.io/stopped-vms' not in diff['after']['node']['annotations']
 
     # the real thing, then idempotent
-    run = run_playbook(play(emulator, start_vms_task('start'), start_vms_task('again')))
+    run = run_playbook(play(cluster, start_vms_task('start'), start_vms_task('again')))
     assert run.rc == 0, run.stdout
     assert run.result('start')['changed'] is True and run.result('again')['changed'] is False
     assert run.result('again')['started_vms'] == []
     assert vm('vm-gpu')['spec']['runStrategy'] == 'Always'
     assert vm('vm-legacy')['spec']['running'] is True and 'runStrategy' not in vm('vm-legacy')['spec']
-    assert 'gpufleet.io/stopped-vms' not in node(emulator)['metadata']['annotations']
-    assert sorted(m for m in mutations(emulator) if '/virtualmachines/' in m[1]) == [
+    assert 'gpufleet.io/stopped-vms' not in node(cluster)['metadata']['annotations']
+    assert sorted(m for m in mutations(cluster) if '/virtualmachines/' in m[1]) == [
         ('PATCH', '/apis/kubevirt.io/v1/namespaces/vms/virtualmachines/vm-gpu'),
         ('PATCH', '/apis/kubevirt.io/v1/namespaces/vms/virtualmachines/vm-legacy')]
 
 
-def test_start_vms_never_starts_a_vm_on_a_failed_node(emulator, run_playbook):
-    load(emulator)
-    with KubeVirtStandIn(emulator):
-        run = run_playbook(play(emulator, drain_task(**ALLOW_ALL)))
+def test_start_vms_never_starts_a_vm_on_a_failed_node(cluster, run_playbook):
+    load(cluster)
+    with KubeVirtStandIn(cluster):
+        run = run_playbook(play(cluster, drain_task(**ALLOW_ALL)))
     assert run.rc == 0, run.stdout
-    emulator.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'failed'}}})
-    emulator.clear_requests()
-    run = run_playbook(play(emulator, start_vms_task(ignore_errors=True)))
+    cluster.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'failed'}}})
+    cluster.clear_requests()
+    run = run_playbook(play(cluster, start_vms_task(ignore_errors=True)))
     res = run.result('start')
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'] == ('node gpu-1 records gpufleet.io/upgrade-state=failed: its 1 stopped VM(s) (vms/vm-gpu) are '
                           'not started on a failed node; recover the node, then start them (node gpu-1, state start_vms)')
-    assert emulator.mutating_requests() == []
-    assert emulator.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'
+    assert cluster.mutating_requests() == []
+    assert cluster.get('kubevirt.io/v1', 'VirtualMachine', 'vm-gpu', 'vms')['spec']['runStrategy'] == 'Halted'
+
+
+def test_drain_uncordon_and_start_vms_run_the_vm_again(cluster, run_playbook):
+    """The whole VM cycle with the KubeVirt stand-in playing the VM controller both ways: the drain
+    halts vm-gpu (its VMI and launcher go), start_vms restores runStrategy Always and the VM runs
+    again: a new VMI on the node its template selects, once that node is schedulable, with a new
+    launcher pod there that gpu_holders_info sees as the VMI's."""
+    objs = S.scenario()
+    for o in objs:
+        if o['kind'] == 'VirtualMachine':
+            o['spec']['template']['spec']['nodeSelector'] = {'kubernetes.io/hostname': S.NODE}
+            o['spec']['template']['spec']['domain']['devices'] = {
+                'gpus': [{'name': 'gpu1', 'deviceName': 'nvidia.com/GH100_H100'}]}
+    load(cluster, objs)
+    old_vmi = cluster.get('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms')['metadata']['uid']
+    with KubeVirtStandIn(cluster, start_vms=True) as kv:
+        run = run_playbook(play(cluster, drain_task(**ALLOW_ALL), start_vms_task('start')))
+        assert run.rc == 0, run.stdout
+        assert run.result('start')['started_vms'] == [{'namespace': 'vms', 'name': 'vm-gpu', 'runStrategy': 'Always'}]
+        # gpu-1 is still cordoned: the only node the VM's template allows, so the VM waits
+        assert cluster.get('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms') is None
+        assert kv.started == []
+        run = run_playbook(play(cluster, {'name': 'uncordon', 'gpufleet.upgrade.node_drain': {
+            'name': S.NODE, 'state': 'uncordon'}}))
+        assert run.rc == 0, run.stdout
+        vmi = cluster.wait_for(lambda: cluster.get('kubevirt.io/v1', 'VirtualMachineInstance', 'vm-gpu', 'vms'),
+                               timeout=30, message='vm-gpu to get a VMI again')
+
+        def launcher_running():
+            pods = [p for p in cluster.list('v1', 'Pod', 'vms', label_selector='vm.kubevirt.io/name=vm-gpu')
+                    if (p.get('status') or {}).get('phase') == 'Running']
+            return pods[0] if pods else None
+
+        launcher = cluster.wait_for(launcher_running, timeout=30, message='a Running virt-launcher for vm-gpu')
+    assert kv.halted == ['vms/vm-gpu'] and kv.started == ['vms/vm-gpu']
+    assert vmi['metadata']['uid'] != old_vmi
+    assert vmi['status'] == {'phase': 'Running', 'nodeName': S.NODE}
+    assert [(r['kind'], r['name']) for r in vmi['metadata']['ownerReferences']] == [('VirtualMachine', 'vm-gpu')]
+    assert launcher['spec']['nodeName'] == S.NODE
+    assert launcher['metadata']['name'] != 'virt-launcher-vm-gpu-x7k2p'
+    assert launcher['metadata']['labels']['kubevirt.io'] == 'virt-launcher'
+    assert [r['uid'] for r in launcher['metadata']['ownerReferences']] == [vmi['metadata']['uid']]
+    assert launcher['spec']['containers'][0]['resources']['limits'] == {'nvidia.com/GH100_H100': '1'}
+    run = run_playbook(play(cluster, {'name': 'holders', 'gpufleet.upgrade.gpu_holders_info': {'nodes': [S.NODE]}}))
+    vmis = [h for h in run.result('holders')['holders'] if h['kind'] == 'VirtualMachineInstance']
+    assert [(h['name'], h['launcher_pod']) for h in vmis] == [('vm-gpu', launcher['metadata']['name'])]
