@@ -13,6 +13,7 @@ fault proxy, so `requests` lists exactly what they sent and `faults` can break i
     cluster.faults.add(method='PATCH', path=r'/nodes/gpu-1$', status=409, times=2)
     cluster.audit_events(user='system:serviceaccount:gpufleet-system:reader')   # the API server's audit log
     cluster.stop_kubelet('gpu-1') / start_kubelet('gpu-1')   # KWOK stops or resumes playing its kubelet
+    cluster.set_logs('default', 'train', 'step 1\n')   # the pod's log, served by KWOK (cluster/logs.py)
 
 `apply` is create-or-replace with status: the status given is written through the status
 subresource and kept (KWOK leaves a pod annotated gpufleet.test/status=fixed alone; a node whose
@@ -406,6 +407,9 @@ class Cluster:
         if res.kind == 'Pod' and (obj.get('spec') or {}).get('runtimeClassName'):
             self._ensure_runtime_class(obj['spec']['runtimeClassName'])
         status = obj.get('status') or None
+        if res.kind == 'Node' and status:
+            from .logs import kubelet_endpoint
+            status = kubelet_endpoint(status, self.cp)  # the API server reaches KWOK at 127.0.0.1 only
         if 'status' in res.subresources:
             obj.pop('status', None)  # written through the subresource after the create
         annotations = meta.setdefault('annotations', {})
@@ -490,6 +494,12 @@ class Cluster:
         return out
 
     # ------------------------------------------------------------------ kubelets (KWOK)
+    def set_logs(self, namespace: str, pod: str, text: str, container: str | None = None, wait: bool = True) -> None:
+        """The pod's container log (every container's when None), served by KWOK through the API
+        server's GET pods/<pod>/log; see cluster/logs.py."""
+        from .logs import set_logs
+        set_logs(self, namespace, pod, text, container=container, wait=wait)
+
     def stop_kubelet(self, node: str, reason: str = 'KubeletNotReady') -> dict:
         """The node's kubelet stops: KWOK no longer plays it and its Ready condition goes False."""
         self.patch('v1', 'Node', node, {'metadata': {'annotations': {STOPPED: 'stopped'}}})
@@ -593,6 +603,7 @@ class Cluster:
         ('upgrade.cattle.io/v1', 'Plan'), ('v1', 'ConfigMap'), ('v1', 'Secret'), ('v1', 'Service'),
         ('v1', 'PersistentVolumeClaim'), ('v1', 'Pod'),
         ('rbac.authorization.k8s.io/v1', 'RoleBinding'), ('rbac.authorization.k8s.io/v1', 'Role'),
+        ('kwok.x-k8s.io/v1alpha1', 'Logs'),
     ]
     CLEAN_CLUSTER = [('v1', 'Node'), ('resource.k8s.io/v1', 'ResourceSlice'), ('resource.k8s.io/v1', 'DeviceClass'),
                      ('nvidia.com/v1', 'ClusterPolicy')]

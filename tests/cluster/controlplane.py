@@ -39,6 +39,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 KUBERNETES_VERSION = 'v1.36.3'
 SERVICE_CIDR = '10.43.0.0/16'
 TESTED_GROUP = 'gpufleet:tested'
+# Where the API server finds a node's kubelet (KWOK's HTTPS server, which serves pod logs): every
+# node has this address (KWOK's node stage and Cluster.apply add it) and the KWOK port as its
+# daemonEndpoints.kubeletEndpoint.Port.
+KUBELET_ADDRESS_TYPE = 'ExternalIP'
+KUBELET_ADDRESS = '127.0.0.1'
 
 # Static-token users: name -> groups. `gpufleet-admin` is what tests hand to modules by default;
 # the named roles of docs/rbac are exercised through service accounts (see Cluster.sa_kubeconfig).
@@ -74,7 +79,7 @@ class ControlPlane:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.tokens: dict[str, str] = {}
         self.bin: pathlib.Path | None = None
-        self.etcd_port = self.apiserver_port = 0
+        self.etcd_port = self.apiserver_port = self.kwok_port = 0
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> 'ControlPlane':
@@ -185,7 +190,11 @@ class ControlPlane:
             '--tls-cert-file', str(crt), '--tls-private-key-file', str(key),
             '--client-ca-file', str(self.pki.ca_path), '--token-auth-file', str(tokens),
             '--kubelet-client-certificate', str(kcrt), '--kubelet-client-key', str(kkey),
-            '--kubelet-preferred-address-types', 'Hostname',
+            # The API server reaches a node's kubelet (KWOK's server: pod logs) at the node's
+            # ExternalIP, which is always 127.0.0.1 here (see KUBELET_ADDRESS); the fixtures'
+            # InternalIPs and host names are never contacted. KWOK's serving certificate is verified.
+            '--kubelet-preferred-address-types', KUBELET_ADDRESS_TYPE,
+            '--kubelet-certificate-authority', str(self.pki.ca_path),
             '--authorization-mode', 'Node,RBAC', '--enable-admission-plugins', 'NodeRestriction',
             '--anonymous-auth=false',
             '--service-account-issuer', 'https://kubernetes.default.svc.cluster.local',
@@ -248,10 +257,16 @@ class ControlPlane:
             '--bind-address', '127.0.0.1', '--secure-port', str(free_port()), '--leader-elect=false',
             '--profiling=false',
         ])
+        # KWOK's server is every node's kubelet endpoint (pod logs from its Logs objects), on
+        # 127.0.0.1 with a serving certificate of our CA; --node-port puts the port into the nodes'
+        # daemonEndpoints.
+        self.kwok_port = free_port()
+        kwok_crt, kwok_key = self.pki.issue('kwok-serving', 'kwok-kubelet', server=True, client=False)
         self._spawn('kwok', [
             'kwok', '--kubeconfig', str(kwok), '--config', str(HERE / 'kwok-stages.yaml'),
-            '--manage-all-nodes=true', '--cidr', '10.244.0.1/16', '--node-ip', '127.0.0.1',
-            '--server-address', '127.0.0.1:%d' % free_port(),
+            '--manage-all-nodes=true', '--cidr', '10.244.0.1/16', '--node-ip', KUBELET_ADDRESS,
+            '--server-address', '%s:%d' % (KUBELET_ADDRESS, self.kwok_port), '--node-port', str(self.kwok_port),
+            '--tls-cert-file', str(kwok_crt), '--tls-private-key-file', str(kwok_key),
         ])
 
     # ------------------------------------------------------------------ readiness

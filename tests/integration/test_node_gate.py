@@ -1,4 +1,5 @@
-"""node_gate through ansible-playbook against the Kubernetes API emulator (real kubernetes client)."""
+"""node_gate through ansible-playbook against the real control plane (tests/cluster), as a service account
+bound to the reader role of docs/rbac (node_gate is read-only: the audit log shows get/list only)."""
 from __future__ import annotations
 
 import threading
@@ -6,6 +7,7 @@ import threading
 import pytest
 
 import rbac_check
+from cluster import rbac
 
 pytestmark = pytest.mark.slow
 
@@ -14,9 +16,14 @@ DP_LABELS = {'app': 'nvidia-device-plugin-daemonset'}
 VAL_LABELS = {'app': 'nvidia-operator-validator'}
 
 
+READER = rbac.user('reader')
+
+
 @pytest.fixture
-def emu(emulator):
-    return emulator
+def emu(cluster):
+    # every test runs node_gate as gpufleet-system/reader, bound to gpufleet-upgrade-reader only
+    cluster.gate_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')
+    return cluster
 
 
 def node(name=NODE, ready=True, alloc=None, taints=None, unschedulable=True):
@@ -35,9 +42,10 @@ def pod(name, labels, node_name=NODE, ready=True, ns='gpu-operator'):
     cond = [{'type': t, 'status': 'True' if ready or t == 'PodScheduled' else 'False'}
             for t in ('Initialized', 'Ready', 'ContainersReady', 'PodScheduled')]
     return {'apiVersion': 'v1', 'kind': 'Pod',
-            'metadata': {'name': name, 'namespace': ns, 'labels': labels,
-                         'annotations': {'emulator.gpufleet.io/managed': 'false'}},
-            'spec': {'nodeName': node_name, 'containers': [{'name': 'main', 'image': 'nvcr.io/nvidia/k8s-device-plugin:v0.18.0'}]},
+            'metadata': {'name': name, 'namespace': ns, 'labels': labels},
+            # tolerate every taint (the real taint manager evicts a pod from a NoExecute-tainted node otherwise)
+            'spec': {'nodeName': node_name, 'tolerations': [{'operator': 'Exists'}],
+                     'containers': [{'name': 'main', 'image': 'nvcr.io/nvidia/k8s-device-plugin:v0.18.0'}]},
             'status': {'phase': 'Running', 'conditions': cond,
                        'containerStatuses': [{'name': 'main', 'ready': ready, 'restartCount': 0,
                                               'image': 'nvcr.io/nvidia/k8s-device-plugin:v0.18.0',
@@ -52,7 +60,7 @@ def healthy(emu, **node_kw):
 
 
 def gate(emu, **args):
-    task = {'gpufleet.upgrade.node_gate': dict({'kubeconfig': emu.kubeconfig, 'node': NODE,
+    task = {'gpufleet.upgrade.node_gate': dict({'kubeconfig': emu.gate_kubeconfig, 'node': NODE,
                                                 'expected_gpus': {'nvidia.com/gpu': 8},
                                                 'allowed_taints': ['gpufleet.io/canary']}, **args),
             'name': 'gate', 'ignore_errors': True}
@@ -62,6 +70,7 @@ def gate(emu, **args):
 def test_node_gate_passes_read_only_and_within_the_reader_role(emu, run_playbook):
     healthy(emu, taints=[{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}])
     emu.clear_requests()
+    mark = emu.audit_mark()
     r = run_playbook(gate(emu))
     res = r.result('gate')
     assert res['_event'] == 'runner_on_ok', res.get('msg')
@@ -71,6 +80,9 @@ def test_node_gate_passes_read_only_and_within_the_reader_role(emu, run_playbook
     assert [p['name'] for p in res['checks']['device_plugin']['evidence']['pods']] == ['nvidia-device-plugin-daemonset-a1']
     assert emu.mutating_requests() == []
     assert rbac_check.violations('gpufleet-upgrade-reader', emu.requests) == []
+    # what the API server saw from the reader: reads only, none refused
+    events = emu.audit_events(since=mark, user=READER)
+    assert events and rbac.non_reads(events) == [] and rbac.refused(events) == []
 
 
 def test_node_gate_fails_with_the_reasons(emu, run_playbook):
@@ -106,8 +118,7 @@ def test_node_gate_waits_until_the_node_is_ready(emu, run_playbook):
         # once the gate has read the node NotReady, the kubelet comes back
         emu.wait_for(lambda: any(q['verb'] == 'GET' and q['path'] == '/api/v1/nodes/gpu-1' for q in emu.requests),
                      timeout=60, message='the gate reading the node')
-        emu.patch('v1', 'Node', NODE, {'status': {'conditions': [{'type': 'Ready', 'status': 'True',
-                                                                  'reason': 'KubeletReady'}]}}, subresource='status')
+        emu.start_kubelet(NODE)
 
     t = threading.Thread(target=recover)
     t.start()
@@ -118,6 +129,7 @@ def test_node_gate_waits_until_the_node_is_ready(emu, run_playbook):
     res = r.result('gate')
     assert res['_event'] == 'runner_on_ok', res.get('msg')
     assert res['attempts'] >= 2 and res['checks']['ready']['evidence']['status'] == 'True'
+    assert rbac.refused(emu.audit_events(user=READER)) == []
 
 
 def test_node_gate_times_out_bounded(emu, run_playbook):

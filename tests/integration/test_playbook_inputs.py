@@ -52,9 +52,9 @@ BAD = [
 
 
 @pytest.mark.parametrize('name,extravars,var,phrase', BAD, ids=['%s-%s' % (b[0], b[2]) for b in BAD])
-def test_bad_input_fails_the_first_task_naming_the_variable(emulator, run_playbook, name, extravars, var, phrase):
-    load(emulator)
-    extravars = dict(extravars, gpufleet_kubeconfig=emulator.kubeconfig)
+def test_bad_input_fails_the_first_task_naming_the_variable(cluster, run_playbook, name, extravars, var, phrase):
+    load(cluster)
+    extravars = dict(extravars, gpufleet_kubeconfig=cluster.kubeconfig)
     run = run_playbook(REPO / 'playbooks' / ('%s.yml' % name), extravars=extravars, inventory=_inventory())
     assert run.rc != 0 and run.status == 'failed'
     res = run.result(CHECK[name])
@@ -64,40 +64,40 @@ def test_bad_input_fails_the_first_task_naming_the_variable(emulator, run_playbo
     # nothing ran but the check (once: on localhost, or run_once on the first GPU host)
     assert [t for t, _h, _e in _tasks_run(run)] == [CHECK[name]]
     # and the cluster was not even read
-    assert emulator.requests == [] and mutations(emulator) == []
+    assert cluster.requests == [] and mutations(cluster) == []
 
 
-def test_rollout_without_the_plan_file_names_it_in_its_output(emulator, run_playbook):
-    load(emulator)
+def test_rollout_without_the_plan_file_names_it_in_its_output(cluster, run_playbook):
+    load(cluster)
     run = run_playbook(REPO / 'playbooks' / 'rollout.yml', inventory=_inventory(), extravars={
-        'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_qualification_dir': 'q', 'gpufleet_evidence': 'e.json'})
+        'gpufleet_kubeconfig': cluster.kubeconfig, 'gpufleet_qualification_dir': 'q', 'gpufleet_evidence': 'e.json'})
     assert run.status == 'failed'
     assert 'missing required arguments: gpufleet_plan_file' in run.stdout
-    assert mutations(emulator) == []
+    assert mutations(cluster) == []
 
 
-def test_plan_target_must_be_complete(emulator, run_playbook, tmp_path):
+def test_plan_target_must_be_complete(cluster, run_playbook, tmp_path):
     """The five survey strings replace the mapping only when all five are given."""
-    load(emulator)
+    load(cluster)
     partial = {'gpufleet_target_kernel': TARGET['kernel'], 'gpufleet_target_driver': TARGET['driver']}
     run = run_playbook(REPO / 'playbooks' / 'plan.yml', inventory=_inventory(), extravars=dict(
-        partial, gpufleet_plan_file=str(tmp_path / 'plan.json'), gpufleet_kubeconfig=emulator.kubeconfig))
+        partial, gpufleet_plan_file=str(tmp_path / 'plan.json'), gpufleet_kubeconfig=cluster.kubeconfig))
     assert run.status == 'failed'
     res = run.result('Plan | The target is given once, as a mapping or as the five strings')
     assert res['_event'] == 'runner_on_failed'
     assert 'missing: gpufleet_target_rke2, gpufleet_target_gpu_operator, gpufleet_target_dcgm_exporter' in res['msg']
     assert run.result('Plan | Check the inputs')['_event'] == 'runner_on_ok'
     assert not run.task_results('Plan | NVML facts (driver, PCI identities, MIG)')
-    assert emulator.requests == [] and not (tmp_path / 'plan.json').exists()
+    assert cluster.requests == [] and not (tmp_path / 'plan.json').exists()
 
     # the five strings and a mapping that disagrees with them
     strings = {'gpufleet_target_%s' % k: v for k, v in TARGET.items()}
     run = run_playbook(REPO / 'playbooks' / 'plan.yml', inventory=_inventory(), extravars=dict(
         strings, gpufleet_target=dict(TARGET, driver='580.130.01'), gpufleet_plan_file=str(tmp_path / 'plan.json'),
-        gpufleet_kubeconfig=emulator.kubeconfig))
+        gpufleet_kubeconfig=cluster.kubeconfig))
     assert run.status == 'failed'
     assert 'they must agree' in run.result('Plan | The target is given once, as a mapping or as the five strings')['msg']
-    assert emulator.requests == []
+    assert cluster.requests == []
 
 
 def test_upgrade_check_collected_mode_takes_survey_answers(run_playbook, tmp_path):
@@ -125,44 +125,44 @@ def test_upgrade_check_collected_mode_takes_survey_answers(run_playbook, tmp_pat
     assert 'gpufleet_plan_file' in msg and 'gpufleet_pci_ids' in msg and 'gpufleet_current' in msg
 
 
-def test_rollback_without_nodes_acts_on_the_recorded_failures_only(emulator, run_playbook, tmp_path):
+def test_rollback_without_nodes_acts_on_the_recorded_failures_only(cluster, run_playbook, tmp_path):
     """Empty gpufleet_rollback_nodes (the survey's default): the nodes whose gpufleet.io/upgrade-state is
     "failed"; none -> nothing to do, and nothing but reads."""
     plan = tmp_path / 'plan.json'
     plan.write_text(json.dumps({'target': dict(TARGET)}))
-    load(emulator, [S.node(S.NODE), S.node(S.OTHER, annotations={'gpufleet.io/upgrade-state': 'done'})])
+    load(cluster, [S.node(S.NODE), S.node(S.OTHER, annotations={'gpufleet.io/upgrade-state': 'done'})])
     extravars = {'gpufleet_rollback_nodes': '', 'gpufleet_plan_file': str(plan), 'gpufleet_node_selector': '',
-                 'gpufleet_kubeconfig': emulator.kubeconfig}
+                 'gpufleet_kubeconfig': cluster.kubeconfig}
     run = run_playbook(REPO / 'playbooks' / 'rollback.yml', extravars=extravars, inventory=_inventory())
     assert (run.rc, run.status) == (0, 'successful'), run.stdout
     assert run.result('Rollback | The nodes')['msg'] == 'rolling back the nodes recorded as failed: none, nothing to do'
     assert not run.task_results("Rollback | Read the node's NVML facts (its PCI identity picks the record)")
-    assert emulator.requests and mutations(emulator) == []
+    assert cluster.requests and mutations(cluster) == []
 
-    emulator.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'failed'}}})
-    emulator.clear_requests()
+    cluster.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'failed'}}})
+    cluster.clear_requests()
     run = run_playbook(REPO / 'playbooks' / 'rollback.yml', extravars=extravars, inventory=_inventory())
     assert run.result('Rollback | The nodes')['msg'] == 'rolling back the nodes recorded as failed: ' + S.NODE
     # the rollback play runs on that node only (here it stops at the node's NVML read: no GPU on this machine)
     hosts = {r['_host'] for r in run.task_results("Rollback | Read the node's NVML facts (its PCI identity picks the record)")}
     assert hosts == {S.NODE}
-    assert mutations(emulator) == []
+    assert mutations(cluster) == []
 
 
-def test_preflight_needs_the_plan_or_the_target(emulator, run_playbook, tmp_path):
-    load(emulator)
+def test_preflight_needs_the_plan_or_the_target(cluster, run_playbook, tmp_path):
+    load(cluster)
     run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(),
-                       extravars={'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_plan_file': ''})
+                       extravars={'gpufleet_kubeconfig': cluster.kubeconfig, 'gpufleet_plan_file': ''})
     assert run.status == 'failed'
     res = run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')
     assert res['_event'] == 'runner_on_failed' and 'Set gpufleet_plan_file' in res['msg']
-    assert emulator.requests == []
+    assert cluster.requests == []
 
     plan = tmp_path / 'plan.json'
     plan.write_text(json.dumps({'target': dict(TARGET)}))
     run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(), extravars={
-        'gpufleet_kubeconfig': emulator.kubeconfig, 'gpufleet_plan_file': str(plan),
+        'gpufleet_kubeconfig': cluster.kubeconfig, 'gpufleet_plan_file': str(plan),
         'gpufleet_target': dict(TARGET, kernel='6.8.0-136-generic')})
     assert run.status == 'failed'
     assert 're-plan' in run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')['msg']
-    assert emulator.requests == []
+    assert cluster.requests == []

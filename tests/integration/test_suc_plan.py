@@ -1,5 +1,15 @@
-"""gpufleet.upgrade.suc_plan through ansible-playbook (ansible-runner)."""
+"""gpufleet.upgrade.suc_plan through ansible-playbook (ansible-runner); state=present on the real control
+plane (tests/cluster), as a service account bound as docs/rbac says (gpufleet-upgrade-rke2-plans by a
+RoleBinding in system-upgrade, gpufleet-upgrade-reader cluster-wide), with the system-upgrade-controller
+stand-in (cluster/suc.py) for wait=true."""
 from __future__ import annotations
+
+import pytest
+
+import rbac_check as R
+from cluster import rbac
+from cluster.suc import SucStandIn
+from emulator import fixtures as f
 
 TGT = 'v1.36.1+rke2r1'
 CUR = 'v1.35.3+rke2r3'
@@ -50,18 +60,31 @@ def test_bad_role_is_an_argument_error(run_playbook):
     assert 'value of role must be one of: server, agent, got: worker' in res['msg']
 
 
+SA = 'rke2-plans'
+
+
+@pytest.fixture
+def emu(cluster):
+    """The cluster, with the module's identity: rke2-plans in system-upgrade only, the reader cluster-wide."""
+    cluster.apply([f.namespace('system-upgrade')])
+    rbac.bind(cluster, 'gpufleet-upgrade-reader', sa=SA)
+    cluster.module_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-rke2-plans', sa=SA,
+                                                    namespace='system-upgrade')
+    mark = cluster.audit_mark()
+    yield cluster
+    assert rbac.refused(cluster.audit_events(since=mark, user=rbac.user(SA))) == []
+
+
 def _present_play(emu, args, check=False, diff=False):
     return [{'name': 'suc_plan present', 'hosts': 'localhost', 'gather_facts': False, 'check_mode': check,
              'diff': diff,
-             'module_defaults': {'group/gpufleet.upgrade.k8s': {'kubeconfig': emu.kubeconfig, 'request_timeout': 5}},
+             'module_defaults': {'group/gpufleet.upgrade.k8s': {'kubeconfig': emu.module_kubeconfig,
+                                                                'request_timeout': 5}},
              'tasks': [{'name': 'apply', 'gpufleet.upgrade.suc_plan': dict(args, state='present'),
                         'register': 'suc', 'ignore_errors': True}]}]
 
 
-def test_present_creates_then_idempotent_check_mode_then_update(emulator, run_playbook):
-    from emulator import fixtures as f
-    emu = emulator
-    emu.apply([f.namespace('system-upgrade')])
+def test_present_creates_then_idempotent_check_mode_then_update(emu, run_playbook):
     args = {'target_rke2': TGT, 'current_rke2': CUR,
             'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
 
@@ -91,11 +114,7 @@ def test_present_creates_then_idempotent_check_mode_then_update(emulator, run_pl
     assert [r['verb'] for r in emu.mutating_requests()] == ['PATCH', 'PATCH']
 
 
-def test_present_stays_inside_its_rbac_role(emulator, run_playbook):
-    import rbac_check as R
-    from emulator import fixtures as f
-    emu = emulator
-    emu.apply([f.namespace('system-upgrade')])
+def test_present_stays_inside_its_rbac_role(emu, run_playbook):
     role = R.module_roles()['suc_plan']
     seen = []
     for drain in (None, {'force': True}):  # create, then update
@@ -109,11 +128,9 @@ def test_present_stays_inside_its_rbac_role(emulator, run_playbook):
     assert verbs == {('get', 'plans'), ('create', 'plans'), ('patch', 'plans')}
 
 
-def test_present_refuses_a_plan_it_did_not_create(emulator, run_playbook):
-    from emulator import fixtures as f
-    emu = emulator
+def test_present_refuses_a_plan_it_did_not_create(emu, run_playbook):
     foreign = f.plan('gpufleet-rke2-agent-gpu-a-01', version='v1.34.2+rke2r1')
-    emu.apply([f.namespace('system-upgrade'), foreign])
+    emu.apply([foreign])
     emu.clear_requests()
     args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT,
             'nodes': [{'name': 'gpu-a-00', 'role': 'agent'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
@@ -131,23 +148,19 @@ def _gpu_nodes(f, *names, version=CUR):
     return [f.node(n, kubelet_version=version) for n in names]
 
 
-def test_wait_applies_one_plan_at_a_time_until_the_kubelet_runs_the_target(emulator, run_playbook):
-    import rbac_check as R
-    from emulator import fixtures as f
-    emu = emulator
-    emu.simulator.suc_controller = True
-    emu.simulator.suc_delay = 0.2
-    emu.apply([f.namespace('system-upgrade')] + _gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
+def test_wait_applies_one_plan_at_a_time_until_the_kubelet_runs_the_target(emu, run_playbook):
+    emu.apply(_gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
     emu.clear_requests()
-    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 20,
+    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 60,
             'wait_interval': 0.1, 'cordon': False,
             'nodes': [{'name': 'gpu-a-02', 'role': 'agent'}, {'name': 'gpu-a-01', 'role': 'agent'}]}
-    res = run_playbook(_present_play(emu, args)).result('apply')
+    with SucStandIn(emu, delay=0.2) as suc:
+        res = run_playbook(_present_play(emu, args)).result('apply')
     assert res['_event'] == 'runner_on_ok', res.get('msg')
     assert [(w['node'], w['done'], w['kubelet_version']) for w in res['waited']] == [
         ('gpu-a-02', True, TGT), ('gpu-a-01', True, TGT)]
     # The second Plan was written only after the first node finished.
-    assert [(e['event'], e['node']) for e in emu.simulator.suc_log] == [
+    assert [(e['event'], e['node']) for e in suc.log] == [
         ('start', 'gpu-a-02'), ('finish', 'gpu-a-02'), ('start', 'gpu-a-01'), ('finish', 'gpu-a-01')]
     posts = [i for i, r in enumerate(emu.requests) if r['verb'] == 'POST']
     reads_between = [r['path'] for r in emu.requests[posts[0]:posts[1]] if r['path'].endswith('/nodes/gpu-a-02')]
@@ -157,16 +170,15 @@ def test_wait_applies_one_plan_at_a_time_until_the_kubelet_runs_the_target(emula
     assert R.violations('gpufleet-upgrade-reader', [r for r in emu.requests if '/plans' not in r['path']]) == []
 
 
-def test_wait_refuses_downgrade_and_minor_skip_before_writing_any_plan(emulator, run_playbook):
-    from emulator import fixtures as f
-    emu = emulator
-    emu.simulator.suc_controller = True
-    emu.apply([f.namespace('system-upgrade')] + _gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
+def test_wait_refuses_downgrade_and_minor_skip_before_writing_any_plan(emu, run_playbook):
+    emu.apply(_gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
     emu.clear_requests()
     args = {'target_rke2': TGT, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 5, 'cordon': False,
             'nodes': [{'name': 'gpu-a-01', 'role': 'agent', 'current_rke2': 'v1.34.2+rke2r1'},
                       {'name': 'gpu-a-02', 'role': 'agent', 'current_rke2': 'v1.37.0+rke2r1'}]}
-    res = run_playbook(_present_play(emu, args)).result('apply')
+    with SucStandIn(emu) as suc:
+        res = run_playbook(_present_play(emu, args)).result('apply')
+    assert suc.log == []
     assert res['_event'] == 'runner_on_failed'
     assert res['problems'] == [
         "node 'gpu-a-01': v1.34.2+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor "
@@ -176,22 +188,23 @@ def test_wait_refuses_downgrade_and_minor_skip_before_writing_any_plan(emulator,
     assert emu.requests == []  # refused before any request, let alone a Plan
 
 
-def test_wait_fails_on_a_failed_job_and_refuses_the_next_plan_while_one_is_unfinished(emulator, run_playbook):
-    from emulator import fixtures as f
-    emu = emulator
-    emu.simulator.suc_controller = True
-    emu.simulator.suc_delay = 0.1
-    emu.simulator.suc_fail = {'gpu-a-01'}
-    emu.apply([f.namespace('system-upgrade')] + _gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
-    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 20,
+def test_wait_fails_on_a_failed_job_and_refuses_the_next_plan_while_one_is_unfinished(emu, run_playbook):
+    emu.apply(_gpu_nodes(f, 'gpu-a-01', 'gpu-a-02'))
+    args = {'target_rke2': TGT, 'current_rke2': CUR, 'control_plane_rke2': TGT, 'wait': True, 'wait_timeout': 60,
             'wait_interval': 0.1, 'cordon': False, 'nodes': [{'name': 'gpu-a-01', 'role': 'agent'}]}
-    res = run_playbook(_present_play(emu, args)).result('apply')
-    assert res['_event'] == 'runner_on_failed'
-    assert res['msg'].startswith('RKE2 Plan gpufleet-rke2-agent-gpu-a-01 for node gpu-a-01: the upgrade Job failed: '
-                                 'Job system-upgrade/apply-gpufleet-rke2-agent-gpu-a-01-on-gpu-a-01 failed on Node')
-    assert 'RKE2 is not downgraded' in res['msg'] and res['waited'][0]['done'] is False
-    emu.clear_requests()
-    res = run_playbook(_present_play(emu, dict(args, nodes=[{'name': 'gpu-a-02', 'role': 'agent'}]))).result('apply')
+    with SucStandIn(emu, delay=0.1, fail={'gpu-a-01'}) as suc:
+        res = run_playbook(_present_play(emu, args)).result('apply')
+        assert res['_event'] == 'runner_on_failed'
+        # SUC's message names the node's real upgrade Job (apply-<plan>-on-<node>-with-<hash>, shortened)
+        job = emu.list('batch/v1', 'Job', namespace='system-upgrade')
+        assert len(job) == 1 and job[0]['metadata']['name'].startswith('apply-gpufleet-rke2-agent-gpu-a-01-on-gpu-a-01-with-')
+        assert res['msg'].startswith('RKE2 Plan gpufleet-rke2-agent-gpu-a-01 for node gpu-a-01: the upgrade Job failed: '
+                                     'Job system-upgrade/%s failed on Node gpu-a-01: BackoffLimitExceeded'
+                                     % job[0]['metadata']['name'])
+        assert 'RKE2 is not downgraded' in res['msg'] and res['waited'][0]['done'] is False
+        emu.clear_requests()
+        res = run_playbook(_present_play(emu, dict(args, nodes=[{'name': 'gpu-a-02', 'role': 'agent'}]))).result('apply')
+    assert [(e['event'], e['node']) for e in suc.log] == [('start', 'gpu-a-01'), ('fail', 'gpu-a-01')]
     assert res['_event'] == 'runner_on_failed'
     assert ('refusing to write the RKE2 Plan of gpu-a-02 while another RKE2 upgrade is unfinished: Plan '
             'system-upgrade/gpufleet-rke2-agent-gpu-a-01 (node gpu-a-01) is not complete (Complete=False, JobFailed)'

@@ -1,5 +1,7 @@
-"""workload_gate through ansible-playbook against the Kubernetes API emulator and its pod-lifecycle
-simulator: Jobs pinned to the node, repeated, compared, cleaned up."""
+"""workload_gate through ansible-playbook against the real control plane (tests/cluster): Jobs pinned to
+the node, placed by the real scheduler, run by the Job controller and KWOK, their pods' logs read through
+the API server from KWOK (cluster/logs.py), repeated, compared, cleaned up; as a service account bound to
+docs/rbac's workload-gate role in the qualification namespace only."""
 from __future__ import annotations
 
 import json
@@ -8,23 +10,31 @@ import threading
 import pytest
 
 import rbac_check
+from cluster import rbac
+from cluster.logs import LOGS_ANNOTATION, PodLogWriter
 
 pytestmark = pytest.mark.slow
 
 NODE = 'gpu-1'
 NS = 'qualify'
-ANN = 'emulator.gpufleet.io/'
+ANN = 'gpufleet.test/'
 
 
 @pytest.fixture
-def emu(emulator):
-    emulator.apply([
-        # gpu-0 sorts first and takes anything not pinned elsewhere: pinning is what puts the pods on gpu-1
+def emu(cluster):
+    cluster.apply([
+        # gpu-0 is free and untainted: pinning is what puts the pods on gpu-1
         node('gpu-0', cordoned=False, taints=[]),
         node(NODE, cordoned=True, taints=[{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}]),
         {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': NS}},
     ])
-    return emulator
+    # the gate runs as gpufleet-system/workload-gate, bound to its role in the qualification namespace only
+    cluster.gate_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-workload-gate', namespace=NS)
+    mark = cluster.audit_mark()
+    with PodLogWriter(cluster):   # the Job pods' logs (their gpufleet.test/logs annotation), served by KWOK
+        yield cluster
+    # nothing the gate sent was refused by the API server's RBAC authorizer
+    assert rbac.refused(cluster.audit_events(since=mark, user=rbac.user('workload-gate'))) == []
 
 
 def node(name, cordoned, taints):
@@ -34,12 +44,18 @@ def node(name, cordoned, taints):
     return {'apiVersion': 'v1', 'kind': 'Node',
             'metadata': {'name': name, 'labels': {'kubernetes.io/hostname': name}},
             'spec': {'unschedulable': cordoned, 'taints': t},
-            'status': {'allocatable': {'nvidia.com/gpu': '8'}, 'capacity': {'nvidia.com/gpu': '8'},
+            'status': {'allocatable': dict(RESOURCES), 'capacity': dict(RESOURCES),
                        'conditions': [{'type': 'Ready', 'status': 'True'}]}}
 
 
+RESOURCES = {'cpu': '64', 'memory': '512Gi', 'pods': '110', 'nvidia.com/gpu': '8'}
+
+
 def job(logs='', duration='0.1', outcome='Succeeded', extra_ann=None):
-    ann = {ANN + 'duration': duration, ANN + 'outcome': outcome, ANN + 'logs': logs}
+    """A qualification Job whose pod runs `duration` seconds (KWOK), logs `logs` and ends `outcome`."""
+    ann = {ANN + 'run-time': duration + 's', LOGS_ANNOTATION: logs}
+    if outcome == 'Failed':
+        ann[ANN + 'exit-code'] = '1'
     ann.update(extra_ann or {})
     return {'apiVersion': 'batch/v1', 'kind': 'Job', 'metadata': {'name': 'template'},
             'spec': {'template': {'metadata': {'annotations': ann},
@@ -48,7 +64,7 @@ def job(logs='', duration='0.1', outcome='Succeeded', extra_ann=None):
 
 
 def play(emu, cases, **args):
-    task = {'gpufleet.upgrade.workload_gate': dict({'kubeconfig': emu.kubeconfig, 'node': NODE, 'namespace': NS,
+    task = {'gpufleet.upgrade.workload_gate': dict({'kubeconfig': emu.gate_kubeconfig, 'node': NODE, 'namespace': NS,
                                                     'cases': cases, 'poll_interval': 0.1, 'timeout': 30}, **args),
             'name': 'gate', 'ignore_errors': True}
     return [{'name': 'workload gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]
@@ -57,6 +73,13 @@ def play(emu, cases, **args):
 def leftovers(emu):
     return ([j['metadata']['name'] for j in emu.list('batch/v1', 'Job', namespace=NS)],
             [p['metadata']['name'] for p in emu.list('v1', 'Pod', namespace=NS)])
+
+
+def cleaned_up(emu):
+    """The gate deleted its Jobs and pods; the API server, garbage collector and KWOK finish the deletion
+    (the Job controller's tracking finalizer is removed first), so wait for it, bounded."""
+    emu.wait_for(lambda: leftovers(emu) == ([], []), timeout=30, message='the Jobs and pods to be gone')
+    return True
 
 
 def test_workload_gate_passes_pinned_repeated_and_cleaned_up(emu, run_playbook):
@@ -81,7 +104,7 @@ def test_workload_gate_passes_pinned_repeated_and_cleaned_up(emu, run_playbook):
     assert res['checks']['tput']['evidence']['runs'][0]['value'] == '1985'
     assert len(res['jobs']['created']) == 9 and res['jobs']['deleted'] == res['jobs']['created']
     assert res['jobs']['left'] == []
-    assert leftovers(emu) == ([], [])
+    assert cleaned_up(emu)
     # what was created: pinned by nodeSelector, with the canary and cordon tolerations, labelled
     posts = [q for q in emu.requests if q['verb'] == 'POST']
     assert len(posts) == 9
@@ -110,7 +133,7 @@ def test_workload_gate_mismatch_and_failed_job(emu, run_playbook):
                            '|difference| 5.5 > tolerance 0.001' % res['run_id'])
     assert p[2].startswith('nccl run 1/2 (Job nccl-%s-1): the Job failed (BackoffLimitExceeded' % res['run_id'])
     assert p[2].endswith('last log line: NCCL WARN cudaErrorUnsupportedPtxVersion')
-    assert leftovers(emu) == ([], [])
+    assert cleaned_up(emu)
 
 
 def test_workload_gate_timeout(emu, run_playbook):
@@ -119,7 +142,7 @@ def test_workload_gate_timeout(emu, run_playbook):
     res = r.result('gate')
     assert res['_event'] == 'runner_on_failed'
     assert res['problems'] == ['slow run 1/1 (Job slow-%s-1): timeout: the Job did not finish within 2s' % res['run_id']]
-    assert leftovers(emu) == ([], [])
+    assert cleaned_up(emu)
 
 
 def test_workload_gate_unschedulable_without_cordon_toleration_times_out(emu, run_playbook):
@@ -131,13 +154,15 @@ def test_workload_gate_unschedulable_without_cordon_toleration_times_out(emu, ru
 
 
 def test_workload_gate_init_failure(emu, run_playbook):
-    manifest = job('never', extra_ann={ANN + 'managed': 'false'})
+    # KWOK leaves the pod's status to the test (gpufleet.test/status); the pod has the CUDA check as init container
+    manifest = job('never', extra_ann={ANN + 'status': 'fixed'})
+    manifest['spec']['template']['spec']['initContainers'] = [{'name': 'cuda-check', 'image': 'registry.local/cuda-check:1'}]
 
     def crash_init():
         # the kubelet's view of a broken CUDA init container: bound to the node, init in CrashLoopBackOff
-        pods = emu.wait_for(lambda: emu.list('v1', 'Pod', namespace=NS), timeout=60, message='the Job pod')
+        pods = emu.wait_for(lambda: [p for p in emu.list('v1', 'Pod', namespace=NS) if p['spec'].get('nodeName')],
+                            timeout=60, message='the Job pod bound by the scheduler')
         name = pods[0]['metadata']['name']
-        emu.patch('v1', 'Pod', name, {'spec': {'nodeName': NODE}}, namespace=NS)
         emu.patch('v1', 'Pod', name, {'status': {'phase': 'Pending', 'initContainerStatuses': [
             {'name': 'cuda-check', 'ready': False, 'restartCount': 3,
              'state': {'waiting': {'reason': 'CrashLoopBackOff', 'message': 'back-off 40s restarting failed container'}}}]}},
@@ -155,7 +180,7 @@ def test_workload_gate_init_failure(emu, run_playbook):
     assert run['outcome'] == 'init_failure' and run['node'] == NODE
     assert res['problems'][0].endswith('initialisation failure: init container cuda-check of pod %s: CrashLoopBackOff: '
                                        'back-off 40s restarting failed container' % run['pod'])
-    assert leftovers(emu) == ([], [])
+    assert cleaned_up(emu)
 
 
 def test_workload_gate_check_mode_and_no_cleanup(emu, run_playbook):

@@ -1,7 +1,11 @@
-"""The read-only modules of issue 6 fed from a Kubernetes API (the emulator, read and written with
-the real kubectl), as the roles will feed them: SUC Plans applied with kubectl and matched against
-the nodes by the API's own selector code; the stale-driver recovery plan before and after the driver
-DaemonSet is recreated (new UID); the intake gate before and after a quota is opened."""
+"""The read-only modules of issue 6 fed from a Kubernetes API (read and written with the real kubectl),
+as the roles will feed them: SUC Plans applied with kubectl and matched against the nodes by the real
+API server's selector code; the intake gate before and after a quota is opened (the real control plane,
+tests/cluster); the stale-driver recovery plan before and after the driver DaemonSet is recreated (new
+UID), which stays on the emulator: on a real cluster the DaemonSet controller rewrites the DaemonSet
+status the test sets, and a recreated DaemonSet with the same selector adopts the orphaned pods at once
+(their owner reference then carries the new UID), so the "pod owned by the old UID" state cannot be
+held on a live control plane."""
 from __future__ import annotations
 
 import json
@@ -13,6 +17,14 @@ TGT = 'v1.36.1+rke2r1'
 CUR = 'v1.35.3+rke2r3'
 NS = 'nvidia-dra-driver-gpu'
 DS_NAME = 'nvidia-dra-driver-gpu-kubelet-plugin'
+
+
+def gpu_node(name):
+    """fixtures.gpu_node, valid for a real API server: its `nvidia.com/gpu.pci-device` label value
+    (vendor:device) has a ':', which no label value may contain (422)."""
+    node = f.gpu_node(name)
+    node['metadata']['labels'].pop('nvidia.com/gpu.pci-device')
+    return node
 
 
 def kubectl(emu, *args):
@@ -41,13 +53,13 @@ def _selector_string(match_expressions):
     return ','.join(parts)
 
 
-def test_suc_plans_applied_with_kubectl_each_select_exactly_its_node(emulator, run_playbook, tmp_path):
-    emu = emulator
+def test_suc_plans_applied_with_kubectl_each_select_exactly_its_node(cluster, run_playbook, tmp_path):
+    emu = cluster
     servers = ['cp-1', 'cp-2']
     agents = ['gpu-a-%02d' % i for i in range(6)]
     emu.apply([f.namespace('system-upgrade')]
               + [f.node(n, labels={'node-role.kubernetes.io/control-plane': 'true'}) for n in servers]
-              + [f.gpu_node(n) for n in agents])
+              + [gpu_node(n) for n in agents])
     plans_file = tmp_path / 'plans.yaml'
     nodes = [{'name': n, 'role': 'server'} for n in servers] + [{'name': n, 'role': 'agent'} for n in agents]
     run = run_playbook([{'name': 'rke2', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
@@ -134,8 +146,8 @@ def test_dra_recovery_plan_from_the_api_and_after_the_daemonset_is_recreated(emu
     assert 'not the current DaemonSet %s/%s (uid %s)' % (NS, DS_NAME, new_uid) in res['pods'][0]['reason']
 
 
-def test_intake_check_from_the_api_closed_then_opened(emulator, run_playbook):
-    emu = emulator
+def test_intake_check_from_the_api_closed_then_opened(cluster, run_playbook):
+    emu = cluster
     emu.apply([f.namespace('tenant-a'),
                f.resource_quota('gpu-intake', {'requests.nvidia.com/gpu': '0'}, namespace='tenant-a')])
     checks = [{'api_version': 'v1', 'kind': 'ResourceQuota', 'namespace': 'tenant-a', 'name': 'gpu-intake',

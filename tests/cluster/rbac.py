@@ -1,0 +1,107 @@
+"""The collection's RBAC (docs/rbac) on the test control plane: apply its ClusterRoles, bind one to a
+service account, and hand that identity to the modules under test; the API server's authorizer
+then answers 403 for anything the role lacks, and its audit log says what was sent.
+
+    kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')           # SA gpufleet-system/reader
+    kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-workload-gate', namespace='qualify')
+    mark = cluster.audit_mark(); ...; rbac.non_reads(cluster.audit_events(since=mark, user=rbac.user('reader')))
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import yaml
+
+RBAC_DIR = pathlib.Path(__file__).resolve().parents[2] / 'docs' / 'rbac'
+SA_NAMESPACE = 'gpufleet-system'
+READ_VERBS = ('get', 'list', 'watch')
+# the service account each role's tests run as (gpufleet-upgrade is the one bindings-example.yml binds)
+SERVICE_ACCOUNTS = {'gpufleet-upgrade-reader': 'reader', 'gpufleet-upgrade-workload-gate': 'workload-gate',
+                    'gpufleet-upgrade-rke2-plans': 'rke2-plans', 'gpufleet-upgrade-operator': 'operator'}
+
+
+def user(sa: str, namespace: str = SA_NAMESPACE) -> str:
+    return 'system:serviceaccount:%s:%s' % (namespace, sa)
+
+
+def docs(name: str | None = None) -> list[dict[str, Any]]:
+    """The objects of docs/rbac/*.yml (one file's with `name`), List items expanded."""
+    out: list[dict[str, Any]] = []
+    for path in sorted(RBAC_DIR.glob((name or '*') + '.yml')):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or 'kind' not in doc:
+                continue
+            out.extend(doc['items'] if doc['kind'] == 'List' else [doc])
+    return out
+
+
+def apply_roles(cluster: Any) -> list[str]:
+    """Create or replace every ClusterRole of docs/rbac; their names."""
+    roles = [d for d in docs() if d['kind'] == 'ClusterRole']
+    cluster.apply(roles, settle=False)
+    return [r['metadata']['name'] for r in roles]
+
+
+def _can(cluster: Any, username: str, verb: str, resource: str, group: str = '', namespace: str | None = None) -> bool:
+    attrs: dict[str, Any] = {'verb': verb, 'resource': resource, 'group': group}
+    if namespace:
+        attrs['namespace'] = namespace
+    review = cluster.api.request('POST', '/apis/authorization.k8s.io/v1/subjectaccessreviews', body={
+        'apiVersion': 'authorization.k8s.io/v1', 'kind': 'SubjectAccessReview',
+        'spec': {'user': username, 'groups': ['system:serviceaccounts', 'system:serviceaccounts:' + SA_NAMESPACE,
+                                             'system:authenticated'], 'resourceAttributes': attrs}})
+    return bool((review.get('status') or {}).get('allowed'))
+
+
+def bind(cluster: Any, role: str, sa: str | None = None, namespace: str | None = None) -> str:
+    """Bind ClusterRole `role` to service account gpufleet-system/<sa> (cluster-wide, or with a
+    RoleBinding in `namespace`), wait until the authorizer applies it; the SA's user name."""
+    sa = sa or SERVICE_ACCOUNTS[role]
+    apply_roles(cluster)
+    name = 'gpufleet-test-%s-%s' % (role, sa)
+    subjects = [{'kind': 'ServiceAccount', 'name': sa, 'namespace': SA_NAMESPACE}]
+    ref = {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole', 'name': role}
+    if namespace:
+        binding = {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
+                   'metadata': {'name': name, 'namespace': namespace}, 'roleRef': ref, 'subjects': subjects}
+    else:
+        binding = {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'ClusterRoleBinding',
+                   'metadata': {'name': name}, 'roleRef': ref, 'subjects': subjects}
+    cluster.apply([{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': SA_NAMESPACE}}, binding], settle=False)
+    rule = next(r for r in next(d for d in docs() if d['kind'] == 'ClusterRole' and d['metadata']['name'] == role)['rules']
+                if r.get('resources'))
+    username = user(sa)
+    cluster.wait_for(lambda: _can(cluster, username, rule['verbs'][0], rule['resources'][0], rule['apiGroups'][0],
+                                  namespace), timeout=15, message='the authorizer to apply %s' % name)
+    return username
+
+
+def kubeconfig_for(cluster: Any, role: str, sa: str | None = None, namespace: str | None = None) -> str:
+    """A kubeconfig (through the fault proxy) of a service account bound to `role` only."""
+    sa = sa or SERVICE_ACCOUNTS[role]
+    bind(cluster, role, sa, namespace)
+    return cluster.sa_kubeconfig(SA_NAMESPACE, sa)
+
+
+def apply_example_bindings(cluster: Any) -> str:
+    """docs/rbac/bindings-example.yml as shipped (gpufleet-system/gpufleet-upgrade bound to the reader
+    and operator roles); that service account's kubeconfig."""
+    apply_roles(cluster)
+    cluster.apply([{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': SA_NAMESPACE}}]
+                  + docs('bindings-example'), settle=False)
+    cluster.wait_for(lambda: _can(cluster, user('gpufleet-upgrade'), 'patch', 'nodes'), timeout=15,
+                     message='the authorizer to apply bindings-example.yml')
+    return cluster.sa_kubeconfig(SA_NAMESPACE, 'gpufleet-upgrade')
+
+
+def non_reads(events: list[dict[str, Any]]) -> list[str]:
+    """Audit events whose verb is not get, list or watch."""
+    return ['%s %s -> %s' % (e.get('verb'), e.get('requestURI'), (e.get('responseStatus') or {}).get('code'))
+            for e in events if e.get('verb') not in READ_VERBS]
+
+
+def refused(events: list[dict[str, Any]]) -> list[str]:
+    """Audit events the authorizer refused (403)."""
+    return ['%s %s' % (e.get('verb'), e.get('requestURI')) for e in events
+            if (e.get('responseStatus') or {}).get('code') == 403]
