@@ -103,8 +103,8 @@ def create_fleet(api_for, nodes: int, pods_per_node: int, workers: int) -> float
         print('bench: %d nodes created in %.1f s' % (nodes, time.monotonic() - t0), flush=True)
         jobs = [(n, '%s-%02d' % (n, j), j < GPUS_PER_NODE) for n in names for j in range(pods_per_node)]
         done = 0
-        for _ in pool.map(lambda a: post('/api/v1/namespaces/fleet/pods', pod(a[1], a[0], a[2])), jobs,
-                          chunksize=64):
+        for _created in pool.map(lambda a: post('/api/v1/namespaces/fleet/pods', pod(a[1], a[0], a[2])), jobs,
+                                 chunksize=64):
             done += 1
             if done % 20000 == 0:
                 print('bench: %d pods created (%.0f s)' % (done, time.monotonic() - t0), flush=True)
@@ -116,7 +116,7 @@ def measured(argv: list[str], env: dict | None = None) -> tuple[float, float, by
     out = tempfile.TemporaryFile()
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, env=env)  # pylint: disable=consider-using-with
-    _, status, usage = os.wait4(proc.pid, 0)
+    _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read() if proc.stderr else b''

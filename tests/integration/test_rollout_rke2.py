@@ -95,7 +95,7 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
         # The last node already runs the target (upgraded by hand after the plan was made): it gets no Plan.
         at_target = nodes_in_order[-1]
         lab.cluster.patch('v1', 'Node', at_target, {'status': {'nodeInfo': {'kubeletVersion': TARGET_RKE2}}},
-                      subresource='status')
+                          subresource='status')
         order = nodes_in_order[:-1]
         lab.cluster.clear_requests()
 
