@@ -28,7 +28,7 @@ SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 .PHONY: help venv collection controlplane cluster test units integration sanity molecule lint lab emulator clean system-deps device-bundle
 
 help:
-	@echo "make lab    - run the main job (the lab rollout on the emulated fleet; FAULT=none for no fault)"
+	@echo "make lab    - run the main job (the lab rollout on a real control plane; FAULT=none for no fault)"
 	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity, ansible-lint)"
 	@echo "make cluster - run the test control plane in the foreground (kubeconfig: \$$CLUSTER_KUBECONFIG)"
 	@echo "make units | integration | molecule | sanity | lint | controlplane | emulator | clean"
@@ -100,7 +100,8 @@ sanity: collection
 	else echo "note: no Python 3.9 here; node-side code compiled on the controller Python only"; fi
 
 # Molecule scenarios of the node_upgrade and rollback roles (extensions/molecule/<scenario>/; default
-# driver, localhost, against the API emulator and per-node install roots). Molecule's state (its
+# driver, localhost, against a real control plane (tests/cluster, started by prepare, stopped by destroy)
+# and per-node install roots). Molecule's state (its
 # ANSIBLE_HOME) and the scenarios' fleets stay under tests/output/molecule, never in ~/. The
 # collection is found only through ANSIBLE_COLLECTIONS_PATH (the venv's link to this work tree; the
 # scenarios set prerun: false so molecule copies nothing), and a stale copy under ~/.ansible that
@@ -133,8 +134,9 @@ test: collection system-deps controlplane
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint
 
-# The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on an emulated
-# 40-node pool, with an injected Xid 79 (FAULT=none: the whole rollout completes; FAULT=<node>).
+# The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on a 40-node
+# pool of a real control plane (built first by controlplane, started and stopped by the lab), with an
+# injected Xid 79 (FAULT=none: the whole rollout completes; FAULT=<node>).
 FAULT ?= auto
 lab: collection controlplane
 	$(VPY) tests/tools/lab.py --fault $(FAULT)

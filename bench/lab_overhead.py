@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/lab_overhead.py [--nodes 40] [--dir .lab-bench]
 
-Runs the lab without a fault (tests/tools/lab.py --fault none --quiet), then reads its
-timings.json and prints, for the rollout step (rollout.yml, canaries already done):
+Runs the lab without a fault (tests/tools/lab.py --fault none --quiet: its own real control plane,
+tests/cluster, with the 40-node pool; the playbooks run as the operator ServiceAccount through the
+fault proxy), then reads its timings.json and prints, for the rollout step (rollout.yml, canaries
+already done):
 
 - controller wall time: the ansible-playbook run, start to end (the lab's maintenance waits are
   simulated: no sleep stands for a drain, an install or a reboot);

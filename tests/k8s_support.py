@@ -3,7 +3,7 @@ KubeVirt controller stand-in (a halted VirtualMachine's VMI and launcher pod go 
 
 Each helper takes the `cluster` fixture (tests/cluster: the real control plane, read through the
 API; `kubeconfig` goes through the fault proxy, so kubectl's requests are in `requests` like the
-modules'). Tests not moved yet pass the API emulator (`emulator`), which has the same methods."""
+modules')."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,6 @@ import threading
 from typing import Any, Callable
 
 import k8s_scenario as S
-from cluster import Cluster
 from cluster import kubevirt
 
 
@@ -51,49 +50,8 @@ def mutations(emu: Any) -> list[tuple[str, str]]:
     return [(r['verb'], r['path']) for r in emu.mutating_requests()]
 
 
-class KubeVirtStandIn(kubevirt.KubeVirtStandIn):
-    """cluster.kubevirt.KubeVirtStandIn (through the real API) for a Cluster; on the API emulator,
-    for the tests not moved yet, the older stand-in that polls the emulator's store."""
-
-    def __new__(cls, target: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(target, Cluster):
-            return super().__new__(cls)
-        return _EmulatorKubeVirtStandIn(target, *args, **kwargs)
-
-
-class _EmulatorKubeVirtStandIn:
-    """Plays KubeVirt's VM controller: when a VirtualMachine is halted, delete its VMI and the
-    VMI's virt-launcher pod. Polls the emulator's store (not the API), so it adds no requests."""
-
-    def __init__(self, emu: Any, interval: float = 0.05) -> None:
-        self.emu = emu
-        self.interval = interval
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.halted: list[str] = []
-
-    def __enter__(self) -> '_EmulatorKubeVirtStandIn':
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop_event.set()
-        self.thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self.stop_event.wait(self.interval):
-            for vm in self.emu.list('kubevirt.io/v1', 'VirtualMachine'):
-                spec = vm.get('spec') or {}
-                if spec.get('runStrategy') != 'Halted' and spec.get('running') is not False:
-                    continue
-                ns, name = vm['metadata']['namespace'], vm['metadata']['name']
-                if self.emu.get('kubevirt.io/v1', 'VirtualMachineInstance', name, ns) is not None:
-                    self.emu.delete('kubevirt.io/v1', 'VirtualMachineInstance', name, ns)
-                    self.halted.append('%s/%s' % (ns, name))
-                for pod in self.emu.list('v1', 'Pod', ns):
-                    labels = pod['metadata'].get('labels') or {}
-                    if labels.get('vm.kubevirt.io/name') == name:
-                        self.emu.delete('v1', 'Pod', pod['metadata']['name'], ns)
+# KubeVirt's VM controller, played through the real API (tests/cluster/kubevirt.py).
+KubeVirtStandIn = kubevirt.KubeVirtStandIn
 
 
 class WhenRequests:

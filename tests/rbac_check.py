@@ -1,4 +1,4 @@
-"""Map API requests (the emulator's request log) to RBAC attributes and check them against the
+"""Map API requests (the fault proxy's request log) to RBAC attributes and check them against the
 ClusterRoles in docs/rbac/."""
 from __future__ import annotations
 

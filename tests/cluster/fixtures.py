@@ -91,7 +91,8 @@ def gpu_node(name: str, gpus: int = 8, product: str = 'NVIDIA-H100-80GB-HBM3', p
              labels: dict | None = None, **kwargs: Any) -> dict:
     """A node with NVIDIA GPUs as GPU Operator/NFD label it: `nvidia.com/gpu` allocatable (or the
     `nvidia.com/mig-<profile>` resources given in `mig`), product/count/driver labels, the
-    `feature.node.kubernetes.io/pci-10de.present` NFD label. `pci` is vendor:device."""
+    `feature.node.kubernetes.io/pci-10de.present` NFD label. `pci` is vendor:device (not a label: a label
+    value cannot hold ':', the API server answers 422)."""
     d_major, d_minor, d_rev = (driver.split('.') + ['0', '0'])[:3]
     c_major, c_minor = (cuda.split('.') + ['0'])[:2]
     gpu_labels = {
@@ -101,7 +102,6 @@ def gpu_node(name: str, gpus: int = 8, product: str = 'NVIDIA-H100-80GB-HBM3', p
         'nvidia.com/cuda.driver.rev': d_rev, 'nvidia.com/cuda.runtime.major': c_major,
         'nvidia.com/cuda.runtime.minor': c_minor,
         'feature.node.kubernetes.io/pci-%s.present' % pci.split(':')[0]: 'true',
-        'nvidia.com/gpu.pci-device': pci,
         'nvidia.com/mig.strategy': 'mixed' if mig else 'single',
     }
     gpu_labels.update(labels or {})

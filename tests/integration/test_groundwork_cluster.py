@@ -19,14 +19,6 @@ NS = 'nvidia-dra-driver-gpu'
 DS_NAME = 'nvidia-dra-driver-gpu-kubelet-plugin'
 
 
-def gpu_node(name):
-    """fixtures.gpu_node, valid for a real API server: its `nvidia.com/gpu.pci-device` label value
-    (vendor:device) has a ':', which no label value may contain (422)."""
-    node = f.gpu_node(name)
-    node['metadata']['labels'].pop('nvidia.com/gpu.pci-device')
-    return node
-
-
 def kubectl(emu, *args):
     res = subprocess.run(['kubectl', '--kubeconfig', emu.kubeconfig, *args], capture_output=True, text=True,
                          timeout=60, check=False)
@@ -59,7 +51,7 @@ def test_suc_plans_applied_with_kubectl_each_select_exactly_its_node(cluster, ru
     agents = ['gpu-a-%02d' % i for i in range(6)]
     emu.apply([f.namespace('system-upgrade')]
               + [f.node(n, labels={'node-role.kubernetes.io/control-plane': 'true'}) for n in servers]
-              + [gpu_node(n) for n in agents])
+              + [f.gpu_node(n) for n in agents])
     plans_file = tmp_path / 'plans.yaml'
     nodes = [{'name': n, 'role': 'server'} for n in servers] + [{'name': n, 'role': 'agent'} for n in agents]
     run = run_playbook([{'name': 'rke2', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
@@ -96,7 +88,7 @@ def _driver_daemonset():
 
 def _dra_cluster(emu, pod_ready_since):
     ds = _driver_daemonset()
-    emu.apply([f.namespace(NS), gpu_node('gpu-a-07'), gpu_node('gpu-a-08'),
+    emu.apply([f.namespace(NS), f.gpu_node('gpu-a-07'), f.gpu_node('gpu-a-08'),
                f.resource_slice('gpu-a-07', devices=0), f.resource_slice('gpu-a-08', devices=8), ds])
     ds = emu.get('apps/v1', 'DaemonSet', DS_NAME, NS)
     emu.patch('apps/v1', 'DaemonSet', DS_NAME, {'status': {'desiredNumberScheduled': 2, 'currentNumberScheduled': 2,

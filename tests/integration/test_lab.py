@@ -4,7 +4,8 @@ whole rollout completes; a node that does not come back Ready stops the rollout,
 that runs hot under the new driver fails the metric gate (a real Prometheus scraping the lab's DCGM
 exporter stand-in), which stops expansion and rolls the node back.
 
-Each run drives the real playbooks through ansible-runner against the Kubernetes API emulator,
+Each run drives the real playbooks through ansible-runner against a real control plane (tests/cluster,
+started and stopped by the lab; the playbooks run as the operator ServiceAccount, docs/rbac),
 real dpkg/apt install roots and the stand-in NVML. `make lab` runs the same driver on 40 nodes.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
@@ -181,3 +183,58 @@ def test_dcgm_stand_in_follows_nvml_state_and_kernel_log(tmp_path):
         assert 'DCGM_FI_DRIVER_VERSION="%s"' % labenv.SOURCE_DRIVER in text
     finally:
         stand_in.stop()
+
+
+def ready_history(cluster, name: str, resource_version: str) -> list[str]:
+    """The Node's Ready status after each change since `resource_version`, repeats collapsed."""
+    query = urllib.parse.urlencode({'watch': '1', 'resourceVersion': resource_version, 'timeoutSeconds': '2',
+                                    'fieldSelector': 'metadata.name=' + name})
+    resp = cluster.api.pool.request('GET', '%s/api/v1/nodes?%s' % (cluster.api.url, query), timeout=30,
+                                    headers={'Accept': 'application/json'})
+    seen: list[str] = []
+    for line in resp.data.splitlines():
+        obj = json.loads(line)['object']
+        ready = {c['type']: c['status'] for c in obj['status'].get('conditions') or []}.get('Ready', '-')
+        if not seen or seen[-1] != ready:
+            seen.append(ready)
+    return seen
+
+
+def test_lab_reboot_hook_reboots_the_node_through_the_api(tmp_path, cluster):
+    """The lab's reboot path (lab_node.py reboot) on the real control plane: the kubelet stops (Ready
+    False), the Node reports the boot (a new bootID, the running kernel), comes back Ready with its
+    pods Ready, and carries the driver labels of what is installed under its root."""
+    names = labenv.node_names(2)
+    lab = tmp_path / 'lab'
+    labenv.make_roots(lab, names)
+    labenv.write_node_files(lab, names)
+    (lab / 'nodes' / 'gpu-01' / 'proc' / 'sys' / 'kernel' / 'osrelease').write_text('6.8.0-140-generic\n')
+    labenv.apply_pool(cluster, names)
+    (lab / 'lab.json').write_text(json.dumps({'kubeconfig': cluster.admin_kubeconfig, 'fault': None, 'stuck': [],
+                                              'target_driver': labenv.TARGET_DRIVER}))
+    before = cluster.get('v1', 'Node', 'gpu-01')
+    cluster.clear_requests()
+    out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab_node.py'), str(lab), 'reboot', 'gpu-01'],
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout) == {'changed': True, 'driver': labenv.SOURCE_DRIVER, 'ready': True, 'fault': False,
+                                      'mode': 'reboot', 'scraped': None}
+    # Every change of the Node since (a watch from its resourceVersion replays them): Ready went False
+    # (the kubelet stopped) and came back True (KWOK plays the kubelet again), once.
+    assert ready_history(cluster, 'gpu-01', before['metadata']['resourceVersion']) == ['True', 'False', 'True']
+    after = cluster.get('v1', 'Node', 'gpu-01')
+    assert {c['type']: c['status'] for c in after['status']['conditions']}['Ready'] == 'True'
+    info, old = after['status']['nodeInfo'], before['status']['nodeInfo']
+    assert info['kernelVersion'] == '6.8.0-140-generic' and info['bootID'] != old['bootID']
+    assert info['kubeletVersion'] == old['kubeletVersion'] == labenv.RKE2
+    assert after['metadata']['labels']['nvidia.com/cuda.driver.minor'] == labenv.SOURCE_DRIVER.split('.')[1]
+    pods = [p for p in cluster.list('v1', 'Pod', field_selector='spec.nodeName=gpu-01')
+            if p['metadata']['labels'].get('app') != 'gpu-operator']     # the operator's pod may run there too
+    assert sorted(p['metadata']['labels'].get('app') for p in pods) == [
+        'nvidia-dcgm-exporter', 'nvidia-device-plugin-daemonset', 'train-h100']
+    for p in pods:
+        assert {c['type']: c['status'] for c in p['status']['conditions']}['Ready'] == 'True', p['status']
+    # The hook plays the kubelet with the setup identity, straight to the API server: nothing through the proxy.
+    assert cluster.requests == []
+    assert cluster.get('v1', 'Node', 'gpu-02')['status']['nodeInfo']['bootID'] == \
+        labenv.node_info('gpu-02', labenv.KERNEL)['bootID']

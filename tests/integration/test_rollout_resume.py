@@ -3,8 +3,9 @@ ansible-runner run gets SIGKILL) inside each phase of a node's upgrade, then rol
 again. It resumes from what the Node records, never drains a node twice, never uncordons a node
 that was cordoned before the rollout, and ends with the same verdict as an uninterrupted run.
 
-One lab of 6 nodes (tests/tools/labenv.py) with the injected fault (a new Xid 79 after the new
-driver came up) on a node of the last batch; the approved records are written directly (the
+One lab of 6 nodes (tests/tools/labenv.py, on a real control plane that tests/tools/lab.py starts;
+KubeVirt's VM controller played by tests/cluster/kubevirt.py) with the injected fault (a new Xid 79
+after the new driver came up) on a node of the last batch; the approved records are written directly (the
 canary playbook is covered by test_lab.py), so the test exercises rollout.yml only. The kills are
 chained over reruns of the same lab, cheap on 2 cores:
 
@@ -34,6 +35,7 @@ sys.path[:0] = [str(REPO / 'tests')]
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
+from cluster.kubevirt import KubeVirtStandIn  # noqa: E402
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 
@@ -84,7 +86,7 @@ def task_events(run: dict, node: str, prefix: str, event: str = 'runner_on_ok') 
 
 
 def annotations(lab: Lab, node: str) -> dict:
-    return lab.emu.get('v1', 'Node', node)['metadata'].get('annotations') or {}
+    return lab.cluster.get('v1', 'Node', node)['metadata'].get('annotations') or {}
 
 
 def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
@@ -113,6 +115,7 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
     lab = Lab(tmp_path / 'lab', nodes=6, fault='auto', stuck=[], quiet=True,
               lab_vars={'node_upgrade_vmi_policy': 'stop'})
     lab.dir.mkdir()
+    kubevirt = None
     try:
         lab.prepare()
         plan = lab.plan()
@@ -124,16 +127,16 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
         assert fault_batch > 0 and victim != fault, plan
         # A node of the first batch was cordoned by someone else before the rollout: it stays cordoned.
         pre_cordoned = batches[0][1]
-        lab.emu.patch('v1', 'Node', pre_cordoned, {'spec': {'unschedulable': True}})
-        # A GPU VM runs on the victim (KubeVirt's VM controller on in the emulator).
-        lab.emu.simulator.vm_controller = True
-        lab.emu.patch('v1', 'Node', victim, {'metadata': {'labels': {'lab/vm-host': 'true'}}})
-        lab.emu.apply([{'apiVersion': KV, 'kind': 'VirtualMachine', 'metadata': {'name': 'vm-gpu', 'namespace': 'ml'},
-                        'spec': {'runStrategy': 'RerunOnFailure', 'template': {'spec': {
-                            'nodeSelector': {'lab/vm-host': 'true'},
-                            'domain': {'devices': {'gpus': [{'name': 'gpu0',
-                                                             'deviceName': 'nvidia.com/GH100_H100'}]}}}}}}])
-        wait_for(lambda: (lab.emu.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') or {}).get('status', {})
+        lab.cluster.patch('v1', 'Node', pre_cordoned, {'spec': {'unschedulable': True}})
+        # A GPU VM runs on the victim (KubeVirt's VM controller: the stand-in, which starts VMs too).
+        kubevirt = KubeVirtStandIn(lab.cluster, start_vms=True).__enter__()
+        lab.cluster.patch('v1', 'Node', victim, {'metadata': {'labels': {'lab/vm-host': 'true'}}})
+        lab.cluster.apply([{'apiVersion': KV, 'kind': 'VirtualMachine', 'metadata': {'name': 'vm-gpu', 'namespace': 'ml'},
+                            'spec': {'runStrategy': 'RerunOnFailure', 'template': {'spec': {
+                                'nodeSelector': {'lab/vm-host': 'true'},
+                                'domain': {'devices': {'gpus': [{'name': 'gpu0',
+                                                                 'deviceName': 'nvidia.com/GH100_H100'}]}}}}}}])
+        wait_for(lambda: (lab.cluster.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') or {}).get('status', {})
                  .get('nodeName') == victim, 'the VM running on ' + victim, 10)
 
         runs = []
@@ -149,14 +152,14 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
             assert ANN_DONE not in ann, (name, ann)
             if recorded in us.PHASES[2:]:     # written by the role (node_drain's states carry no target)
                 assert ann[ANN_TARGET] == KEY
-            cordoned = lab.emu.get('v1', 'Node', node)['spec'].get('unschedulable') is True
+            cordoned = lab.cluster.get('v1', 'Node', node)['spec'].get('unschedulable') is True
             assert cordoned is (phase not in ('holders', 'uncordon')), (name, cordoned)
             if phase == 'vms':
-                vm = lab.emu.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
+                vm = lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
                 assert vm['spec']['runStrategy'] in ('Halted', 'RerunOnFailure')
             if phase == 'uncordon':
                 assert ANN_VMS not in ann
-                assert lab.emu.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')['spec']['runStrategy'] == 'RerunOnFailure'
+                assert lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')['spec']['runStrategy'] == 'RerunOnFailure'
 
         final = lab.play('resumed-final', 'rollout.yml')
         runs.append('resumed-final')
@@ -194,12 +197,16 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
         for task in ('Snapshot | Capture', 'Install | Pin', 'Gates | Record the phase'):
             assert sum(len(task_events(lab.runs[r], victim, task)) for r in runs) == 1, task
         # The VM the drain stopped is started again with its exact previous run strategy; its record is gone.
-        vm = lab.emu.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
+        vm = lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
         assert vm['spec']['runStrategy'] == 'RerunOnFailure'
-        assert lab.emu.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') is not None
+        # The stand-in starts it once the node is back in service (a VM is not placed on a cordoned node).
+        wait_for(lambda: lab.cluster.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') is not None,
+                 'the VM running again', 30)
         assert ANN_VMS not in annotations(lab, victim)
         print('resume test: %d rollout runs, %.0f s wall; %s' % (len(runs), time.monotonic() - t0, ', '.join(
             '%s %.1fs%s' % (t['step'], t['wall'], ' (killed at %.1fs)' % t['killed_at'] if 'killed_at' in t else '')
             for t in lab.timings)))
     finally:
+        if kubevirt is not None:
+            kubevirt.__exit__(None, None, None)
         lab.stop()

@@ -1,5 +1,6 @@
-"""RKE2 through System Upgrade Controller Plans in rollout.yml, on the lab's emulated pool with the
-emulator's SUC stand-in (simulator.suc_controller): a target one Kubernetes minor newer than the
+"""RKE2 through System Upgrade Controller Plans in rollout.yml, on the lab's pool (a real control
+plane, tests/tools/lab.py starts it) with the SUC stand-in of tests/cluster/suc.py (SUC's controller
+loop on the real API: each node's upgrade a real Job the scheduler places and KWOK completes): a target one Kubernetes minor newer than the
 nodes' RKE2 gives exactly one Plan per node, written one at a time in the plan's order (each only
 after the previous node's Plan completed), after the drain and the snapshot and before the driver
 install; the kubelets end at the target. A Plan that never completes times out and stops the
@@ -22,7 +23,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests')]
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
-from cluster import fixtures as f  # noqa: E402
+from cluster.suc import SucStandIn  # noqa: E402
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 
@@ -49,18 +50,31 @@ def approved_records(lab: Lab, plan: dict, target: dict) -> None:
         (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
 
 
-def rke2_lab(tmp_path: pathlib.Path, **lab_vars) -> Lab:
+def control_plane_node(name: str) -> dict:
+    """An RKE2 server that already runs the target (servers first); no GPU node, so not in the plan."""
+    alloc = {'cpu': '16', 'memory': '65536000Ki', 'pods': '110'}
+    info = dict(labenv.node_info(name, labenv.KERNEL), kubeletVersion=TARGET_RKE2, kubeProxyVersion=TARGET_RKE2)
+    return {'apiVersion': 'v1', 'kind': 'Node',
+            'metadata': {'name': name, 'labels': {'kubernetes.io/hostname': name, 'kubernetes.io/os': 'linux',
+                                                  'node-role.kubernetes.io/control-plane': 'true'}},
+            'spec': {'taints': [{'key': 'CriticalAddonsOnly', 'value': 'true', 'effect': 'NoExecute'}]},
+            'status': {'capacity': alloc, 'allocatable': alloc, 'nodeInfo': info,
+                       'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady',
+                                       'message': 'kubelet is posting ready status'}]}}
+
+
+def rke2_lab(tmp_path: pathlib.Path, **lab_vars) -> tuple[Lab, SucStandIn]:
     lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True,
               lab_vars=dict({'gpufleet_target': TARGET, 'node_upgrade_rke2_interval': 0.2}, **lab_vars))
     lab.dir.mkdir()
-    lab.prepare()
-    lab.emu.simulator.suc_controller = True
-    lab.emu.simulator.suc_delay = 0.3
-    # The control plane already runs the target (servers first); it is no GPU node, so not in the plan.
-    cp = f.node('cp-1', kubelet_version=TARGET_RKE2, labels={'node-role.kubernetes.io/control-plane': 'true'},
-                taints=[{'key': 'CriticalAddonsOnly', 'value': 'true', 'effect': 'NoExecute'}])
-    lab.emu.apply([f.namespace('system-upgrade'), cp])
-    return lab
+    try:
+        lab.prepare()
+        lab.cluster.apply([control_plane_node('cp-1')], settle=False)
+        suc = SucStandIn(lab.cluster, delay=0.3).__enter__()
+    except BaseException:
+        lab.stop()          # no control plane left behind
+        raise
+    return lab, suc
 
 
 def task_index(run: dict, host: str, prefix: str) -> int:
@@ -71,7 +85,7 @@ def task_index(run: dict, host: str, prefix: str) -> int:
 
 
 def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
-    lab = rke2_lab(tmp_path)
+    lab, suc = rke2_lab(tmp_path)
     try:
         plan = lab.plan()
         assert plan['target'] == TARGET
@@ -80,15 +94,15 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
         assert any(len(b) > 1 for b in plan['batches']), plan['batches']  # a batch of several nodes is serialized too
         # The last node already runs the target (upgraded by hand after the plan was made): it gets no Plan.
         at_target = nodes_in_order[-1]
-        lab.emu.patch('v1', 'Node', at_target, {'status': {'nodeInfo': {'kubeletVersion': TARGET_RKE2}}},
-                      subresource='status')
+        lab.cluster.patch('v1', 'Node', at_target, {'status': {'nodeInfo': {'kubeletVersion': TARGET_RKE2}}},
+                          subresource='status')
         order = nodes_in_order[:-1]
-        lab.emu.clear_requests()
+        lab.cluster.clear_requests()
 
         assert lab.play('rollout', 'rollout.yml') == 'successful', lab.runs['rollout']['failures']
 
         plans = {p['metadata']['annotations']['gpufleet.io/node']: p
-                 for p in lab.emu.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')}
+                 for p in lab.cluster.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')}
         assert sorted(plans) == sorted(order)                       # exactly one Plan per node
         for node, p in plans.items():
             assert p['metadata']['name'] == 'gpufleet-rke2-agent-' + node
@@ -98,15 +112,15 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
             assert p['spec']['nodeSelector']['matchExpressions'][0] == {
                 'key': 'kubernetes.io/hostname', 'operator': 'In', 'values': [node]}
         # Written one at a time, in the plan's order ...
-        created = [r['body']['metadata']['annotations']['gpufleet.io/node'] for r in lab.emu.requests
+        created = [r['body']['metadata']['annotations']['gpufleet.io/node'] for r in lab.cluster.requests
                    if r['verb'] == 'POST' and r['path'] == PLANS]
         assert created == order
         # ... each after the previous node's upgrade finished, with the node cordoned (after its drain).
-        log = [(e['event'], e['node']) for e in lab.emu.simulator.suc_log]
+        log = [(e['event'], e['node']) for e in suc.log]
         assert log == [(ev, n) for n in order for ev in ('start', 'finish')]
-        assert all(e['unschedulable'] for e in lab.emu.simulator.suc_log if e['event'] == 'finish')
+        assert all(e['unschedulable'] for e in suc.log if e['event'] == 'finish')
         for node in nodes_in_order:
-            obj = lab.emu.get('v1', 'Node', node)
+            obj = lab.cluster.get('v1', 'Node', node)
             assert obj['status']['nodeInfo']['kubeletVersion'] == TARGET_RKE2
             assert not obj['spec'].get('unschedulable')
         rows = {r['node']: r for r in lab.node_view()}
@@ -126,18 +140,19 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
                                                  else ['holders', 'drain', 'snapshot', 'install', 'activate'])
             assert nodes[node]['verdict'] == 'upgraded' and nodes[node]['tuple_after'] == TARGET
             assert nodes[node]['tuple_before']['rke2'] == labenv.RKE2
-        assert lab.emu.get('v1', 'Node', at_target)['status']['nodeInfo']['kubeletVersion'] == TARGET_RKE2
+        assert lab.cluster.get('v1', 'Node', at_target)['status']['nodeInfo']['kubeletVersion'] == TARGET_RKE2
     finally:
+        suc.__exit__(None, None, None)
         lab.stop()
 
 
 def test_plan_that_never_completes_times_out_and_stops_with_the_node_cordoned(tmp_path):
-    lab = rke2_lab(tmp_path, node_upgrade_rke2_timeout=3)
+    lab, suc = rke2_lab(tmp_path, node_upgrade_rke2_timeout=3)
     try:
         plan = lab.plan()
         approved_records(lab, plan, TARGET)
         first = plan['batches'][0][0]
-        lab.emu.simulator.suc_hold = {first}
+        suc.hold.add(first)
         assert lab.play('rollout', 'rollout.yml') == 'failed'
         failures = lab.runs['rollout']['failures']
         stop = [x for x in failures if x['host'] == first and x['task'] == 'Failure | Stop here']
@@ -145,7 +160,7 @@ def test_plan_that_never_completes_times_out_and_stops_with_the_node_cordoned(tm
         msg = stop[0]['msg']
         assert 'rke2 failed' in msg and 'not complete after 3s (wait_timeout)' in msg
         assert 'RKE2 is not downgraded' in msg and 'platform recovery procedure' in msg
-        node = lab.emu.get('v1', 'Node', first)
+        node = lab.cluster.get('v1', 'Node', first)
         assert node['spec'].get('unschedulable') is True
         assert node['metadata']['annotations']['gpufleet.io/upgrade-state'] == 'failed'
         assert node['status']['nodeInfo']['kubeletVersion'] == labenv.RKE2
@@ -154,7 +169,7 @@ def test_plan_that_never_completes_times_out_and_stops_with_the_node_cordoned(tm
         assert rows[first]['driver'] == labenv.SOURCE_DRIVER
         assert not any((e['task'] or '').startswith('Rollback |') or (e['task'] or '').startswith('Install |')
                        for e in lab.runs['rollout']['events'] if e['host'] == first)
-        plans = lab.emu.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')
+        plans = lab.cluster.list('upgrade.cattle.io/v1', 'Plan', 'system-upgrade')
         assert [p['metadata']['annotations']['gpufleet.io/node'] for p in plans] == [first]
         # The other nodes of the batch (drained with it) get no Plan while the first one is unfinished.
         for other in plan['batches'][0][1:]:
@@ -169,4 +184,5 @@ def test_plan_that_never_completes_times_out_and_stops_with_the_node_cordoned(tm
             'failed', 'rke2', ['holders', 'drain', 'snapshot'], False)
         assert e['tuple_after']['rke2'] == labenv.RKE2 and e['tuple_after']['driver'] == labenv.SOURCE_DRIVER
     finally:
+        suc.__exit__(None, None, None)
         lab.stop()

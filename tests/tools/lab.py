@@ -1,10 +1,14 @@
-"""`make lab`: the whole procedure on an emulated 40-node GPU pool, with an injected fault.
+"""`make lab`: the whole procedure on a 40-node GPU pool of a real control plane, with an injected fault.
 
     python tests/tools/lab.py [--dir .lab] [--fault auto|none|<node>] [--fault-kind xid|temperature]
                               [--nodes 40] [--stuck <node>] [--metrics auto|off]
 
-1. environment: the Kubernetes API emulator (pod-lifecycle simulator on) with 40 GPU nodes of two
-   models (two PCI identities), a device plugin pod and a training pod on each, PodDisruptionBudgets;
+1. environment: a real Kubernetes control plane (tests/cluster: etcd, kube-apiserver, the controller
+   manager, the scheduler, KWOK as the kubelets) started under --dir/cluster and stopped at the end,
+   with 40 GPU nodes of two models (two PCI identities), the GPU Operator's workloads (the device
+   plugin's and DCGM exporter's DaemonSets), a training ReplicaSet per model with a pod on each node,
+   PodDisruptionBudgets; the playbooks run as the ServiceAccount gpufleet-system/gpufleet-upgrade
+   bound to the collection's ClusterRoles (docs/rbac), not as an administrator;
    per-node install roots with the driver set at 580.126.20 (real dpkg/apt), a stand-in NVML state
    per node (tests/tools/labenv.py explains how it follows the install root), a kernel log per node;
    when Prometheus is installed (the lab installs the Debian package when run as root, otherwise
@@ -44,7 +48,8 @@ sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 
 import ansible_runner  # noqa: E402
 
-from emulator import Emulator  # noqa: E402
+from cluster import start_cluster  # noqa: E402
+from cluster.client import Cluster  # noqa: E402
 from tools import cpu_account, lab_dcgm, labenv, nvml_stub  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
@@ -88,7 +93,9 @@ class Lab:
         self.stuck = stuck
         self.quiet = quiet
         self.lab_vars = lab_vars or {}
-        self.emu: Emulator | None = None
+        self.cluster: Cluster | None = None
+        self._cp: Any = None
+        self._proxy: Any = None
         self.timings: list[dict[str, Any]] = []
         self.runs: dict[str, dict[str, Any]] = {}
 
@@ -108,15 +115,27 @@ class Lab:
         labenv.write_node_files(self.dir, self.names)
         log('%d install roots (driver %s, real dpkg) and NVML states ready in %.1fs under %s'
             % (len(self.names), labenv.SOURCE_DRIVER, time.monotonic() - t0, self.dir))
-        self.emu = Emulator(port=free_port(), kubeconfig_path=self.dir / 'kubeconfig').start()
-        self.emu.simulator.recreate_owned_pods = True
-        self.emu.apply(labenv.kubernetes_objects(self.names))
-        log('Kubernetes API emulator on %s: %d GPU nodes (%s), device plugin and training pods, PDBs'
-            % (self.emu.url, len(self.names), ' + '.join('%s %s' % (m['product'], m['pci']) for m in labenv.MODELS)))
+        self.start_cluster()
+        log('Kubernetes control plane %s (real: etcd, kube-apiserver, controller manager, scheduler, KWOK '
+            'kubelets): %d GPU nodes (%s), device plugin and DCGM exporter DaemonSets, training ReplicaSets, PDBs; '
+            'the playbooks run as the ServiceAccount %s/%s'
+            % (self.cluster.cp.url, len(self.names), ' + '.join('%s %s' % (m['product'], m['pci']) for m in labenv.MODELS),
+               *labenv.OPERATOR_SA))
         self.write_conf()
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
         if self.node_cpu_log:
             self.account_node_cpu()
+
+    def start_cluster(self) -> None:
+        """The lab's own control plane under <lab>/cluster (bounded start; stop() stops it), its pool and
+        the operator's identity."""
+        t0 = time.monotonic()
+        work = self.dir / 'cluster'
+        shutil.rmtree(work, ignore_errors=True)
+        self._cp, self._proxy, self.cluster = start_cluster(work, log=log)
+        labenv.apply_pool(self.cluster, self.names)
+        self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig')
+        log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
 
     def node_cpu(self) -> float:
         """CPU seconds logged by node-side modules and the lab hook so far (0 without accounting)."""
@@ -170,7 +189,8 @@ class Lab:
 
     def write_conf(self) -> None:
         conf = {
-            'kubeconfig': str((self.dir / 'kubeconfig').resolve()), 'api': self.emu.url,
+            # The lab's reboot hook plays the kubelet: the setup identity, straight to the API server.
+            'kubeconfig': self.cluster.admin_kubeconfig, 'api': self.cluster.cp.url,
             'target_driver': labenv.TARGET_DRIVER,
             'fault': self.fault if self.fault not in ('auto', 'none') else None,
             'fault_kind': self.fault_kind,
@@ -310,7 +330,7 @@ class Lab:
     def node_view(self) -> list[dict]:
         rows = []
         for name in self.names:
-            node = self.emu.get('v1', 'Node', name)
+            node = self.cluster.get('v1', 'Node', name)
             ann = node['metadata'].get('annotations') or {}
             rows.append({'node': name, 'model': node['metadata']['labels'].get('gpufleet.io/model', '?'),
                          'driver': labenv.installed_driver(self.dir / 'nodes' / name / 'root'),
@@ -414,8 +434,13 @@ class Lab:
         return out
 
     def stop(self) -> None:
-        if self.emu is not None:
-            self.emu.stop()
+        """Everything the lab started, bounded (the control plane: SIGTERM, SIGKILL after 15 s)."""
+        if self._proxy is not None:
+            self._proxy.stop()
+            self._proxy = None
+        if self._cp is not None:
+            self._cp.stop()
+            self._cp = None
         if self.prom is not None:
             self.prom.stop()
         if self.dcgm is not None:
@@ -482,11 +507,18 @@ def _children_cpu() -> float:
     return t.children_user + t.children_system
 
 
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
+    # stops the control plane and Prometheus.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         lab.prepare()
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:

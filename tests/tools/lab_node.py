@@ -7,8 +7,14 @@ Used by the node_upgrade and rollback roles when `*_activation: lab` (never on r
 1. the NVML stand-in state follows the install root: its driver version is rewritten from
    `dpkg-query` of the node's root (what loading the installed kernel module does);
 2. the Node's driver labels follow, as GPU Feature Discovery relabels a real node;
-3. `reboot` marks the Node NotReady and then Ready again (a simulated reboot: no sleep), except for
-   nodes listed in lab.json `stuck` (they stay NotReady: a node that does not come back);
+3. `reboot` is what a reboot does to the Node on the real control plane (tests/cluster): the
+   node's kubelet stops (`stop_kubelet`: Ready False, KWOK no longer plays it), the Node's
+   `status.nodeInfo` changes as the kubelet reports it after the boot (a new bootID, the running
+   kernel from the node's `proc/sys/kernel/osrelease`), then the kubelet starts again
+   (`start_kubelet`: KWOK sets Ready) and, once the Node is Ready, the node's pods are Ready again
+   (the kubelet restarted their containers: the node lifecycle controller may have marked them not
+   Ready meanwhile). No sleep stands for the boot. Nodes listed in lab.json `stuck` stay stopped
+   (a node that does not come back);
 4. on the node named in lab.json `fault`, when the NEW driver came up, a critical Xid 79
    ("GPU has fallen off the bus") is appended to the node's kernel log: the lab's injected fault
    (`fault_kind: xid`, the default; with `fault_kind: temperature` the DCGM stand-in reports a hot
@@ -32,12 +38,17 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 
 SCRAPE_TIMEOUT = 15.0   # seconds the hook waits for Prometheus to scrape the node after the change
 
-# This hook runs on every lab activation, so it stays light: no kubernetes client, no pytest; the
-# API is the emulator's plain HTTP on loopback, and only the driver_version line of the stand-in's
-# state file changes (tests/tools/nvml_stub/README.md).
+READY_TIMEOUT = 30.0    # seconds the hook waits for KWOK to set a rebooted node Ready
+
+# This hook runs on every lab activation, so it stays light: no kubernetes client, no pytest; it
+# talks to the API server with the lab's setup identity (lab.json `kubeconfig`, a client
+# certificate, straight to the API server: it plays the kubelet and GPU Feature Discovery, not the
+# collection, so its requests are not in the fault proxy's log), and only the driver_version line
+# of the stand-in's state file changes (tests/tools/nvml_stub/README.md).
 
 
 def installed_driver(root: pathlib.Path) -> str | None:
@@ -50,20 +61,74 @@ def installed_driver(root: pathlib.Path) -> str | None:
     return parts[0].split('-', 1)[0]
 
 
-def _patch(api: str, path: str, body: dict) -> None:
-    req = urllib.request.Request(api + path, data=json.dumps(body).encode(), method='PATCH',
-                                 headers={'Content-Type': 'application/merge-patch+json'})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        resp.read()
+def _api(kubeconfig: str):  # type: ignore[no-untyped-def]
+    import yaml
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from cluster.client import ApiClient
+    conf = yaml.safe_load(pathlib.Path(kubeconfig).read_text())
+    cluster = conf['clusters'][0]['cluster']
+    user = conf['users'][0]['user']
+    cert = (user['client-certificate'], user['client-key']) if 'client-certificate' in user else None
+    return ApiClient(cluster['server'], cluster['certificate-authority'], cert=cert, token=user.get('token'))
 
 
-def _ready_patch(ready: bool) -> dict:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
-    return {'status': {'conditions': [{
-        'type': 'Ready', 'status': 'True' if ready else 'False',
-        'reason': 'KubeletReady' if ready else 'KubeletNotReady',
-        'message': 'kubelet is posting ready status' if ready else 'node is rebooting (lab)',
-        'lastHeartbeatTime': now, 'lastTransitionTime': now}]}}
+MERGE = 'application/merge-patch+json'
+STOPPED = 'gpufleet.test/kubelet'     # tests/cluster: KWOK leaves a Node so annotated alone
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+def stop_kubelet(api, name: str) -> None:  # type: ignore[no-untyped-def]
+    """As tests/cluster Cluster.stop_kubelet: KWOK stops playing the node, its Ready condition goes False."""
+    path = '/api/v1/nodes/' + name
+    api.request('PATCH', path, {'metadata': {'annotations': {STOPPED: 'stopped'}}}, content_type=MERGE)
+    cur = api.request('GET', path)
+    conds = [c for c in (cur.get('status') or {}).get('conditions') or [] if c.get('type') != 'Ready']
+    conds.append({'type': 'Ready', 'status': 'False', 'reason': 'KubeletNotReady',
+                  'message': 'node is rebooting (lab)', 'lastHeartbeatTime': _now(), 'lastTransitionTime': _now()})
+    api.request('PATCH', path + '/status', {'status': {'conditions': conds}},
+                content_type='application/strategic-merge-patch+json')
+
+
+def start_kubelet(api, name: str) -> None:  # type: ignore[no-untyped-def]
+    """As tests/cluster Cluster.start_kubelet: KWOK plays the node's kubelet again (and sets it Ready)."""
+    api.request('PATCH', '/api/v1/nodes/' + name, {'metadata': {'annotations': {STOPPED: None}}}, content_type=MERGE)
+
+
+def boot(api, name: str, node_dir: pathlib.Path) -> bool:  # type: ignore[no-untyped-def]
+    """After the kubelet stopped: the boot's nodeInfo, the kubelet back, the node's pods Ready again."""
+    path = '/api/v1/nodes/' + name
+    info = dict((api.request('GET', path).get('status') or {}).get('nodeInfo') or {})
+    kernel = (node_dir / 'proc' / 'sys' / 'kernel' / 'osrelease').read_text().strip()
+    info.update(kernelVersion=kernel, bootID=str(uuid.uuid4()))
+    api.request('PATCH', path + '/status', {'status': {'nodeInfo': info}}, content_type=MERGE)
+    start_kubelet(api, name)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        conds = {c['type']: c['status'] for c in api.request('GET', path)['status'].get('conditions') or []}
+        if conds.get('Ready') == 'True':
+            break
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    pods = api.request('GET', '/api/v1/pods', query={'fieldSelector': 'spec.nodeName=' + name})['items']
+    for pod in pods:
+        meta, status = pod['metadata'], pod.get('status') or {}
+        conds = status.get('conditions') or []
+        if meta.get('deletionTimestamp') or status.get('phase') != 'Running' or \
+                all(c['status'] == 'True' for c in conds if c['type'] in ('Ready', 'ContainersReady')):
+            continue
+        now = _now()
+        fixed = [dict(c, status='True', lastTransitionTime=now) if c['type'] in ('Ready', 'ContainersReady') else c
+                 for c in conds if c['type']]
+        containers = [dict(c, ready=True, restartCount=c.get('restartCount', 0) + 1, state={'running': {'startedAt': now}})
+                      for c in status.get('containerStatuses') or []]
+        api.request('PATCH', '/api/v1/namespaces/%s/pods/%s/status' % (meta['namespace'], meta['name']),
+                    {'status': {'conditions': fixed, 'containerStatuses': containers}},
+                    content_type='application/strategic-merge-patch+json', ok404=True)
+    return True
 
 
 def _write(path: pathlib.Path, text: str) -> None:
@@ -103,16 +168,17 @@ def main(argv: list[str]) -> int:
     _write(node_dir / 'nvml.json', json.dumps(state, indent=1))
     text = (node_dir / 'nvml.state').read_text()
     (node_dir / 'nvml.state').write_text(re.sub(r'(?m)^driver_version .*$', 'driver_version %s' % driver, text))
-    api, path = conf['api'], '/api/v1/nodes/' + name
+    api = _api(conf['kubeconfig'])
     major, minor, rev = (driver or '0.0.0').split('.')
-    _patch(api, path, {'metadata': {'labels': {
+    api.request('PATCH', '/api/v1/nodes/' + name, {'metadata': {'labels': {
         'nvidia.com/cuda.driver.major': major, 'nvidia.com/cuda.driver.minor': minor,
-        'nvidia.com/cuda.driver.rev': rev}}})
+        'nvidia.com/cuda.driver.rev': rev}}}, content_type=MERGE)
     stuck = name in conf.get('stuck', [])
+    ready = not stuck
     if mode == 'reboot' or stuck:
-        _patch(api, path + '/status', _ready_patch(False))
+        stop_kubelet(api, name)
         if not stuck:
-            _patch(api, path + '/status', _ready_patch(True))
+            ready = boot(api, name, node_dir)
     fault = conf.get('fault') == name and driver == conf['target_driver']
     when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S+00:00')
     _write(node_dir / 'dcgm.since', when + '\n')
@@ -122,7 +188,7 @@ def main(argv: list[str]) -> int:
             log.write('%s %s kernel: NVRM: Xid (PCI:%s): 79, pid=0, name=lab, GPU has fallen off the bus.\n'
                       % (when, name, bus))
     scraped = wait_scraped(conf['prometheus'], name, driver, time.time()) if conf.get('prometheus') else None
-    print(json.dumps({'changed': True, 'driver': driver, 'ready': not stuck, 'fault': fault, 'mode': mode,
+    print(json.dumps({'changed': True, 'driver': driver, 'ready': ready, 'fault': fault, 'mode': mode,
                       'scraped': scraped}))
     return 0
 

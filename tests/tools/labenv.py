@@ -21,12 +21,12 @@ import json
 import pathlib
 import shutil
 import sys
+import uuid
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent)]
 
-from cluster import fixtures as f  # noqa: E402
 from tools import debrepo, nvml_stub  # noqa: E402
 from tools.lab_node import installed_driver  # noqa: E402  (the hook's own reading of the install root)
 
@@ -49,6 +49,7 @@ MODELS = [
 ]
 GPUS_PER_NODE = 8
 DEVICE_PLUGIN = {'app': 'nvidia-device-plugin-daemonset'}
+GPU = 'nvidia.com/gpu'
 
 
 def node_names(count: int) -> list[str]:
@@ -72,34 +73,170 @@ def nvml_state(model: dict, name: str, driver: str) -> dict:
     return {'driver_version': driver, 'cuda_version': 13000, 'gpus': gpus}
 
 
+def _node(name: str, model: dict) -> dict:
+    """A GPU node as RKE2's kubelet, NFD and GPU Feature Discovery report it (labels, allocatable, nodeInfo)."""
+    major, minor, rev = SOURCE_DRIVER.split('.')
+    labels = {
+        'kubernetes.io/hostname': name, 'kubernetes.io/os': 'linux', 'kubernetes.io/arch': 'amd64',
+        'node-role.kubernetes.io/worker': 'true',
+        'nvidia.com/gpu.present': 'true', 'nvidia.com/gpu.product': model['product'],
+        'nvidia.com/gpu.count': str(GPUS_PER_NODE), 'nvidia.com/gpu.deploy.driver': 'true',
+        'nvidia.com/gpu.deploy.device-plugin': 'true', 'nvidia.com/cuda.driver.major': major,
+        'nvidia.com/cuda.driver.minor': minor, 'nvidia.com/cuda.driver.rev': rev,
+        'nvidia.com/cuda.runtime.major': '13', 'nvidia.com/cuda.runtime.minor': '0',
+        # (no `nvidia.com/gpu.pci-device: 10de:2330` as the emulator had: ':' is not valid in a label value)
+        'feature.node.kubernetes.io/pci-10de.present': 'true', 'nvidia.com/mig.strategy': 'single',
+        'gpufleet.io/platform': model['platform'], 'gpufleet.io/model': model['group'],
+    }
+    alloc = {'cpu': '128', 'memory': '1056000000Ki', 'pods': '110', 'ephemeral-storage': '900000000Ki',
+             GPU: str(GPUS_PER_NODE)}
+    index = int(name.rsplit('-', 1)[1])
+    return {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': name, 'labels': labels}, 'spec': {},
+            'status': {
+                'capacity': dict(alloc), 'allocatable': dict(alloc),
+                'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady',
+                                'message': 'kubelet is posting ready status'}],
+                'addresses': [{'type': 'InternalIP', 'address': '10.0.%d.%d' % (index // 250, index % 250 + 1)},
+                              {'type': 'Hostname', 'address': name}],
+                'nodeInfo': node_info(name, KERNEL)}}
+
+
+def node_info(name: str, kernel: str, boot: int = 0) -> dict:
+    """status.nodeInfo as the node's kubelet reports it; `boot` counts the node's reboots (its bootID)."""
+    return {'kernelVersion': kernel, 'kubeletVersion': RKE2, 'kubeProxyVersion': RKE2,
+            'osImage': 'Ubuntu 24.04.3 LTS', 'containerRuntimeVersion': 'containerd://2.1.4-k3s1',
+            'operatingSystem': 'linux', 'architecture': 'amd64',
+            'machineID': uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
+            'systemUUID': str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
+            'bootID': str(uuid.uuid5(uuid.NAMESPACE_OID, '%s/%d' % (name, boot)))}
+
+
+def _workload(kind: str, name: str, namespace: str, labels: dict, spec: dict, replicas: int | None = None) -> dict:
+    obj = {'apiVersion': 'apps/v1', 'kind': kind, 'metadata': {'name': name, 'namespace': namespace, 'labels': labels},
+           'spec': {'selector': {'matchLabels': labels},
+                    'template': {'metadata': {'labels': labels}, 'spec': spec}}}
+    if replicas is not None:
+        obj['spec']['replicas'] = replicas
+    return obj
+
+
+def _container(name: str, image: str, gpus: int = 0) -> dict:
+    c: dict[str, Any] = {'name': name, 'image': image}
+    if gpus:
+        c['resources'] = {'requests': {GPU: str(gpus)}, 'limits': {GPU: str(gpus)}}
+    return c
+
+
 def kubernetes_objects(names: list[str]) -> list[dict]:
-    objs: list[dict] = [f.namespace('gpu-operator'), f.namespace('ml')]
-    op = f._workload('apps/v1', 'Deployment', 'gpu-operator', 'gpu-operator', None, 1,
-                     {'containers': [f.container('gpu-operator', 'nvcr.io/nvidia/gpu-operator:' + GPU_OPERATOR)]})
-    dcgm = f.daemonset('nvidia-dcgm-exporter', 'gpu-operator', template_spec={'containers': [
-        f.container('dcgm-exporter', 'nvcr.io/nvidia/k8s/dcgm-exporter:' + DCGM_EXPORTER)]})
-    plugin = f.daemonset('nvidia-device-plugin-daemonset', 'gpu-operator', labels=dict(DEVICE_PLUGIN))
-    objs += [op, dcgm, plugin]
-    trains = {}
+    """The pool and its workloads, run by the control plane's real controllers: the GPU Operator's
+    Deployment, the device plugin's and the DCGM exporter's DaemonSets (one pod per GPU node, made by
+    the DaemonSet controller), and per GPU model a training ReplicaSet with one pod per node of the
+    model (4 of the node's 8 GPUs each, spread over the nodes by the scheduler, so an evicted pod finds
+    room on another node of its model, as on a fleet with headroom) under a PodDisruptionBudget."""
+    gpu_nodes = {'nvidia.com/gpu.present': 'true'}
+    objs: list[dict] = [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': ns}}
+                        for ns in ('gpu-operator', 'ml')]
+    objs.append(_workload('Deployment', 'gpu-operator', 'gpu-operator', {'app': 'gpu-operator'},
+                          {'containers': [_container('gpu-operator', 'nvcr.io/nvidia/gpu-operator:' + GPU_OPERATOR)]},
+                          replicas=1))
+    objs.append(_workload('DaemonSet', 'nvidia-dcgm-exporter', 'gpu-operator', {'app': 'nvidia-dcgm-exporter'},
+                          {'nodeSelector': gpu_nodes, 'containers': [
+                              _container('dcgm-exporter', 'nvcr.io/nvidia/k8s/dcgm-exporter:' + DCGM_EXPORTER)]}))
+    objs.append(_workload('DaemonSet', 'nvidia-device-plugin-daemonset', 'gpu-operator', dict(DEVICE_PLUGIN),
+                          {'nodeSelector': gpu_nodes, 'containers': [
+                              _container('nvidia-device-plugin', 'nvcr.io/nvidia/k8s-device-plugin:v0.18.1')]}))
     for m in MODELS:
         short = m['group'].split('_')[1]
-        rs = f.replicaset('train-' + short, 'ml', replicas=len(names) // 2, labels={'app': 'train-' + short})
-        trains[m['group']] = rs
-        objs.append(rs)
+        app = {'app': 'train-' + short}
+        count = sum(1 for i in range(len(names)) if model_of(i, len(names)) is m)
+        spread = [{'maxSkew': 1, 'topologyKey': 'kubernetes.io/hostname', 'whenUnsatisfiable': 'ScheduleAnyway',
+                   'labelSelector': {'matchLabels': app}}]
+        objs.append(_workload('ReplicaSet', 'train-' + short, 'ml', app, {
+            'nodeSelector': {'gpufleet.io/model': m['group']}, 'topologySpreadConstraints': spread,
+            'terminationGracePeriodSeconds': 0,
+            'containers': [_container('train', 'registry.example/train:1', gpus=GPUS_PER_NODE // 2)]},
+            replicas=count))
         # Training tolerates a few nodes out at once: the rollout's batches of 4 fit.
-        objs.append(f.pdb('train-' + short, {'app': 'train-' + short}, 'ml', max_unavailable=4))
-    for i, name in enumerate(names):
-        m = model_of(i, len(names))
-        node = f.gpu_node(name, gpus=GPUS_PER_NODE, product=m['product'], pci=m['pci'].split('/', maxsplit=1)[0],
-                          driver=SOURCE_DRIVER, labels={'gpufleet.io/platform': m['platform'],
-                                                        'gpufleet.io/model': m['group']},
-                          kernel=KERNEL, kubelet_version=RKE2)
-        objs.append(node)
-        objs.append(f.daemonset_pod(plugin, name, suffix=name))
-        objs.append(f.replicaset_pod(trains[m['group']], name, suffix=name,
-                                     containers=[f.container('train', 'registry.example/train:1',
-                                                             requests={'nvidia.com/gpu': '8'})]))
-    return objs
+        objs.append({'apiVersion': 'policy/v1', 'kind': 'PodDisruptionBudget',
+                     'metadata': {'name': 'train-' + short, 'namespace': 'ml'},
+                     'spec': {'selector': {'matchLabels': app}, 'maxUnavailable': 4}})
+    return [_node(name, model_of(i, len(names))) for i, name in enumerate(names)] + objs
+
+
+def apply_pool(cluster: Any, names: list[str], timeout: float = 180) -> None:
+    """The pool on the control plane: the nodes first, until each is Ready and free of taints (the
+    node lifecycle controller lifts its not-ready taint), then the workloads, until they run
+    (wait_workloads). In that order the scheduler spreads the training pods one per node, as on a
+    fleet whose nodes were up before its jobs; created together, the pods would pile on the first
+    node that came up."""
+    objs = kubernetes_objects(names)
+    nodes = [o for o in objs if o['kind'] == 'Node']
+    cluster.apply(nodes, settle=False)
+
+    def schedulable() -> bool:
+        for node in cluster.list('v1', 'Node'):
+            conds = {c['type']: c['status'] for c in (node.get('status') or {}).get('conditions') or []}
+            if conds.get('Ready') != 'True' or (node.get('spec') or {}).get('taints'):
+                return False
+        return True
+
+    cluster.wait_for(schedulable, timeout=timeout, interval=0.2, message='the lab\'s nodes Ready and untainted')
+    cluster.apply([o for o in objs if o['kind'] != 'Node'], settle=False)
+    wait_workloads(cluster, timeout=timeout)
+
+
+def wait_workloads(cluster: Any, timeout: float = 180) -> None:
+    """Bounded: every DaemonSet, ReplicaSet and Deployment of the lab has its pods Running and
+    Ready (the controllers created them, the scheduler placed them, KWOK ran them), and every
+    PodDisruptionBudget has been computed by the disruption controller."""
+    def ready() -> bool:
+        for ds in cluster.list('apps/v1', 'DaemonSet', 'gpu-operator'):
+            st = ds.get('status') or {}
+            if not st.get('desiredNumberScheduled') or st.get('numberReady') != st['desiredNumberScheduled']:
+                return False
+        for kind in ('ReplicaSet', 'Deployment'):
+            for obj in cluster.list('apps/v1', kind, 'ml') + cluster.list('apps/v1', kind, 'gpu-operator'):
+                if (obj.get('status') or {}).get('readyReplicas', 0) != obj['spec']['replicas']:
+                    return False
+        for pdb in cluster.list('policy/v1', 'PodDisruptionBudget', 'ml'):
+            st = pdb.get('status') or {}
+            if st.get('observedGeneration') != pdb['metadata']['generation'] or \
+                    st.get('currentHealthy') != st.get('expectedPods'):
+                return False
+        return True
+
+    cluster.wait_for(ready, timeout=timeout, interval=0.25,
+                     message='the lab\'s workloads Running and Ready (DaemonSets, ReplicaSets, PDBs)')
+
+
+OPERATOR_SA = ('gpufleet-system', 'gpufleet-upgrade')
+RBAC_DIR = HERE.parents[1] / 'docs' / 'rbac'
+
+
+def operator_kubeconfig(cluster: Any, path: pathlib.Path) -> str:
+    """The identity the lab's playbooks run as: the ServiceAccount gpufleet-system/gpufleet-upgrade
+    bound to the collection's ClusterRoles (docs/rbac) as docs/rbac/bindings-example.yml and the
+    roles' own comments say (reader and operator cluster-wide, the SUC Plans role in the controller's
+    namespace), never cluster-admin. A token kubeconfig through the fault proxy, written to `path`."""
+    import yaml
+    ns, sa = OPERATOR_SA
+    roles = {}
+    for name in ('reader', 'operator', 'rke2-plans'):
+        doc = yaml.safe_load((RBAC_DIR / ('gpufleet-upgrade-%s.yml' % name)).read_text())
+        roles[name] = doc
+    subject = [{'kind': 'ServiceAccount', 'name': sa, 'namespace': ns}]
+    ref = {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole'}
+    objs: list[dict] = list(roles.values()) + [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': n}}
+                                               for n in (ns, 'system-upgrade')]
+    for name in ('reader', 'operator'):
+        objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'ClusterRoleBinding',
+                     'metadata': {'name': 'gpufleet-upgrade-' + name},
+                     'roleRef': dict(ref, name='gpufleet-upgrade-' + name), 'subjects': subject})
+    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
+                 'metadata': {'name': 'gpufleet-upgrade-rke2-plans', 'namespace': 'system-upgrade'},
+                 'roleRef': dict(ref, name='gpufleet-upgrade-rke2-plans'), 'subjects': subject})
+    cluster.apply(objs, settle=False)
+    return cluster.sa_kubeconfig(ns, sa, path=str(path), seconds=24 * 3600)
 
 
 def make_roots(lab: pathlib.Path, names: list[str]) -> pathlib.Path:
