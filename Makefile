@@ -25,13 +25,13 @@ export PYTHONDONTWRITEBYTECODE := 1
 PYTEST      := $(VPY) -m pytest
 SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 
-.PHONY: help venv collection controlplane cluster test units integration sanity molecule lint lab emulator clean system-deps device-bundle
+.PHONY: help venv collection controlplane cluster test units integration sanity molecule lint lab clean system-deps device-bundle
 
 help:
 	@echo "make lab    - run the main job (the lab rollout on a real control plane; FAULT=none for no fault)"
 	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity, ansible-lint)"
 	@echo "make cluster - run the test control plane in the foreground (kubeconfig: \$$CLUSTER_KUBECONFIG)"
-	@echo "make units | integration | molecule | sanity | lint | controlplane | emulator | clean"
+	@echo "make units | integration | molecule | sanity | lint | controlplane | clean"
 
 $(STAMP): requirements.txt requirements-test.txt
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.11 found; set PYTHON=" >&2; exit 1; }
@@ -140,13 +140,6 @@ test: collection system-deps controlplane
 FAULT ?= auto
 lab: collection controlplane
 	$(VPY) tests/tools/lab.py --fault $(FAULT)
-
-# The Kubernetes API emulator in the foreground (Ctrl-C stops it); EMULATOR_FLEET=file.yml seeds it.
-EMULATOR_PORT       ?= 16443
-EMULATOR_KUBECONFIG ?= .lab/kubeconfig
-emulator: collection
-	PYTHONPATH=$(CURDIR)/tests $(VPY) -m emulator --port $(EMULATOR_PORT) --kubeconfig $(EMULATOR_KUBECONFIG) \
-	  $(if $(EMULATOR_FLEET),--fleet $(EMULATOR_FLEET))
 
 # Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
 # .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).

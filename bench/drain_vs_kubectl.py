@@ -73,7 +73,7 @@ def kubectl_bin() -> str:
 
 
 # Linux keeps a process's peak RSS (ru_maxrss) across fork and exec, so a child of this process,
-# which hosts the emulator and its 100,000 objects, would report this process's size. A small
+# which holds large lists and client state, would report this process's size. A small
 # launcher (exec'd Python) forks the measured command itself and reports the command's own peak.
 _LAUNCHER = r"""
 import json, os, sys

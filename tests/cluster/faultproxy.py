@@ -53,7 +53,7 @@ class Fault:
 
 
 class Faults:
-    """The proxy's rules; the same interface the API emulator had (`add`, `clear`, iteration)."""
+    """The proxy's rules (`add`, `clear`, iteration)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -29,7 +29,7 @@ def _meta(name: str, namespace: str | None = None, labels: dict | None = None,
 
 
 def owner_ref(obj: dict, controller: bool = True) -> dict:
-    """An ownerReference to `obj` (a builder's or the emulator's object)."""
+    """An ownerReference to `obj` (a builder's or the API server's object)."""
     return {'apiVersion': obj['apiVersion'], 'kind': obj['kind'], 'name': obj['metadata']['name'],
             'uid': obj['metadata']['uid'], 'controller': controller, 'blockOwnerDeletion': True}
 
@@ -283,8 +283,8 @@ def job(name: str, namespace: str = 'default', node_selector: dict | None = None
         image: str = 'registry.example/gpu-burn:1', command: list[str] | None = None, completions: int = 1,
         parallelism: int = 1, backoff_limit: int = 0, tolerations: list[dict] | None = None,
         labels: dict | None = None, annotations: dict | None = None, gpus: int = 0) -> dict:
-    """A batch/v1 Job (the simulator runs its pods; `emu.simulator.job(name, ...)` sets outcome/logs;
-    template annotations `emulator.gpufleet.io/duration|outcome|logs` do the same from YAML)."""
+    """A batch/v1 Job (the real Job controller runs its pods and KWOK completes them; template
+    annotations gpufleet.test/exit-code, gpufleet.test/run-time, gpufleet.test/logs set how)."""
     res = {GPU: str(gpus)} if gpus else None
     tspec: dict[str, Any] = {'restartPolicy': 'Never',
                              'containers': [container('main', image, requests=res, limits=res, command=command)]}

@@ -84,7 +84,7 @@ def _node(name: str, model: dict) -> dict:
         'nvidia.com/gpu.deploy.device-plugin': 'true', 'nvidia.com/cuda.driver.major': major,
         'nvidia.com/cuda.driver.minor': minor, 'nvidia.com/cuda.driver.rev': rev,
         'nvidia.com/cuda.runtime.major': '13', 'nvidia.com/cuda.runtime.minor': '0',
-        # (no `nvidia.com/gpu.pci-device: 10de:2330` as the emulator had: ':' is not valid in a label value)
+        # (no `nvidia.com/gpu.pci-device: 10de:2330`: ':' is not valid in a label value)
         'feature.node.kubernetes.io/pci-10de.present': 'true', 'nvidia.com/mig.strategy': 'single',
         'gpufleet.io/platform': model['platform'], 'gpufleet.io/model': model['group'],
     }
