@@ -81,3 +81,31 @@ def test_node_drain_stays_inside_the_operator_role(cluster, run_playbook):
     # the role is exercised, and it is needed: the reader role would refuse the writes
     assert {('patch', 'nodes'), ('create', 'pods/eviction'), ('patch', 'virtualmachines')} <= attrs
     assert len(R.violations(R.module_roles()['gpu_holders_info'], seen)) > 0
+
+
+def test_every_read_only_module_reads_only_under_the_reader_role(cluster, run_playbook):
+    """Issue 11: the read-only Kubernetes modules (docs/rbac/modules.yml: the reader role's), run as a
+    service account bound to that role only; the API server's audit log shows that they made only
+    get/list/watch requests and that none was refused."""
+    load(cluster)
+    role = 'gpufleet-upgrade-reader'
+    modules = sorted(m for m, r in R.module_roles().items() if r == role)
+    assert modules == ['fleet_info', 'gpu_holders_info', 'node_gate']
+    kubeconfig = rbac.kubeconfig_for(cluster, role)
+    tasks = {
+        'fleet_info': {'node_selector': 'nvidia.com/gpu.present=true'},
+        'gpu_holders_info': {'nodes': [S.NODE]},
+        'node_gate': {'node': S.OTHER, 'expected_gpus': {'nvidia.com/gpu': 8}, 'timeout': 5},
+    }
+    mark = cluster.audit_mark()
+    run = run_playbook(play(As(kubeconfig), *({'name': m, 'ignore_errors': True, 'gpufleet.upgrade.%s' % m: tasks[m]}
+                                              for m in modules)))
+    for m in ('fleet_info', 'gpu_holders_info'):
+        assert run.result(m)['_event'] == 'runner_on_ok', run.result(m)
+    # the scenario's gpu-2 has no device plugin pod: the gate's verdict, read with the reader's rights
+    assert run.result('node_gate')['msg'].startswith('node gate: FAIL for gpu-2: no device plugin pod')
+    events = cluster.audit_events(since=mark, user=rbac.user(rbac.SERVICE_ACCOUNTS[role]))
+    assert len(events) >= len(modules)
+    assert {e['verb'] for e in events} <= {'get', 'list', 'watch'}, rbac.non_reads(events)
+    assert rbac.non_reads(events) == [] and rbac.refused(events) == []
+    assert cluster.mutating_requests() == []
