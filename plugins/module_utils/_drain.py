@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
+from ._upgrade_state import ANN_SNAPSHOT, ANN_TARGET
 
 ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
 ANN_STATE = 'gpufleet.io/upgrade-state'
@@ -87,7 +88,7 @@ class DrainOptions:
                  ignore_daemonsets: bool = True, delete_local_data: bool = False, force: bool = False,
                  disable_eviction: bool = False, wait_for_jobs: Optional[WaitForJobs] = None,
                  vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 2.5,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, record_target: Optional[str] = None) -> None:
         self.timeout = timeout
         self.grace_period = grace_period
         self.pod_selector = pod_selector
@@ -100,6 +101,7 @@ class DrainOptions:
         self.parallel = parallel
         self.retry_interval = retry_interval
         self.poll_interval = poll_interval
+        self.record_target = record_target
 
 
 def options_from_params(params: Dict[str, Any]) -> DrainOptions:
@@ -129,12 +131,16 @@ def options_from_params(params: Dict[str, Any]) -> DrainOptions:
     retry = positive('retry_interval', params.get('retry_interval', 2.5))
     if retry < 0.1:
         raise DrainError('retry_interval must be >= 0.1 seconds, got %r' % retry)
+    record_target = params.get('record_target')
+    if record_target is not None and '=' not in str(record_target):
+        raise DrainError('record_target must be a target key (key=value,...) as upgrade_state reports it, got %r'
+                         % (record_target,))
     return DrainOptions(timeout=float(timeout), grace_period=grace, pod_selector=params.get('pod_selector') or None,
                         ignore_daemonsets=params.get('ignore_daemonsets', True),
                         delete_local_data=params.get('delete_local_data', False), force=params.get('force', False),
                         disable_eviction=params.get('disable_eviction', False), wait_for_jobs=wait,
                         vmi_policy=policy, parallel=parallel, retry_interval=float(retry),
-                        poll_interval=min(1.0, float(retry)))
+                        poll_interval=min(1.0, float(retry)), record_target=record_target or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,6 +214,32 @@ def cordon_patch(node: Dict[str, Any], state: str = 'cordoned') -> Optional[Dict
     if patch_ann:
         patch['metadata'] = {'annotations': patch_ann}
     return patch or None
+
+
+DRAIN_STATES = ('cordoned', 'draining', 'drained')
+
+
+def with_target(node: Dict[str, Any], patch: Optional[Dict[str, Any]], target: Optional[str]) -> Optional[Dict[str, Any]]:
+    """`patch`, plus `gpufleet.io/upgrade-target: target` when the progress it leaves is the drain's
+    own (cordoned, draining, drained) and the node names another target or none: the drain's record
+    then belongs to the rollout that made it, and a rerun trusts it (upgrade_state treats a record
+    without a target as stale). Another target's snapshot digest goes with the old target."""
+    if not target:
+        return patch
+    ann = _annotations(node)
+    new_ann = ((patch or {}).get('metadata') or {}).get('annotations') or {}
+    state = new_ann.get(ANN_STATE, ann.get(ANN_STATE))
+    if state not in DRAIN_STATES or ann.get(ANN_TARGET) == target:
+        return patch
+    out = dict(patch or {})
+    meta = dict(out.get('metadata') or {})
+    extra = dict(meta.get('annotations') or {})
+    extra[ANN_TARGET] = target
+    if ann.get(ANN_SNAPSHOT) is not None:
+        extra[ANN_SNAPSHOT] = None
+    meta['annotations'] = extra
+    out['metadata'] = meta
+    return out
 
 
 def state_patch(node: Dict[str, Any], state: str, stopped_vms: Optional[List[Dict[str, Any]]] = None
@@ -627,7 +659,8 @@ class Drainer:
     def cordon(self, name: str, state: str = 'cordoned') -> Dict[str, Any]:
         self._last_node = None
         self._cordoned_here = False
-        before, after, changed = self._update_node(name, lambda n: cordon_patch(n, state))
+        target = self.opts.record_target
+        before, after, changed = self._update_node(name, lambda n: with_target(n, cordon_patch(n, state), target))
         # This run made the cordon: its later writes record the controller's taint for it.
         self._cordoned_here = not is_unschedulable(before) and is_unschedulable(after)
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after), 'node_after': after,
@@ -727,7 +760,8 @@ class Drainer:
         pending = [ref(p) for p in plan.evict + plan.wait] + [ref(v, 'VirtualMachineInstance') for v in plan.vmis_to_leave]
 
         def finish(state: str, changed: bool) -> Dict[str, Any]:
-            after, ch = self._update_node(name, lambda n: state_patch(n, state))[1:]
+            after, ch = self._update_node(
+                name, lambda n: with_target(n, state_patch(n, state), self.opts.record_target))[1:]
             res['changed'] = bool(cordon['changed'] or changed or ch)
             res['diff'] = {'before': cordon['before'], 'after': node_view(after)}
             res['state'] = state
@@ -756,7 +790,8 @@ class Drainer:
         # Record the VMs before halting them, so a crash cannot lose which ones to restart.
         records = [vm_stop_patch(pair[1])[1] for pair in plan.vm_stops]
         if records:
-            self._update_node(name, lambda n: state_patch(n, 'draining', records))
+            self._update_node(name, lambda n: with_target(n, state_patch(n, 'draining', records),
+                                                          self.opts.record_target))
         items: List[_Item] = []
         for vmi, vm in plan.vm_stops:
             patch, record = vm_stop_patch(vm)

@@ -103,6 +103,14 @@ options:
         the node, or that someone set again since). Without it such a cordon is kept and RV(kept_cordon) is true.
     type: bool
     default: false
+  record_target:
+    description:
+      - The target key (C(key=value,...), as R(gpufleet.upgrade.upgrade_state,ansible_collections.gpufleet.upgrade.upgrade_state_module)
+        reports it in C(state.target)) the drain's progress records belong to; V(drain) writes it as
+        C(gpufleet.io/upgrade-target) with C(draining)/C(drained), so a rerun of the same rollout trusts that
+        progress (a record without a target is stale).
+      - Without it the drain's records name no target.
+    type: str
   disable_eviction:
     description:
       - Delete pods instead of using the eviction API, bypassing PodDisruptionBudgets.
@@ -330,6 +338,7 @@ def main() -> None:
         delete_local_data={'type': 'bool', 'default': False},
         force={'type': 'bool', 'default': False},
         uncordon_preexisting={'type': 'bool', 'default': False},
+        record_target={'type': 'str'},
         disable_eviction={'type': 'bool', 'default': False},
         wait_for_jobs={'type': 'dict', 'options': {
             'selector': {'type': 'str', 'required': True},

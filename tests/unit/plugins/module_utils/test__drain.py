@@ -821,3 +821,32 @@ def test_force_no_longer_lifts_a_cordon_that_was_there_before():
     assert r['kept_cordon'] is True and c.nodes['n']['spec']['unschedulable'] is True
     r = D.Drainer(c, D.DrainOptions(), clock=clock.now, sleep=clock.sleep).uncordon('n', uncordon_preexisting=True)
     assert r['kept_cordon'] is False and not c.nodes['n']['spec'].get('unschedulable')
+
+
+def test_with_target_ties_the_drains_own_records_to_the_rollout():
+    key = 'driver=580.130.00,kernel=6.8.0-134-generic'
+    node = {'metadata': {'name': 'n', 'annotations': {}}, 'spec': {}}
+    patch = D.with_target(node, D.cordon_patch(node, 'draining'), key)
+    assert patch['metadata']['annotations'][D.ANN_TARGET] == key
+    assert patch['metadata']['annotations'][D.ANN_STATE] == 'draining'
+    # a record of this target already: nothing more to write
+    done = {'metadata': {'annotations': {D.ANN_STATE: 'drained', D.ANN_TARGET: key}}, 'spec': {'unschedulable': True}}
+    assert D.with_target(done, D.state_patch(done, 'drained'), key) is None
+    # another target's record: ours replaces it, and its snapshot digest goes with it
+    other = {'metadata': {'annotations': {D.ANN_STATE: 'draining', D.ANN_TARGET: 'driver=1',
+                                          'gpufleet.io/snapshot-sha256': 'a' * 64}}, 'spec': {'unschedulable': True}}
+    patch = D.with_target(other, D.state_patch(other, 'drained'), key)
+    assert patch['metadata']['annotations'] == {D.ANN_STATE: 'drained', D.ANN_TARGET: key,
+                                                'gpufleet.io/snapshot-sha256': None}
+    # progress that is not the drain's (another rollout's `validated` on a node cordoned by hand) is
+    # never relabelled as ours
+    stale = {'metadata': {'annotations': {D.ANN_STATE: 'validated', D.ANN_TARGET: 'driver=1',
+                                          D.ANN_INITIAL: 'true'}}, 'spec': {'unschedulable': True}}
+    assert D.with_target(stale, D.cordon_patch(stale, 'draining'), key) == D.cordon_patch(stale, 'draining')
+    assert D.with_target(node, None, None) is None
+
+
+def test_record_target_must_be_a_target_key():
+    with pytest.raises(D.DrainError, match="record_target must be a target key"):
+        D.options_from_params({'record_target': 'nonsense'})
+    assert D.options_from_params({'record_target': 'driver=1'}).record_target == 'driver=1'
