@@ -287,8 +287,7 @@ def load_fleet(cluster: Cluster, nodes: int, pods_per_node: int, namespaces: int
                     raise
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        for _ in pool.map(make_node, range(nodes)):
-            pass
+        list(pool.map(make_node, range(nodes)))
     for i, ns in enumerate(names):   # only the fleet's pods and nodes stay (the held owners too)
         cluster.delete('v1', 'Pod', 'seed-%d' % i, ns)
     cluster.delete('v1', 'Node', 'seed')
@@ -349,7 +348,7 @@ def main() -> None:
         cp, proxy, cluster = start_cluster(os.path.join(tmp, 'control-plane'))
         print('control plane (Kubernetes %s) up in %.1fs; both tools use %s (straight to the API server), '
               'requests counted from its audit log' % (KUBERNETES_VERSION, time.perf_counter() - t0,
-                                                        cluster.direct_kubeconfig))
+                                                       cluster.direct_kubeconfig))
         try:
             if a.part in ('drain', 'both'):
                 part_drain(a, cluster, tmp)

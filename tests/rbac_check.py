@@ -59,6 +59,11 @@ def module_roles() -> dict[str, str]:
     return yaml.safe_load((RBAC_DIR / 'modules.yml').read_text())
 
 
+def option_roles() -> dict[str, dict[str, str]]:
+    """{module: {option: extra ClusterRole}}: options that need more than the module's role."""
+    return yaml.safe_load((RBAC_DIR / 'options.yml').read_text())
+
+
 def allowed(role: dict[str, Any], attrs: dict[str, Any]) -> bool:
     for rule in role.get('rules') or []:
         verbs = rule.get('verbs') or []
@@ -79,11 +84,12 @@ def allowed(role: dict[str, Any], attrs: dict[str, Any]) -> bool:
     return False
 
 
-def violations(role_name: str, requests: list[dict[str, Any]]) -> list[str]:
-    role = load_role(role_name)
+def violations(role_name: str | list[str], requests: list[dict[str, Any]]) -> list[str]:
+    """The requests that none of the roles (one name or several, bound together) allows."""
+    roles = [load_role(n) for n in ([role_name] if isinstance(role_name, str) else role_name)]
     out = []
     for r in requests:
         attrs = attributes(r['verb'], r['path'], r.get('query'))
-        if not allowed(role, attrs):
+        if not any(allowed(role, attrs) for role in roles):
             out.append('%s %s -> %s' % (r['verb'], r['path'], attrs))
     return out

@@ -19,7 +19,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._snapshot import (
-    SnapshotError, dump_document, verify_document)
+    SnapshotError, dump_document, kept_snapshot_problem, verify_document)
 
 MODULE = 'gpufleet.upgrade.node_snapshot'
 
@@ -84,6 +84,9 @@ class ActionModule(ActionBase):
             except SnapshotError as e:
                 raise AnsibleActionFail('node_snapshot: %s exists and is not a valid snapshot (%s); '
                                         'set force: true to replace it' % (path, e))
+            problem = kept_snapshot_problem(snap, args.get('gpu_facts'))
+            if problem:
+                raise AnsibleActionFail('node_snapshot: %s: %s' % (path, problem))
             doc = json.loads(existing)
             result.update(changed=False, path=path, sha256=doc['sha256'], snapshot=snap, document=doc,
                           msg='snapshot %s exists; kept (force: false)' % path)

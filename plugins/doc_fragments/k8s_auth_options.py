@@ -20,6 +20,10 @@ options:
         whose user has an C(exec) or C(auth-provider) plugin, and the in-cluster service account, by the
         C(kubernetes) library's loaders.
       - Can also be set with E(K8S_AUTH_KUBECONFIG).
+      - The option is secret (C(no_log)) because an inline kubeconfig carries tokens, passwords and keys; nothing
+        of it reaches a result, a registered variable or the output, at any verbosity. Ansible masks every string
+        of a secret option wherever it appears, so a message may show C(********) in place of the kubeconfig's
+        path or of a short value the inline kubeconfig also holds (a context or cluster name).
     type: raw
   context:
     description:

@@ -23,9 +23,14 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
   nothing;
 - evictions run in parallel with a bound; 429 (a PodDisruptionBudget) and transient errors are
   retried every `retry_interval` seconds until the deadline, each eviction carrying the pod's UID
-  as precondition; deletion is awaited by UID (a new pod with the same name is not the old one);
+  as precondition; a 409 (the precondition failed, or the API server's own PodDisruptionBudget
+  status update conflicted) re-reads the pod: the same UID still there is retried, not counted as
+  gone; deletion is awaited by UID (a new pod with the same name is not the old one); no request
+  of the rounds waits past `timeout` (K8sClient.bounded);
 - on failure the node stays cordoned and the result lists what remains and why;
-- uncordon lifts only a cordon this collection made (initial-unschedulable "false"), unless force;
+- uncordon lifts only a cordon this collection made (initial-unschedulable "false", refreshed
+  whenever we cordon a schedulable node, and the unschedulable taint's timeAdded recorded for our
+  cordon still the node's), unless uncordon_preexisting (`force` is only for unmanaged pods);
 - start_vms (after the node passed its gates) restores each VirtualMachine recorded in
   `gpufleet.io/stopped-vms` to its exact previous runStrategy/running, then clears the record; it
   refuses on a node that records a failure (a VM is never started on a failed node).
@@ -33,6 +38,7 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +50,12 @@ from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequ
 ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
 ANN_STATE = 'gpufleet.io/upgrade-state'
 ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
-OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS)
+# The timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle controller put
+# on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted and set again
+# by someone else since has another taint, and is not ours to lift).
+ANN_CORDON_TAINT = 'gpufleet.io/cordon-taint-added'
+UNSCHEDULABLE_TAINT = 'node.kubernetes.io/unschedulable'
+OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS, ANN_CORDON_TAINT)
 VMI_POLICIES = ('refuse', 'stop', 'evict')
 STATES = ('cordon', 'drain', 'uncordon', 'start_vms')
 # Progress recorded by the roles that uncordon keeps: `validated` (every gate passed) stays until
@@ -151,17 +162,42 @@ def initially_unschedulable(node: Dict[str, Any]) -> bool:
     return value == 'true'
 
 
+def unschedulable_taint_added(node: Dict[str, Any]) -> Optional[str]:
+    """The timeAdded of the node's node.kubernetes.io/unschedulable taint (None without one)."""
+    for taint in (node.get('spec') or {}).get('taints') or []:
+        if isinstance(taint, dict) and taint.get('key') == UNSCHEDULABLE_TAINT:
+            return str(taint.get('timeAdded') or '') or None
+    return None
+
+
+def taint_record_patch(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Annotations recording the unschedulable taint of our cordon, once the node lifecycle
+    controller has added it (to be applied only by the run that made the cordon)."""
+    ann = _annotations(node)
+    added = unschedulable_taint_added(node)
+    if is_unschedulable(node) and ann.get(ANN_INITIAL) == 'false' and ANN_CORDON_TAINT not in ann and added:
+        return {ANN_CORDON_TAINT: added}
+    return None
+
+
 def cordon_patch(node: Dict[str, Any], state: str = 'cordoned') -> Optional[Dict[str, Any]]:
     """Merge patch that cordons the node and records its initial state, or None if nothing to do.
 
-    The initial-unschedulable annotation is written only when absent (a rerun keeps the first
-    value). `state` is written with a cordon, or when the node records no progress yet; a node
-    that is already cordoned by this collection keeps the progress it records.
+    Cordoning a schedulable node always records initial-unschedulable "false" (and forgets the
+    taint of an earlier cordon): a record left by an earlier run belongs to a cordon someone has
+    lifted since. On a node that is already cordoned the annotation is written only when absent
+    (a rerun keeps the first value). `state` is written with a cordon, or when the node records no
+    progress yet; a node that is already cordoned by this collection keeps the progress it records.
     """
     ann = _annotations(node)
     patch_ann: Dict[str, Any] = {}
-    if ANN_INITIAL not in ann:
-        patch_ann[ANN_INITIAL] = 'true' if is_unschedulable(node) else 'false'
+    if not is_unschedulable(node):
+        if ann.get(ANN_INITIAL) != 'false':
+            patch_ann[ANN_INITIAL] = 'false'
+        if ANN_CORDON_TAINT in ann:
+            patch_ann[ANN_CORDON_TAINT] = None
+    elif ANN_INITIAL not in ann:
+        patch_ann[ANN_INITIAL] = 'true'
     cordoning = bool(patch_ann) or not is_unschedulable(node)
     current = ann.get(ANN_STATE)
     if current is None or (cordoning and current != state):
@@ -187,22 +223,33 @@ def state_patch(node: Dict[str, Any], state: str, stopped_vms: Optional[List[Dic
     return {'metadata': {'annotations': patch_ann}} if patch_ann else None
 
 
-def uncordon_patch(node: Dict[str, Any], force: bool = False) -> Tuple[Optional[Dict[str, Any]], bool]:
+def is_our_cordon(node: Dict[str, Any]) -> bool:
+    """This collection made the node's cordon: initial-unschedulable "false" and, when the taint
+    of our cordon was recorded, that same taint still on the node (someone who uncordoned and
+    cordoned again since made a new one)."""
+    ann = _annotations(node)
+    if ann.get(ANN_INITIAL) != 'false':
+        return False
+    recorded = ann.get(ANN_CORDON_TAINT)
+    return recorded is None or recorded == unschedulable_taint_added(node)
+
+
+def uncordon_patch(node: Dict[str, Any], uncordon_preexisting: bool = False) -> Tuple[Optional[Dict[str, Any]], bool]:
     """(merge patch or None, cordon kept).
 
-    The cordon is lifted only when this collection made it (initial-unschedulable "false") or
-    with force. Our initial-state and progress annotations are removed either way, except the
-    progress `validated` (KEPT_ON_UNCORDON: upgrade_state clears it when it records the node done);
-    the record of stopped VMs stays for start_vms.
+    The cordon is lifted only when this collection made it (is_our_cordon) or with
+    uncordon_preexisting. Our initial-state and progress annotations are removed either way, except
+    the progress `validated` (KEPT_ON_UNCORDON: upgrade_state clears it when it records the node
+    done); the record of stopped VMs stays for start_vms.
     """
     ann = _annotations(node)
-    ours = ann.get(ANN_INITIAL) == 'false'
-    lift = is_unschedulable(node) and (ours or force)
+    ours = is_our_cordon(node)
+    lift = is_unschedulable(node) and (ours or uncordon_preexisting)
     kept = is_unschedulable(node) and not lift
     patch: Dict[str, Any] = {}
     if lift:
         patch['spec'] = {'unschedulable': None}
-    remove = {k: None for k in (ANN_INITIAL, ANN_STATE) if k in ann
+    remove = {k: None for k in (ANN_INITIAL, ANN_STATE, ANN_CORDON_TAINT) if k in ann
               and not (k == ANN_STATE and ann[k] in KEPT_ON_UNCORDON)}
     if remove:
         patch['metadata'] = {'annotations': remove}
@@ -454,6 +501,10 @@ class DrainClient:
     def vmi_gone(self, vmi: Dict[str, Any], node: str) -> bool:
         raise NotImplementedError
 
+    def bounded(self, deadline: float) -> Any:
+        """A context in which no request waits past `deadline` (the Drainer's clock)."""
+        return contextlib.nullcontext()
+
 
 def _delete_options(pod: Dict[str, Any], grace_period: Optional[int]) -> Dict[str, Any]:
     opts: Dict[str, Any] = {'apiVersion': 'v1', 'kind': 'DeleteOptions',
@@ -508,6 +559,9 @@ class KubeDrainClient(DrainClient):
         current = self.k8s.get_or_none(path_for('v1', 'pods', meta['name'], meta.get('namespace')))
         return current is None or (current.get('metadata') or {}).get('uid') != meta.get('uid')
 
+    def bounded(self, deadline):
+        return self.k8s.bounded(deadline)
+
     def vmi_gone(self, vmi, node):
         meta = vmi['metadata']
         current = self.k8s.get_or_none(path_for(KUBEVIRT, 'virtualmachineinstances', meta['name'],
@@ -546,6 +600,8 @@ class Drainer:
         it) saves a read. In check mode nothing is written: the after is predicted."""
         if node is None:
             node = getattr(self, '_last_node', None)
+        if getattr(self, '_cordoned_here', False):
+            compute = self._recording_taint(compute)
         if self.check_mode:
             current = node if node is not None else self.client.get_node(name)
             after = apply_merge_patch(current, compute(current))
@@ -554,20 +610,38 @@ class Drainer:
         self._last_node = after
         return current, after, node_view(current) != node_view(after)
 
+    @staticmethod
+    def _recording_taint(compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]
+                         ) -> Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]:
+        """`compute`, plus the record of our cordon's taint once it is on the node."""
+        def wrapped(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+            patch = compute(node)
+            record = taint_record_patch(apply_merge_patch(node, patch))
+            if not record:
+                return patch
+            patch = json.loads(json.dumps(patch)) if patch else {}
+            patch.setdefault('metadata', {}).setdefault('annotations', {}).update(record)
+            return patch
+        return wrapped
+
     def cordon(self, name: str, state: str = 'cordoned') -> Dict[str, Any]:
         self._last_node = None
+        self._cordoned_here = False
         before, after, changed = self._update_node(name, lambda n: cordon_patch(n, state))
+        # This run made the cordon: its later writes record the controller's taint for it.
+        self._cordoned_here = not is_unschedulable(before) and is_unschedulable(after)
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after), 'node_after': after,
                 'initially_unschedulable': initially_unschedulable(before), 'cordoned': not is_unschedulable(before)}
 
-    def uncordon(self, name: str, force: bool = False) -> Dict[str, Any]:
+    def uncordon(self, name: str, uncordon_preexisting: bool = False) -> Dict[str, Any]:
         kept = {'value': False}
 
         def compute(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-            patch, kept['value'] = uncordon_patch(node, force)
+            patch, kept['value'] = uncordon_patch(node, uncordon_preexisting)
             return patch
 
         self._last_node = None
+        self._cordoned_here = False
         before, after, changed = self._update_node(name, compute)
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
                 'initially_unschedulable': initially_unschedulable(before), 'kept_cordon': kept['value']}
@@ -756,15 +830,27 @@ class Drainer:
             return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')
         except NotFoundError:
             return 'done', ''
-        except ConflictError:
-            # the UID precondition failed: the pod we classified is gone (a new one took its name)
-            return 'done', ''
+        except ConflictError as exc:
+            # Either the UID precondition failed (the pod we classified is gone, a new one took its
+            # name) or the API server's own update of the PodDisruptionBudget's status conflicted
+            # (the pod is still running). Only a read by UID tells which.
+            return self._after_conflict(it, exc)
         except TooManyRequestsError as exc:
             return 'retry', 'eviction refused by a PodDisruptionBudget (429): %s' % (exc.reason or exc.msg)
         except K8sError as exc:
+            if exc.reason == 'deadline':
+                return 'retry', it.last_reason
             if exc.status is None or exc.status >= 500:
                 return 'retry', 'transient API error: %s' % exc.msg
             return 'failed', str(exc)
+
+    def _after_conflict(self, it: _Item, exc: K8sError) -> Tuple[str, str]:
+        reason = 'eviction answered 409 Conflict (%s) while the pod is still there' % (exc.reason or exc.msg)
+        try:
+            gone = self.client.pod_gone(it.obj)
+        except K8sError as read:
+            return 'retry', '%s; re-reading the pod failed: %s' % (reason, read.msg)
+        return ('done', '') if gone else ('retry', reason)
 
     def _run(self, name: str, items: List[_Item]) -> None:
         """Rounds until every item is done or failed, or the deadline: evictions (and VMI checks)
@@ -773,7 +859,7 @@ class Drainer:
         self._node = name
         opts = self.opts
         deadline = self.clock() + opts.timeout
-        with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool, self.client.bounded(deadline):
             while True:
                 now = self.clock()
                 due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
@@ -787,7 +873,8 @@ class Drainer:
                                       if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
                                      for it in pod_waits]
                     except K8sError as exc:
-                        outcomes += [(it, ('wait', 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
+                        outcomes += [(it, ('wait', it.last_reason if exc.reason == 'deadline'
+                                           else 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
                 now = self.clock()
                 for it, (outcome, reason) in outcomes:
                     if outcome == 'done':

@@ -15,7 +15,8 @@
 - `K8sClient`: raw JSON requests over that client's configuration with an explicit timeout and a
   bounded retry policy: reads (GET) are retried on 500/502/503/504, connection errors and
   timeouts; writes are never retried blindly. `update()` applies a patch computed from a fresh
-  read with the object's resourceVersion as precondition, and on 409 re-reads and re-computes.
+  read with the object's resourceVersion as precondition, and on 409, 5xx or a timeout re-reads
+  and re-computes (idempotent by construction), within `update_attempts`.
 - `K8sError` (and `NotFoundError`, `ConflictError`, `TooManyRequestsError`) with messages that
   name the request.
 
@@ -26,6 +27,7 @@ is parsed page by page) and any discovery round-trips.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -38,6 +40,8 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import quote, urlencode, urlsplit
+
+from ._text import redact_urls
 
 # The kubernetes library is imported only for what its loaders alone can read (exec and
 # auth-provider plugins, the in-cluster service account): importing it costs about 0.3 s of CPU, and
@@ -59,7 +63,8 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_PAGE_SIZE = 500
 
 AUTH_ARG_SPEC: Dict[str, Dict[str, Any]] = {
-    'kubeconfig': {'type': 'raw'},
+    # Secret: an inline kubeconfig holds tokens, passwords and keys (a path is masked the same way).
+    'kubeconfig': {'type': 'raw', 'no_log': True},
     'context': {'type': 'str'},
     'host': {'type': 'str'},
     'api_key': {'type': 'str', 'no_log': True},
@@ -335,7 +340,8 @@ def get_api_client(params: Dict[str, Any]) -> ApiConnection:
         raise
     except Exception as exc:  # yaml errors, bad context name, unreadable files, the library's ConfigException
         raise K8sError('cannot load the Kubernetes configuration (kubeconfig=%r, context=%r): %s'
-                       % (kubeconfig if not isinstance(kubeconfig, dict) else '<dict>', context, exc)) from exc
+                       % (kubeconfig if not isinstance(kubeconfig, dict) else '<dict>', context,
+                          redact_urls(exc))) from exc
     if s is None:
         s = _Settings()
     _apply_options(s, params, host)
@@ -454,7 +460,7 @@ def _pool(s: _Settings) -> Any:
                 return SOCKSProxyManager(s.proxy, **kw)
             return urllib3.ProxyManager(s.proxy, **kw)
         except (ImportError, ValueError) as exc:
-            raise K8sError('proxy %r cannot be used: %s' % (s.proxy, exc)) from exc
+            raise K8sError('proxy %r cannot be used: %s' % (redact_urls(s.proxy), redact_urls(exc))) from exc
     return urllib3.PoolManager(**kw)
 
 
@@ -502,7 +508,7 @@ class K8sClient:
 
     def __init__(self, api: ApiConnection, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  get_attempts: int = 4, backoff: float = 0.5, update_attempts: int = 5,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         if request_timeout is None or request_timeout <= 0:
             raise K8sError('request_timeout must be a positive number of seconds, got %r' % (request_timeout,))
         self.api = api
@@ -512,6 +518,9 @@ class K8sClient:
         self.backoff = backoff
         self.update_attempts = max(1, update_attempts)
         self.sleep = sleep
+        self.clock = clock
+        # A `clock()` value no request or retry may pass (None: none): see bounded().
+        self.deadline: Optional[float] = None
         self.requests_made = 0
         self.retries_made = 0
 
@@ -519,6 +528,27 @@ class K8sClient:
     def from_params(cls, params: Dict[str, Any], **kwargs: Any) -> 'K8sClient':
         return cls(get_api_client(params), request_timeout=params.get('request_timeout') or DEFAULT_REQUEST_TIMEOUT,
                    **kwargs)
+
+    @contextlib.contextmanager
+    def bounded(self, deadline: Optional[float]) -> Iterator[None]:
+        """Within the block no request waits past `deadline` (a `clock()` value): each request's
+        timeout is cut to the time left, a retry that would start after it is not made, and a
+        request once it has passed is not sent (K8sError, reason V(deadline))."""
+        previous = self.deadline
+        self.deadline = deadline if previous is None or deadline is None else min(previous, deadline)
+        try:
+            yield
+        finally:
+            self.deadline = previous
+
+    def _timeout(self, desc: str, method: str, path: str) -> float:
+        if self.deadline is None:
+            return self.request_timeout
+        left = self.deadline - self.clock()
+        if left <= 0:
+            raise K8sError('%s: not sent, the deadline has passed' % desc, status=None, method=method, path=path,
+                           reason='deadline')
+        return min(self.request_timeout, left)
 
     # -- one request ------------------------------------------------------------------------
     def _headers(self, content_type: Optional[str]) -> Any:
@@ -542,25 +572,30 @@ class K8sClient:
             data = json.dumps(body).encode('utf-8')
             content_type = content_type or 'application/json'
         desc = '%s %s' % (method, path)
+        timeout = self._timeout(desc, method, path)
         self.requests_made += 1
         headers = self._headers(content_type)
         if text:
             headers['Accept'] = 'text/plain, */*'
         try:
             resp = self.pool.request(method, url, body=data, headers=headers,
-                                     timeout=urllib3.Timeout(total=self.request_timeout), retries=False,
+                                     timeout=urllib3.Timeout(total=timeout), retries=False,
                                      preload_content=True)
         except urllib3.exceptions.NewConnectionError as exc:
-            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s'
+                           % (desc, redact_urls(self.api.host), redact_urls(exc)),
                            status=None, method=method, path=path, reason='connection') from exc
         except urllib3.exceptions.TimeoutError as exc:
-            msg = '%s: no answer within the request timeout of %gs' % (desc, self.request_timeout)
+            msg = '%s: no answer within the request timeout of %gs' % (desc, timeout)
+            if timeout < self.request_timeout:
+                msg += ' (the time left before the deadline)'
             if method != 'GET':
                 msg += ('; the change may or may not have been applied (a write is not re-sent blindly): rerun the '
                         'task, it resumes from what is on the server')
             raise K8sError(msg, status=None, method=method, path=path, reason='timeout') from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s' % (desc, self.api.host, exc),
+            raise K8sError('%s: cannot reach the Kubernetes API at %s: %s'
+                           % (desc, redact_urls(self.api.host), redact_urls(exc)),
                            status=None, method=method, path=path, reason='connection') from exc
         if resp.status >= 400:
             msg = _status_message(resp.data)
@@ -580,21 +615,31 @@ class K8sClient:
     def get(self, path: str, query: Optional[Dict[str, Any]] = None) -> Any:
         """GET with bounded retries on 5xx, timeouts and connection errors (safe: reads)."""
         last: Optional[K8sError] = None
+        attempts = 0
         for attempt in range(self.get_attempts):
             if attempt:
+                pause = min(self.backoff * (2 ** (attempt - 1)), 5.0)
+                if self.deadline is not None and self.clock() + pause >= self.deadline:
+                    break
                 self.retries_made += 1
-                self.sleep(min(self.backoff * (2 ** (attempt - 1)), 5.0))
+                self.sleep(pause)
             try:
+                attempts += 1
                 return self.request('GET', path, query)
             except K8sError as exc:
+                if exc.reason == 'deadline':
+                    if last is None:
+                        raise
+                    break
                 if exc.status in RETRYABLE_STATUS or exc.status is None:
                     last = exc
                     continue
                 raise
         if last is None:  # pragma: no cover - the loop runs at least once
             raise K8sError('GET %s: no attempt made' % path)
-        raise K8sError('%s (gave up after %d attempts)' % (last.msg, self.get_attempts), status=last.status,
-                       method='GET', path=path, reason=last.reason)
+        why = ('gave up after %d attempts' % attempts if attempts == self.get_attempts
+               else 'gave up after %d attempt(s): the deadline left no time for another' % attempts)
+        raise K8sError('%s (%s)' % (last.msg, why), status=last.status, method='GET', path=path, reason=last.reason)
 
     def get_or_none(self, path: str, query: Optional[Dict[str, Any]] = None) -> Any:
         try:
@@ -653,19 +698,24 @@ class K8sClient:
 
         `compute(obj)` returns the patch, or None when nothing needs to change. On 409 the object
         is re-read and the patch re-computed (at most `update_attempts` times): safe, because the
-        patch is derived from the fresh state and guarded by its resourceVersion. Any other write
-        error is raised at once. `current`, a recent read of the object, saves the first GET (a
+        patch is derived from the fresh state and guarded by its resourceVersion. The same holds for
+        500/502/503/504, a timeout or a lost connection (the write may or may not have been
+        applied: the fresh read tells). Any other write error is raised at once. `current`, a recent read of the object, saves the first GET (a
         stale one only costs a 409 and a re-read). Returns (object before, object after).
         """
-        last: Optional[ConflictError] = None
+        last: Optional[K8sError] = None
+        first: Optional[Dict[str, Any]] = None
+        ambiguous = False   # a failed attempt may have been applied (5xx, timeout)
         for attempt in range(self.update_attempts):
             if attempt:
                 self.retries_made += 1
                 self.sleep(min(self.backoff * attempt, 2.0))
             obj = current if (current is not None and not attempt) else self.get(path)
+            if first is None:
+                first = obj
             patch = compute(copy.deepcopy(obj))
             if not patch:
-                return obj, obj
+                return (first if ambiguous else obj), obj
             patch = copy.deepcopy(patch)
             patch.setdefault('metadata', {})['resourceVersion'] = (obj.get('metadata') or {}).get('resourceVersion')
             try:
@@ -673,9 +723,21 @@ class K8sClient:
             except ConflictError as exc:
                 last = exc
                 continue
-            return obj, after
+            except K8sError as exc:
+                # Safe to send again: the patch is re-computed from a fresh read and guarded by its
+                # resourceVersion, so one that was applied after all is seen and not repeated.
+                if exc.reason != 'deadline' and (exc.status in RETRYABLE_STATUS or exc.status is None):
+                    last = exc
+                    ambiguous = True
+                    continue
+                raise
+            return (first if ambiguous else obj), after
         if last is None:  # pragma: no cover
             raise K8sError('PATCH %s: no attempt made' % path)
+        if not isinstance(last, ConflictError):
+            raise K8sError('%s (gave up after %d attempts, each computed from a fresh read)'
+                           % (last.msg, self.update_attempts), status=last.status, method='PATCH', path=path,
+                           reason=last.reason)
         raise ConflictError('%s: the object kept changing (409 Conflict on %d attempts); nothing was changed by '
                             'this call, rerun the task' % (last.msg, self.update_attempts),
                             status=409, method='PATCH', path=path)

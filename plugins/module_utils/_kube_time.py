@@ -45,4 +45,6 @@ def parse_time(value: Any, field_name: str) -> datetime.datetime:
 
 def format_time(value: datetime.datetime) -> str:
     """RFC 3339 in UTC with a ``Z``, seconds precision (the Kubernetes style)."""
-    return value.astimezone(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    utc = value.astimezone(datetime.timezone.utc)
+    # Explicit zero padding: strftime's %Y writes year 999 as "999" on glibc.
+    return '%04d-%02d-%02dT%02d:%02d:%02dZ' % (utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second)

@@ -36,6 +36,7 @@ from urllib.error import URLError
 from urllib.parse import urlencode
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time as rfc3339_time
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
 
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
@@ -357,10 +358,11 @@ class PrometheusClient:
     def __init__(self, base_url: str, opener: Opener, timeout: float = 10.0,
                  headers: Optional[Dict[str, str]] = None) -> None:
         if not re.match(r'^https?://[^/\s]+', base_url or ''):
-            raise MetricGateError('url: %r is not an http(s) URL' % (base_url,))
+            raise MetricGateError('url: %r is not an http(s) URL' % (redact_urls(base_url),))
         if not 0 < timeout <= 300:
             raise MetricGateError('timeout: %r must be between 1 and 300 seconds' % (timeout,))
         self.base_url = base_url.rstrip('/')
+        self.shown_url = redact_urls(self.base_url)   # what messages name: never its credentials
         self.timeout = float(timeout)
         self.headers = dict(headers or {})
         self.headers.setdefault('Accept', 'application/json')
@@ -373,14 +375,14 @@ class PrometheusClient:
         try:
             status, body = self.opener(url, self.headers, self.timeout)
         except (socket.timeout, TimeoutError):
-            raise PrometheusError('Prometheus at %s did not answer within %ss' % (self.base_url, _fmt(self.timeout)))
+            raise PrometheusError('Prometheus at %s did not answer within %ss' % (self.shown_url, _fmt(self.timeout)))
         except URLError as exc:
             reason = getattr(exc, 'reason', exc)
             if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise PrometheusError('Prometheus at %s did not answer within %ss' % (self.base_url, _fmt(self.timeout)))
-            raise PrometheusError('cannot reach Prometheus at %s: %s' % (self.base_url, reason))
+                raise PrometheusError('Prometheus at %s did not answer within %ss' % (self.shown_url, _fmt(self.timeout)))
+            raise PrometheusError('cannot reach Prometheus at %s: %s' % (self.shown_url, redact_urls(reason)))
         except (OSError, ValueError) as exc:
-            raise PrometheusError('cannot reach Prometheus at %s: %s' % (self.base_url, exc))
+            raise PrometheusError('cannot reach Prometheus at %s: %s' % (self.shown_url, redact_urls(exc)))
         try:
             doc = json.loads(body.decode('utf-8')) if body else {}
         except ValueError:

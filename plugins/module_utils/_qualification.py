@@ -184,7 +184,9 @@ def format_timestamp(value: datetime.datetime) -> str:
     if value.tzinfo is None:
         value = value.replace(tzinfo=datetime.timezone.utc)
     utc = value.astimezone(datetime.timezone.utc)
-    text = utc.strftime('%Y-%m-%dT%H:%M:%S')
+    # Explicit zero padding: strftime's %Y writes year 999 as "999" on glibc, which no RFC 3339
+    # reader (parse_timestamp included) accepts.
+    text = '%04d-%02d-%02dT%02d:%02d:%02d' % (utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second)
     if utc.microsecond:
         text += ('.%06d' % utc.microsecond).rstrip('0')
     return text + 'Z'
@@ -194,6 +196,18 @@ def format_timestamp(value: datetime.datetime) -> str:
 
 class _LoadProblem(Exception):
     pass
+
+
+class _LongNumber:
+    """What the loader makes of an integer of more than MAX_INT_BITS bits: never a field's value,
+    and one that CPython cannot even convert to text (``int``/``repr`` refuse more than 4300 decimal
+    digits), so it stands in for it and the field is reported, with no traceback."""
+
+    def __repr__(self) -> str:
+        return '<a number of more than 300 digits>'
+
+
+MAX_INT_BITS = 1000  # 2 ** 1000 has 302 decimal digits
 
 
 _LOADER_CLASS = None  # type: t.Any
@@ -275,6 +289,17 @@ def _loader_class() -> t.Any:
                 mapping[key] = self.construct_object(value_node, deep=deep)
             return mapping
 
+        def construct_yaml_int(self, node: t.Any) -> t.Any:
+            try:
+                value = super().construct_yaml_int(node)
+            except ValueError:  # more decimal digits than CPython converts (sys.get_int_max_str_digits)
+                return _LongNumber()
+            if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:  # hex, octal, sexagesimal
+                return _LongNumber()
+            return value
+
+    StrictLoader.add_constructor('tag:yaml.org,2002:int', StrictLoader.construct_yaml_int)
+
     drop = {'tag:yaml.org,2002:bool', 'tag:yaml.org,2002:timestamp', 'tag:yaml.org,2002:merge',
             'tag:yaml.org,2002:value', 'tag:yaml.org,2002:yaml'}
     resolvers: t.Dict[t.Any, t.List[t.Any]] = {}
@@ -336,6 +361,8 @@ def _describe(value: t.Any) -> str:
         return 'null'
     if isinstance(value, bool):
         return 'the boolean %s' % ('true' if value else 'false')
+    if isinstance(value, _LongNumber):
+        return 'a number of more than 300 digits'
     if isinstance(value, (int, float)):
         return 'the number %s' % show(value)
     if isinstance(value, str):
@@ -360,7 +387,7 @@ def _field_problems(data: t.Dict[str, t.Any], allowed: t.Sequence[str], path: st
 
 def _want_str(data: t.Dict[str, t.Any], key: str, path: str, problems: t.List[str]) -> None:
     if key in data and not isinstance(data[key], str):
-        hint = ' (quote it)' if isinstance(data[key], (int, float, bool)) or data[key] is None else ''
+        hint = ' (quote it)' if isinstance(data[key], (int, float, bool, _LongNumber)) or data[key] is None else ''
         problems.append('field %s must be a string, got %s%s' % (show(_join(path, key)), _describe(data[key]), hint))
 
 
@@ -521,6 +548,53 @@ def _tuple_problems(side: str, values: t.Any) -> t.Tuple[t.Dict[str, str], t.Lis
     return out, problems
 
 
+def age_problems(record: Record, max_canary_age_seconds: t.Union[int, str] = DEFAULT_MAX_CANARY_AGE,
+                 now: t.Optional[datetime.datetime] = None) -> t.List[str]:
+    """Rule 6: the canary completed neither in the future nor longer ago than the maximum age."""
+    if now is None:
+        now = datetime.datetime.now(datetime.timezone.utc)
+    elif now.tzinfo is None:
+        now = now.replace(tzinfo=datetime.timezone.utc)
+    problems = []  # type: t.List[str]
+    if record.completed_at > now + FUTURE_SKEW:
+        problems.append('canary completion time is in the future')
+    try:
+        if isinstance(max_canary_age_seconds, str):
+            age_text = max_canary_age_seconds.strip()
+            max_age = _duration.parse(max_canary_age_seconds, 'max_canary_age')
+        elif isinstance(max_canary_age_seconds, int) and not isinstance(max_canary_age_seconds, bool):
+            if max_canary_age_seconds <= 0:
+                raise ValueError('max_canary_age %d must be positive' % max_canary_age_seconds)
+            max_age = max_canary_age_seconds
+            age_text = _duration.format_seconds(max_age)
+        else:
+            raise ValueError('max_canary_age %s is not a duration' % show(max_canary_age_seconds))
+    except ValueError as exc:
+        problems.append(str(exc))
+    else:
+        # Integer microseconds: exact at the boundary, no overflow for huge limits.
+        age_us = (now - record.completed_at) // datetime.timedelta(microseconds=1)
+        if age_us > max_age * 1000000:
+            problems.append('canary evidence is older than %s' % age_text)
+    return problems
+
+
+def hardware_problems(record: Record, pci_ids: t.Any) -> t.List[str]:
+    """Rule 2: the node's PCI ids and the record's hardware are valid and the same set."""
+    problems = []
+    record_ids, record_pci = _pci.normalize_all(list(record.hardware), prefix='record ')
+    node_ids, node_pci = _pci.normalize_all(pci_ids)
+    problems.extend(node_pci)
+    problems.extend(record_pci)
+    if not _pci.split_items(pci_ids):
+        problems.append('pci_ids must list at least one PCI id')
+    if not record.hardware:
+        problems.append('record hardware must list at least one PCI id')
+    if record_ids != node_ids:
+        problems.append('hardware tuple mismatch')
+    return problems
+
+
 def check_gate(record_text: t.Union[str, bytes], pci_ids: t.Any, current: t.Any, target: t.Any,
                max_canary_age_seconds: t.Union[int, str] = DEFAULT_MAX_CANARY_AGE,
                now: t.Optional[datetime.datetime] = None) -> GateResult:
@@ -543,16 +617,7 @@ def check_gate(record_text: t.Union[str, bytes], pci_ids: t.Any, current: t.Any,
     # Rule 1
     problems.extend(_identity_problems(record))
     # Rule 2
-    record_ids, record_pci = _pci.normalize_all(list(record.hardware), prefix='record ')
-    node_ids, node_pci = _pci.normalize_all(pci_ids)
-    problems.extend(node_pci)
-    problems.extend(record_pci)
-    if not _pci.split_items(pci_ids):
-        problems.append('pci_ids must list at least one PCI id')
-    if not record.hardware:
-        problems.append('record hardware must list at least one PCI id')
-    if record_ids != node_ids:
-        problems.append('hardware tuple mismatch')
+    problems.extend(hardware_problems(record, pci_ids))
     # Rule 3
     cur, cur_problems = _tuple_problems('current', current)
     tgt, tgt_problems = _tuple_problems('target', target)
@@ -575,26 +640,7 @@ def check_gate(record_text: t.Union[str, bytes], pci_ids: t.Any, current: t.Any,
     if len(versions) == 2:
         problems.extend(_rke2.transition_problems(versions['current'], versions['target']))
     # Rule 6
-    if record.completed_at > now + FUTURE_SKEW:
-        problems.append('canary completion time is in the future')
-    try:
-        if isinstance(max_canary_age_seconds, str):
-            age_text = max_canary_age_seconds.strip()
-            max_age = _duration.parse(max_canary_age_seconds, 'max_canary_age')
-        elif isinstance(max_canary_age_seconds, int) and not isinstance(max_canary_age_seconds, bool):
-            if max_canary_age_seconds <= 0:
-                raise ValueError('max_canary_age %d must be positive' % max_canary_age_seconds)
-            max_age = max_canary_age_seconds
-            age_text = _duration.format_seconds(max_age)
-        else:
-            raise ValueError('max_canary_age %s is not a duration' % show(max_canary_age_seconds))
-    except ValueError as exc:
-        problems.append(str(exc))
-    else:
-        # Integer microseconds: exact at the boundary, no overflow for huge limits.
-        age_us = (now - record.completed_at) // datetime.timedelta(microseconds=1)
-        if age_us > max_age * 1000000:
-            problems.append('canary evidence is older than %s' % age_text)
+    problems.extend(age_problems(record, max_canary_age_seconds, now))
     # Rule 7
     problems.extend(_canary_result_problems(record))
 

@@ -7,8 +7,13 @@
 """What a rollback of one node may do (seed 004, rollback boundary). A pure decision.
 
 - Driver and kernel are rolled back only when the qualification record proves that rollback
-  (``canary.rollbackPassed`` is true, and the record's target is the version the node runs now,
-  so the proven rollback is this one) and no GPU holder is left on the node.
+  and no GPU holder is left on the node. The record is read from its text with the upgrade gate's
+  strict loader (``_qualification.parse_record``: a mapping that a lax YAML reader produced is not
+  accepted) and must pass every rule of the gate that judges a record: state ``qualified``, an
+  approver, a source revision, every canary check passed with evidence (``rollbackPassed``
+  included), its hardware the node's PCI ids, the canary neither in the future nor older than
+  ``max_canary_age``; and the record's target must be the version the node runs now, so the
+  proven rollback is this one.
 - RKE2 is never downgraded: the decision points to the platform's recovery procedure instead.
 - GPU Operator and DCGM exporter are cluster-wide operands, not rolled back per node.
 - The node stays cordoned throughout, and is uncordoned only after every gate passes (accelerator
@@ -20,8 +25,12 @@ The result lists ordered steps (what the rollback role runs) and refusals, each 
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import show
 
 COMPONENTS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
 RECORD_KEYS = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
@@ -103,33 +112,64 @@ def _tuple(value: Any, what: str) -> Dict[str, Optional[str]]:
     return out
 
 
-def _proof_problems(qualification: Any, current: Dict[str, Optional[str]], comps: List[str]) -> List[str]:
-    """Why the record does not prove rolling back ``comps`` from ``current`` (empty when it does)."""
+def load_record(qualification: Any) -> Tuple[Optional[q.Record], List[str]]:
+    """(record, problems loading it): the record's text (str or bytes) is read by the gate's strict
+    loader; an already loaded ``_qualification.Record`` is taken as it is. A mapping is refused: a
+    lax YAML reader may have turned what the gate refuses (``yes``, a duplicate key, an unquoted
+    timestamp) into valid-looking values."""
     if qualification is None:
-        return ['no qualification record given: the rollback is not proven']
-    if not isinstance(qualification, dict):
-        return ['qualification: %r is not a record' % (qualification,)]
+        return None, ['no qualification record given: the rollback is not proven']
+    if isinstance(qualification, q.Record):
+        return qualification, []
+    if isinstance(qualification, (str, bytes)):
+        try:
+            return q.parse_record(qualification), []
+        except q.QualificationError as exc:
+            return None, exc.problems
+    return None, ['qualification: a %s is not accepted; give the record as read from its file (the upgrade '
+                  'gate\'s strict loader must see its text)' % type(qualification).__name__]
+
+
+def _proof_problems(qualification: Any, current: Dict[str, Optional[str]], comps: List[str], pci_ids: Any,
+                    max_canary_age: Any, now: Optional[datetime.datetime]) -> List[str]:
+    """Why the record does not prove rolling back ``comps`` from ``current`` (empty when it does):
+    every problem the upgrade gate finds in the record, then the target check."""
+    record, problems = load_record(qualification)
+    if record is None:
+        if qualification is None:
+            return problems
+        return ['the qualification record does not load (the upgrade gate refuses it): %s' % '; '.join(problems)]
+    rid = show(record.id)
+    gate = q.record_problems(record)
+    if pci_ids is None:
+        gate.append('the node\'s PCI ids were not given, so the record\'s hardware cannot be checked')
+    else:
+        gate.extend(p for p in q.hardware_problems(record, pci_ids) if p not in gate)
+    gate.extend(q.age_problems(record, max_canary_age, now))
     problems = []
-    canary = qualification.get('canary')
-    passed = canary.get('rollbackPassed') if isinstance(canary, dict) else None
-    if passed is not True:
-        problems.append('the qualification record %s has canary.rollbackPassed = %r, not true: the rollback was not '
-                        'proven on the canary' % (qualification.get('id', '(no id)'), passed))
-    target = qualification.get('target') if isinstance(qualification.get('target'), dict) else {}
+    if record.rollback_passed is not True:
+        problems.append('the qualification record %s has canary.rollbackPassed = false, not true: the rollback was '
+                        'not proven on the canary' % rid)
+    if gate:
+        problems.append('the upgrade gate refuses the qualification record %s: %s' % (rid, '; '.join(gate)))
     for comp in comps:
-        recorded = target.get(RECORD_KEYS[comp])
+        recorded = record.target.get(RECORD_KEYS[comp])
         if recorded != current.get(comp):
             problems.append('the qualification record %s qualifies %s %r, but the node runs %r: it does not prove '
-                            'this rollback' % (qualification.get('id', '(no id)'), comp, recorded, current.get(comp)))
+                            'this rollback' % (rid, comp, recorded, current.get(comp)))
     return problems
 
 
 def decide_rollback(node: str, previous: Any, current: Any, qualification: Any = None,
                     holders: Any = None, was_cordoned_before: bool = False,
-                    platform_recovery: str = DEFAULT_PLATFORM_RECOVERY) -> RollbackDecision:
+                    platform_recovery: str = DEFAULT_PLATFORM_RECOVERY, pci_ids: Any = None,
+                    max_canary_age: Any = q.DEFAULT_MAX_CANARY_AGE,
+                    now: Optional[datetime.datetime] = None) -> RollbackDecision:
     """Decide the rollback of ``node`` from ``current`` back to ``previous`` (tuples, snake_case keys).
 
-    ``qualification``: the GPUUpgradeQualification record as a mapping (seed 004 schema, camelCase).
+    ``qualification``: the GPUUpgradeQualification record's text (read by the gate's strict loader),
+    or a ``_qualification.Record``. ``pci_ids``: the node's GPUs (the record's hardware must match);
+    ``max_canary_age`` and ``now`` as for the gate.
     ``holders``: GPU holders still on the node (Pods, VMIs, processes); any holder blocks driver and
     kernel changes. ``was_cordoned_before``: the node was unschedulable before the rollout.
     """
@@ -163,7 +203,7 @@ def decide_rollback(node: str, previous: Any, current: Any, qualification: Any =
     node_comps = [c for c in ('driver', 'kernel') if c in changed]
     restores: List[Step] = []
     if node_comps:
-        problems = _proof_problems(qualification, cur, node_comps)
+        problems = _proof_problems(qualification, cur, node_comps, pci_ids, max_canary_age, now)
         if holders:
             problems.append('%d GPU holder(s) still on node %s (%s): stop them first; nothing changes under a holder'
                             % (len(holders), node, ', '.join(_describe_holder(h) for h in holders)))

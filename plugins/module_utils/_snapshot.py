@@ -85,6 +85,20 @@ def verify_document(doc: Any, expected_sha256: Optional[str] = None) -> Dict[str
     return snap
 
 
+def kept_snapshot_problem(snapshot: Dict[str, Any], gpu_facts: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why a snapshot already on disk is not the rollback point of the node as it is now (None when
+    it is, or when there are no GPU facts to compare with): it was taken on another driver, for
+    example before an earlier rollout."""
+    if not gpu_facts:
+        return None
+    now = gpu_facts.get('driver_version')
+    then = ((snapshot or {}).get('gpu_facts') or {}).get('driver_version')
+    if now is not None and then != now:
+        return ('the kept snapshot was taken when the node ran driver %s, but it runs %s now: it is not this node\'s '
+                'rollback point (move it away, or set force: true to take a new one)' % (then, now))
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Boot configuration: /etc/default/grub and grubenv
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 import typing as t
 
 
@@ -23,3 +24,14 @@ def show(value: t.Any, limit: int = 100) -> str:
     if len(text) > limit:
         text = text[:limit - 3] + '...'
     return text
+
+
+# scheme://userinfo@ : the userinfo (user, or user:password) of any URL in a text.
+_USERINFO_RE = re.compile(r'(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@')
+
+
+def redact_urls(text: t.Any) -> str:
+    """`text` (anything, as str) with the userinfo of every URL in it removed
+    (``https://user:pass@proxy:3128`` becomes ``https://proxy:3128``): for messages and results,
+    which must never carry a proxy's or a server's credentials."""
+    return _USERINFO_RE.sub(r'\1', str(text))

@@ -14,18 +14,24 @@ Annotations (prefix ``gpufleet.io/``, shared with ``node_drain`` which writes th
   ``node_drain``; ``snapshotted``, ``installed``, ``activated``, ``validated``, ``failed``,
   ``rolled-back`` from the roles);
 - ``upgrade-target``: the target the recorded phases belong to (``key=value,...`` of the tuple);
-  phases recorded for another target do not count;
+  phases recorded for another target, or without a target, do not count; phases from
+  ``drained`` on count only while the node is cordoned (``validated`` also after our own
+  uncordon);
 - ``upgraded-to``: written when the node finished (uncordoned or left as the operator had it);
   a rerun for the same target skips the node.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional
 
 ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
 ANN_STATE = 'gpufleet.io/upgrade-state'
 ANN_TARGET = 'gpufleet.io/upgrade-target'
 ANN_DONE = 'gpufleet.io/upgraded-to'
+# SHA-256 of the rollback snapshot taken for the target (recorded with `snapshotted`, retired at
+# `done`): a rerun from another checkout, or a rollback, refuses a snapshot file with another digest.
+ANN_SNAPSHOT = 'gpufleet.io/snapshot-sha256'
 # Written by node_drain (_drain.ANN_STOPPED_VMS): the VMs its drain halted, to start after the gates.
 ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
 
@@ -73,8 +79,17 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
     ann = _annotations(node)
     unschedulable = bool((node.get('spec') or {}).get('unschedulable'))
     recorded = ann.get(ANN_STATE)
-    same_target = ann.get(ANN_TARGET) in (None, key)
+    # A record that names no target is stale: it may belong to any rollout.
+    same_target = ann.get(ANN_TARGET) == key
     phase = ALIASES.get(recorded, recorded) if (recorded and same_target) else None
+    # From `drained` on, the progress holds only while the node is cordoned: a node uncordoned since
+    # (by hand: our own cordon record is still there) may run GPU pods again, so holders and drain
+    # must run again before anything is installed. `validated` after our own uncordon (which removes
+    # initial-unschedulable and keeps `validated`, KEPT_ON_UNCORDON) is the one exception.
+    cordon_lost = bool(phase in PHASES[PHASES.index('drained'):] and not unschedulable
+                       and not (phase == 'validated' and ANN_INITIAL not in ann))
+    if cordon_lost:
+        phase = None
     done_phases: List[str] = []
     if phase in PHASES:
         done_phases = list(PHASES[:PHASES.index(phase) + 1])
@@ -88,7 +103,9 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         'done_phases': done_phases,
         'completed': ann.get(ANN_DONE) == key and recorded is None,
         'target': key,
-        'stale_target': None if same_target else ann.get(ANN_TARGET),
+        # '' when progress is recorded without a target (a stale record as well).
+        'stale_target': None if same_target or not (recorded or ANN_TARGET in ann) else ann.get(ANN_TARGET, ''),
+        'cordon_lost': cordon_lost,
         'unschedulable': unschedulable,
         # Before our first cordon the node's own state is the initial one.
         'was_cordoned': (initial == 'true') if initial is not None else unschedulable,
@@ -98,21 +115,34 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         'rke2': ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion'),
         # Any record of halted VMs (even one node_drain would refuse as malformed): start_vms has work.
         'vms_to_start': ann.get(ANN_STOPPED_VMS, '').strip() not in ('', '[]'),
+        # The digest of this target's rollback snapshot, as recorded with `snapshotted`.
+        'snapshot_sha256': ann.get(ANN_SNAPSHOT) if same_target else None,
     }
 
 
-def set_patch(node: Dict[str, Any], phase: str, key: str) -> Optional[Dict[str, Any]]:
-    """Merge patch recording `phase` for target `key`, or None when the node already says so."""
+def set_patch(node: Dict[str, Any], phase: str, key: str,
+              snapshot_sha256: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Merge patch recording `phase` for target `key` (with `snapshotted`, the snapshot's digest),
+    or None when the node already says so."""
     if phase not in SETTABLE:
         raise StateError('phase: %r is not one of %s' % (phase, ', '.join(SETTABLE)))
+    if snapshot_sha256 is not None:
+        if phase != 'snapshotted':
+            raise StateError('snapshot_sha256: only with phase snapshotted, got phase %r' % (phase,))
+        if not re.fullmatch(r'[0-9a-f]{64}', snapshot_sha256.lower()):
+            raise StateError('snapshot_sha256: %r is not a SHA-256 hex digest' % (snapshot_sha256,))
     ann = _annotations(node)
     want: Dict[str, Optional[str]]
     if phase == 'done':
-        want = {ANN_DONE: key, ANN_STATE: None, ANN_TARGET: None}
+        want = {ANN_DONE: key, ANN_STATE: None, ANN_TARGET: None, ANN_SNAPSHOT: None}
     else:
         want = {ANN_STATE: phase, ANN_TARGET: key}
         if ann.get(ANN_DONE) is not None:
             want[ANN_DONE] = None
+        if snapshot_sha256 is not None:
+            want[ANN_SNAPSHOT] = snapshot_sha256.lower()
+        elif ann.get(ANN_TARGET) != key:
+            want[ANN_SNAPSHOT] = None   # another target's snapshot
     patch = {k: v for k, v in want.items() if ann.get(k) != v}
     return {'metadata': {'annotations': patch}} if patch else None
 

@@ -125,7 +125,7 @@ def format_time(t: Optional[_dt.datetime]) -> Optional[str]:
     if t is None:
         return None
     t = t.astimezone(_UTC)
-    text = t.strftime('%Y-%m-%dT%H:%M:%S')
+    text = '%04d-%02d-%02dT%02d:%02d:%02d' % (t.year, t.month, t.day, t.hour, t.minute, t.second)  # zero-padded year
     if t.microsecond:
         text += ('.%06d' % t.microsecond).rstrip('0')
     return text + 'Z'

@@ -23,8 +23,12 @@ description:
     precondition. An eviction refused by a PodDisruptionBudget (HTTP 429) or by a transient API error is retried every
     O(retry_interval) seconds until O(timeout); the deletion is awaited by UID. At the deadline the task B(fails), the
     node stays cordoned, and RV(remaining) says what is left and why.
-  - V(uncordon) lifts the cordon only when this collection made it (initial state V(false)), unless O(force=true);
-    the initial-state and progress annotations are removed, except the progress V(validated) that the
+  - V(uncordon) lifts the cordon only when this collection made it, unless O(uncordon_preexisting=true). Ours
+    means C(gpufleet.io/initial-unschedulable) is V(false) (written whenever this collection cordons a schedulable
+    node, so a record left by an earlier run never stands for a cordon made since) and, when recorded, the
+    C(timeAdded) of the C(node.kubernetes.io/unschedulable) taint that the node lifecycle controller put on for our
+    cordon (C(gpufleet.io/cordon-taint-added)) is still the node's; a cordon someone lifted and set again since is
+    kept. The initial-state and progress annotations are removed, except the progress V(validated) that the
     P(gpufleet.upgrade.node_upgrade#role) role records when every gate passed (M(gpufleet.upgrade.upgrade_state)
     clears it when it records the node done, so a controller killed in between resumes after the gates). The record
     of stopped VMs stays.
@@ -64,7 +68,8 @@ options:
     default: drain
   timeout:
     description:
-      - Seconds the whole drain may take (evictions, retries on 429 and the wait for deletion), after O(wait_for_jobs).
+      - Seconds the whole drain may take (evictions, retries on 429 and 409 and the wait for deletion), after
+        O(wait_for_jobs). No request of these rounds waits past it (each request's timeout is cut to the time left).
     type: float
     default: 300
   grace_period:
@@ -87,13 +92,22 @@ options:
     default: false
   force:
     description:
-      - For V(drain), evict pods that no controller manages (they are not recreated). Without it such a pod blocks.
-      - For V(uncordon), lift a cordon that was there before this collection cordoned the node.
+      - For V(drain), evict pods that no controller manages (they are not recreated), as C(kubectl drain --force).
+        Without it such a pod blocks.
+      - It has no effect on V(uncordon) (see O(uncordon_preexisting)).
+    type: bool
+    default: false
+  uncordon_preexisting:
+    description:
+      - For V(uncordon), lift a cordon that this collection did not make (one that was there before it cordoned
+        the node, or that someone set again since). Without it such a cordon is kept and RV(kept_cordon) is true.
     type: bool
     default: false
   disable_eviction:
     description:
       - Delete pods instead of using the eviction API, bypassing PodDisruptionBudgets.
+      - Needs the opt-in ClusterRole C(gpufleet-upgrade-pod-delete) (C(docs/rbac/)) besides C(gpufleet-upgrade-operator),
+        which cannot delete pods.
     type: bool
     default: false
   wait_for_jobs:
@@ -282,7 +296,7 @@ def run(module: AnsibleModule, k8s: K8sClient) -> dict:
         if params['state'] == 'cordon':
             r = drainer.cordon(name)
         elif params['state'] == 'uncordon':
-            r = drainer.uncordon(name, force=params['force'])
+            r = drainer.uncordon(name, uncordon_preexisting=params['uncordon_preexisting'])
             base['kept_cordon'] = r['kept_cordon']
         else:
             r = drainer.drain(name)
@@ -315,6 +329,7 @@ def main() -> None:
         ignore_daemonsets={'type': 'bool', 'default': True},
         delete_local_data={'type': 'bool', 'default': False},
         force={'type': 'bool', 'default': False},
+        uncordon_preexisting={'type': 'bool', 'default': False},
         disable_eviction={'type': 'bool', 'default': False},
         wait_for_jobs={'type': 'dict', 'options': {
             'selector': {'type': 'str', 'required': True},

@@ -16,9 +16,12 @@ description:
   - Read-only. Applies the rollback boundary to one node and returns the ordered steps the rollback
     may run and the refusals, each with a reason. It changes nothing; the C(rollback) role runs the
     steps.
-  - Driver and kernel are rolled back only when the qualification record proves that rollback
-    (C(canary.rollbackPassed) is true and the record's C(target) is what the node runs now) and no
-    GPU holder is left on the node.
+  - Driver and kernel are rolled back only when the qualification record proves that rollback and no
+    GPU holder is left on the node. The record is read from its file with the strict loader of
+    M(gpufleet.upgrade.upgrade_check), and every rule of that gate that judges a record must pass
+    (state C(qualified), an approver, a source revision, every canary check passed with evidence, its
+    hardware the node's O(pci_ids), the canary neither in the future nor older than O(max_canary_age));
+    its C(target) must be what the node runs now. A record the gate refuses proves no rollback.
   - RKE2 is never downgraded; the refusal points to the platform recovery procedure. GPU Operator
     and DCGM exporter are cluster-wide operands and are not rolled back per node.
   - The node stays cordoned throughout and is uncordoned only after every gate passes, and never
@@ -43,10 +46,23 @@ options:
     required: true
   qualification:
     description:
-      - The C(GPUUpgradeQualification) record as a mapping (seed 004 schema, camelCase keys), for
-        example loaded with M(ansible.builtin.slurp) and C(from_yaml). Without it, driver and kernel
-        rollbacks are refused.
-    type: dict
+      - Path of the C(GPUUpgradeQualification) record file (seed 004 schema), read where the task runs with the
+        strict loader of M(gpufleet.upgrade.upgrade_check). Without it, driver and kernel rollbacks are refused.
+      - A mapping is not accepted (a lax YAML reader such as C(from_yaml) turns what the gate refuses, for example
+        C(yes) or a duplicate key, into valid-looking values).
+    type: path
+  pci_ids:
+    description:
+      - The node's GPU PCI identities (C(vendor:device/subvendor:subdevice)), for example the C(pci_ids) of
+        M(gpufleet.upgrade.gpu_info) in the node's snapshot. The record's C(hardware) must be the same set;
+        without them driver and kernel rollbacks are refused.
+    type: list
+    elements: str
+  max_canary_age:
+    description:
+      - The oldest canary completion the record may have, as for M(gpufleet.upgrade.upgrade_check).
+    type: str
+    default: 720h
   holders:
     description: GPU holders still on the node (Pods, VMIs, processes), for example from M(gpufleet.upgrade.gpu_holders_info).
     type: list
@@ -68,7 +84,8 @@ EXAMPLES = r"""
     node: gpu-a-07
     previous: {kernel: 6.8.0-134-generic, driver: 580.126.20, rke2: v1.35.3+rke2r3}
     current: {kernel: 6.8.0-135-generic, driver: 580.130.00, rke2: v1.35.3+rke2r3}
-    qualification: "{{ lookup('ansible.builtin.file', 'qualification/gpu-upgrade-qualification.yaml') | from_yaml }}"
+    qualification: qualification/gpu-upgrade-qualification.yaml
+    pci_ids: ["10de:2330/10de:16c1"]
     holders: "{{ holders.holders | default([]) }}"
     platform_recovery: runbook RB-7 (etcd restore)
   register: decision
@@ -114,6 +131,7 @@ changed_components:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rollback_policy import (
     DEFAULT_PLATFORM_RECOVERY, RollbackPolicyError, decide_rollback)
 
@@ -124,7 +142,9 @@ def main() -> None:
             node=dict(type='str', required=True),
             previous=dict(type='dict', required=True),
             current=dict(type='dict', required=True),
-            qualification=dict(type='dict'),
+            qualification=dict(type='path'),
+            pci_ids=dict(type='list', elements='str'),
+            max_canary_age=dict(type='str', default=q.DEFAULT_MAX_CANARY_AGE),
             holders=dict(type='list', elements='raw', default=[]),
             was_cordoned_before=dict(type='bool', default=False),
             platform_recovery=dict(type='str'),
@@ -132,9 +152,16 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    record = None
+    if p['qualification']:
+        try:
+            record = q.read_record_file(p['qualification'])
+        except q.QualificationError as exc:
+            module.fail_json(msg='qualification: %s' % '; '.join(exc.problems))
     try:
         decision = decide_rollback(node=p['node'], previous=p['previous'], current=p['current'],
-                                   qualification=p['qualification'], holders=p['holders'],
+                                   qualification=record, holders=p['holders'], pci_ids=p['pci_ids'],
+                                   max_canary_age=p['max_canary_age'],
                                    was_cordoned_before=p['was_cordoned_before'],
                                    platform_recovery=p['platform_recovery'] or DEFAULT_PLATFORM_RECOVERY)
     except RollbackPolicyError as exc:

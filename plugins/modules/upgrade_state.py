@@ -18,7 +18,9 @@ description:
   - C(gpufleet.io/upgrade-state) holds the last completed phase (M(gpufleet.upgrade.node_drain) writes C(cordoned),
     C(draining) and C(drained); the roles write C(snapshotted), C(installed), C(activated), C(validated), C(failed)
     and C(rolled-back)). C(gpufleet.io/upgrade-target) holds the target the phases belong to; phases recorded for
-    another target do not count. V(done) removes both and writes C(gpufleet.io/upgraded-to).
+    another target, or without a target, do not count. Phases from C(drained) on count only while the node is
+    cordoned (C(validated) also after the collection's own uncordon); a node uncordoned by hand since is drained
+    again. V(done) removes both and writes C(gpufleet.io/upgraded-to).
   - C(gpufleet.io/initial-unschedulable) (written by M(gpufleet.upgrade.node_drain) when it cordons) tells whether
     the node was cordoned before the rollout; RV(state.was_cordoned) reports it.
 extends_documentation_fragment:
@@ -51,6 +53,13 @@ options:
       - The phase to record. Without it the module only reads.
     type: str
     choices: [cordoned, drained, snapshotted, installed, activated, validated, failed, rolled-back, done]
+  snapshot_sha256:
+    description:
+      - With O(phase=snapshotted), the SHA-256 of the rollback snapshot (RV(gpufleet.upgrade.node_snapshot#module:sha256)),
+        recorded in C(gpufleet.io/snapshot-sha256) for this target. The snapshot file lives on the controller that
+        took it; a rerun from another checkout, and a rollback, refuse a snapshot file that is missing or has
+        another digest. V(done) retires it.
+    type: str
   wait_ready:
     description:
       - Seconds to wait for the Node's Ready condition to be True before anything is recorded (after a reboot or a
@@ -108,7 +117,9 @@ state:
       description: The target as recorded (C(key=value,...)).
       type: str
     stale_target:
-      description: A different target recorded on the node, or V(null).
+      description:
+        - A different target recorded on the node, V('') when progress is recorded without a target (stale as well),
+          or V(null).
       type: str
     unschedulable:
       description: The node is cordoned now.
@@ -124,6 +135,14 @@ state:
       type: str
     rke2:
       description: The kubelet version (the RKE2 version on an RKE2 node), for example V(v1.35.3+rke2r3).
+      type: str
+    cordon_lost:
+      description:
+        - The node records C(drained) or a later phase for this target but is not cordoned (someone uncordoned it
+          since); those phases do not count, and the rollout drains the node again before it installs anything.
+      type: bool
+    snapshot_sha256:
+      description: The digest of this target's rollback snapshot recorded on the Node, or V(null).
       type: str
     vms_to_start:
       description:
@@ -153,6 +172,7 @@ def main() -> None:
         node={'type': 'str', 'required': True},
         target={'type': 'dict', 'required': True},
         phase={'type': 'str', 'choices': list(S.SETTABLE)},
+        snapshot_sha256={'type': 'str'},
         wait_ready={'type': 'float', 'default': 0},
         interval={'type': 'float', 'default': 5},
     )
@@ -164,6 +184,11 @@ def main() -> None:
         key = S.target_key(p['target'])
     except S.StateError as exc:
         module.fail_json(msg=str(exc))
+    if p['snapshot_sha256'] is not None:
+        try:
+            S.set_patch({}, p['phase'] or '(none)', key, p['snapshot_sha256'])
+        except S.StateError as exc:
+            module.fail_json(msg=str(exc))
     if p['wait_ready'] < 0 or p['interval'] <= 0:
         module.fail_json(msg='wait_ready: %r must be 0 or more and interval: %r more than 0 seconds'
                          % (p['wait_ready'], p['interval']))
@@ -183,9 +208,9 @@ def main() -> None:
             before = after = k8s.get(path)
         elif module.check_mode:
             before = k8s.get(path)
-            after = S.apply_patch(before, S.set_patch(before, p['phase'], key))
+            after = S.apply_patch(before, S.set_patch(before, p['phase'], key, p['snapshot_sha256']))
         else:
-            before, after = k8s.update(path, lambda n: S.set_patch(n, p['phase'], key))
+            before, after = k8s.update(path, lambda n: S.set_patch(n, p['phase'], key, p['snapshot_sha256']))
     except NotFoundError:
         module.fail_json(msg='node: %r does not exist' % p['node'])
     except (K8sError, S.StateError) as exc:

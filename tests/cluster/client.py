@@ -345,7 +345,7 @@ class Cluster:
             return
 
         def synced() -> bool:
-            for res, ns, created, _ in held:
+            for res, ns, created, _scale in held:
                 cur = self.api.request('GET', res.path(ns, created['metadata']['name']))
                 st = cur.get('status') or {}
                 if res.kind in ('Job',):
@@ -356,7 +356,7 @@ class Cluster:
             return True
 
         self.wait_for(synced, timeout=30, interval=0.05, message='held owners seen by their controllers')
-        for res, ns, created, _ in held:
+        for res, ns, created, _scale in held:
             self.api.request('DELETE', res.path(ns, created['metadata']['name']),
                              body={'propagationPolicy': 'Background'})
         time.sleep(0.3)  # the controllers' caches see the deletion before any dependent appears

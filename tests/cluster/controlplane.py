@@ -65,6 +65,16 @@ class ControlPlaneError(RuntimeError):
     pass
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (Linux), so a killed
+    test run or lab leaves no control-plane process behind."""
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -113,8 +123,8 @@ class ControlPlane:
         except BaseException:
             self.stop()
             raise
-        self.log('control plane: up at %s in %.1f s (Kubernetes %s)' % (self.url, time.monotonic() - t0,
-                                                                      KUBERNETES_VERSION))
+        self.log('control plane: up at %s in %.1f s (Kubernetes %s)' % (
+            self.url, time.monotonic() - t0, KUBERNETES_VERSION))
         return self
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -143,7 +153,8 @@ class ControlPlane:
         assert self.bin is not None
         logf = open(self.dir / 'logs' / ('%s.log' % name), 'ab')  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen([str(self.bin / args[0]), *args[1:]], stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         logf.close()
         self.procs[name] = proc
         return proc
@@ -209,8 +220,8 @@ class ControlPlane:
 
     def _component_kubeconfig(self, name: str, user: str, groups: tuple[str, ...] = ()) -> pathlib.Path:
         crt, key = self.pki.issue(name, user, groups)
-        return self.write_kubeconfig(self.dir / ('%s.kubeconfig' % name), {'client-certificate': str(crt),
-                                                                          'client-key': str(key)})
+        user_entry = {'client-certificate': str(crt), 'client-key': str(key)}
+        return self.write_kubeconfig(self.dir / ('%s.kubeconfig' % name), user_entry)
 
     def write_kubeconfig(self, path: pathlib.Path, user: dict[str, Any], server: str | None = None,
                          namespace: str = 'default') -> pathlib.Path:
@@ -311,8 +322,8 @@ class ControlPlane:
         def published() -> bool:
             # kube-root-ca.crt appears once the controller manager runs; the default service account
             # once its token controller does.
-            code, _ = self._get('/api/v1/namespaces/default/configmaps/kube-root-ca.crt', token)
-            code2, _ = self._get('/api/v1/namespaces/default/serviceaccounts/default', token)
+            code = self._get('/api/v1/namespaces/default/configmaps/kube-root-ca.crt', token)[0]
+            code2 = self._get('/api/v1/namespaces/default/serviceaccounts/default', token)[0]
             return code == 200 and code2 == 200
 
         self._until('kube-controller-manager (kube-root-ca.crt, default service account)', published)

@@ -199,19 +199,20 @@ class KubeVirtStandIn:
         vmi = self.cluster.api.request('POST', self._vmi.path(ns), body={
             'apiVersion': KUBEVIRT, 'kind': 'VirtualMachineInstance', 'metadata': vmi_meta, 'spec': spec,
             'status': {'phase': 'Running', 'nodeName': node}})
-        suffix = ''.join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+        suffix = ''.join(secrets.choice(string.ascii_lowercase + string.digits) for dummy in range(5))
         limits = device_resources(spec)
         container: dict[str, Any] = {'name': 'compute', 'image': LAUNCHER_IMAGE}
         if limits:
             container['resources'] = {'limits': dict(limits), 'requests': dict(limits)}
-        pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {
-            'name': 'virt-launcher-%s-%s' % (name, suffix), 'namespace': ns,
-            'labels': {'kubevirt.io': 'virt-launcher', 'vm.kubevirt.io/name': name,
-                       'kubevirt.io/created-by': vmi['metadata']['uid']},
-            'ownerReferences': [{'apiVersion': KUBEVIRT, 'kind': 'VirtualMachineInstance', 'name': name,
-                                 'uid': vmi['metadata']['uid'], 'controller': True, 'blockOwnerDeletion': True}]},
-            'spec': {'nodeName': node, 'containers': [container], 'tolerations': spec.get('tolerations') or [],
-                     'volumes': [{'name': 'private', 'emptyDir': {}}]}}
+        pod_meta = {'name': 'virt-launcher-%s-%s' % (name, suffix), 'namespace': ns,
+                    'labels': {'kubevirt.io': 'virt-launcher', 'vm.kubevirt.io/name': name,
+                               'kubevirt.io/created-by': vmi['metadata']['uid']},
+                    'ownerReferences': [{'apiVersion': KUBEVIRT, 'kind': 'VirtualMachineInstance', 'name': name,
+                                         'uid': vmi['metadata']['uid'], 'controller': True,
+                                         'blockOwnerDeletion': True}]}
+        pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': pod_meta,
+               'spec': {'nodeName': node, 'containers': [container], 'tolerations': spec.get('tolerations') or [],
+                        'volumes': [{'name': 'private', 'emptyDir': {}}]}}
         if not pod['spec']['tolerations']:
             del pod['spec']['tolerations']
         self.cluster.api.request('POST', self._pod.path(ns), body=pod)

@@ -49,8 +49,8 @@ def _can(cluster: Any, username: str, verb: str, resource: str, group: str = '',
         attrs['namespace'] = namespace
     review = cluster.api.request('POST', '/apis/authorization.k8s.io/v1/subjectaccessreviews', body={
         'apiVersion': 'authorization.k8s.io/v1', 'kind': 'SubjectAccessReview',
-        'spec': {'user': username, 'groups': ['system:serviceaccounts', 'system:serviceaccounts:' + SA_NAMESPACE,
-                                             'system:authenticated'], 'resourceAttributes': attrs}})
+        'spec': {'user': username, 'resourceAttributes': attrs,
+                 'groups': ['system:serviceaccounts', 'system:serviceaccounts:' + SA_NAMESPACE, 'system:authenticated']}})
     return bool((review.get('status') or {}).get('allowed'))
 
 

@@ -279,9 +279,8 @@ class SucStandIn:
         anti = [{'labelSelector': {'matchExpressions': [{'key': LABEL_PLAN, 'operator': 'In', 'values': [meta['name']]}]},
                  'topologyKey': HOSTNAME}]
         if spec.get('exclusive'):
-            anti.append({'labelSelector': {'matchExpressions': [{'key': LABEL_EXCLUSIVE, 'operator': 'In',
-                                                                  'values': ['true']}]},
-                         'topologyKey': HOSTNAME})
+            exclusive = [{'key': LABEL_EXCLUSIVE, 'operator': 'In', 'values': ['true']}]
+            anti.append({'labelSelector': {'matchExpressions': exclusive}, 'topologyKey': HOSTNAME})
         pod_spec: dict[str, Any] = {
             'restartPolicy': 'Never',
             'affinity': {'nodeAffinity': {'requiredDuringSchedulingIgnoredDuringExecution': {'nodeSelectorTerms': [

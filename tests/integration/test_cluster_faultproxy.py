@@ -82,7 +82,7 @@ def test_rules_match_by_method_path_and_query_and_the_first_live_rule_applies(cl
     assert http('GET', '/api/v1/pods?fieldSelector=spec.nodeName%3Dn2').status == 200   # another value
     assert http('GET', '/api/v1/pods?fieldSelector=spec.nodeName%3Dn1').status == 500
     assert http('GET', '/api/v1/pods?fieldSelector=spec.nodeName%3Dn1&limit=5').status == 500   # extra keys
-    assert [http('GET', '/api/v1/namespaces/default/configmaps').status for _ in range(3)] == [503, 429, 200]
+    assert [http('GET', '/api/v1/namespaces/default/configmaps').status for dummy in range(3)] == [503, 429, 200]
     with pytest.raises(ValueError):
         cluster.faults.add(method='GET', path='/x')                         # neither status, delay nor drop
     cluster.faults.clear()

@@ -168,3 +168,22 @@ def test_make_lab_script_passes_and_blocks(tmp_path):
     record, problems = q.validate_record((tmp_path / 'gpu-upgrade-qualification.yaml').read_bytes())
     assert problems == [] and record.id == 'v100-kernel-canary-1'
     assert json.loads((tmp_path / 'block-vars.json').read_text())['gpufleet_target']['driver'] == '580.130.01'
+
+
+def test_an_integer_over_the_digit_limit_is_a_verdict_not_a_traceback(run_playbook, fresh_record):
+    """Issue 12 (8): PyYAML's int constructor raises ValueError under CPython's digit limit."""
+    record, _completed = fresh_record
+    record.write_text(record.read_text().replace('id: v100-kernel-canary-1', 'id: ' + '7' * 5000))
+    problem = 'field "id" must be a string, got a number of more than 300 digits (quote it)'
+    run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'gate', 'ignore_errors': True, 'gpufleet.upgrade.upgrade_check': {
+            'qualification': str(record), 'pci_ids': list(PCI_IDS), 'current': dict(CURRENT),
+            'target': dict(TARGET)}},
+        {'name': 'info', 'ignore_errors': True, 'gpufleet.upgrade.qualification_info': {
+            'qualification': str(record)}}]}])
+    gate = run.result('gate')
+    assert gate['_event'] == 'runner_on_failed' and gate['passed'] is False
+    assert gate['problems'] == [problem] and gate['msg'] == 'GPU upgrade blocked: ' + problem
+    assert 'Traceback' not in run.stdout and 'ValueError' not in run.stdout
+    info = run.result('info')
+    assert info['valid'] is False and info['problems'] == [problem]

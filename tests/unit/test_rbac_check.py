@@ -46,3 +46,14 @@ def test_every_k8s_module_has_a_role():
     assert sorted(roles) == sorted(runtime['action_groups']['k8s'])
     for role in roles.values():
         R.load_role(role)
+
+
+def test_the_operator_role_cannot_delete_pods_only_the_opt_in_role_can():
+    """Issue 12 (12): the operator role is bound cluster-wide; deleting a pod bypasses its
+    PodDisruptionBudget, so only the opt-in role for disable_eviction allows it."""
+    delete = [{'verb': 'DELETE', 'path': '/api/v1/namespaces/ml/pods/train-0'}]
+    assert R.violations('gpufleet-upgrade-operator', delete) != []
+    assert R.option_roles() == {'node_drain': {'disable_eviction': 'gpufleet-upgrade-pod-delete'}}
+    assert R.violations(['gpufleet-upgrade-operator', 'gpufleet-upgrade-pod-delete'], delete) == []
+    extra = R.load_role('gpufleet-upgrade-pod-delete')
+    assert extra['rules'] == [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete']}]

@@ -47,7 +47,7 @@ def test_uncordon_lifts_only_our_cordon():
     after = D.apply_merge_patch(admin, patch)
     assert after['spec']['unschedulable'] is True
     assert D.uncordon_patch(after) == (None, True)          # idempotent, still kept
-    assert D.uncordon_patch(after, force=True) == ({'spec': {'unschedulable': None}}, False)
+    assert D.uncordon_patch(after, uncordon_preexisting=True) == ({'spec': {'unschedulable': None}}, False)
 
 
 def test_uncordon_of_a_node_cordoned_by_someone_else_without_record_keeps_it():
@@ -601,3 +601,223 @@ def test_start_vms_keeps_the_record_of_a_vm_whose_start_failed():
     assert json.loads(c.nodes['n1']['metadata']['annotations'][D.ANN_STOPPED_VMS]) == [
         {'namespace': 'vms', 'name': 'b', 'running': True}]
     assert c.vms[('vms', 'a')]['spec']['runStrategy'] == 'Always'
+
+
+# -- issue 12: a 409 from the eviction subresource is not "pod gone" ----------------------------
+PDB_CONFLICT = ('Operation cannot be fulfilled on poddisruptionbudgets.policy "web": the object has been modified; '
+                'please apply your changes to the latest version and try again')
+
+
+def test_eviction_409_while_the_same_pod_is_there_is_retried():
+    """The API server answers 409 when its own PodDisruptionBudget status update conflicts: the pod
+    is still running, so the drain re-reads it by UID and evicts again."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import ConflictError
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={'a': [ConflictError('POST eviction: HTTP 409 ' + PDB_CONFLICT,
+                                                                 status=409, reason=PDB_CONFLICT)] * 2})
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert res['state'] == 'drained'
+    assert ('ml', 'a') not in c.pods
+    assert [call for call in c.calls if call == ('evict', 'a')] == [('evict', 'a')] * 3
+    assert sorted(e['name'] for e in res['evicted']) == ['a', 'b']
+
+
+def test_eviction_409_persisting_to_the_deadline_fails_the_drain():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import ConflictError
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={'a': [ConflictError('POST eviction: HTTP 409', status=409,
+                                                                 reason=PDB_CONFLICT)] * 1000})
+    res = _drainer(c, clock, timeout=30).drain('n1')
+    assert res['failed'] is True and res['state'] == 'drain-failed'
+    assert [(r['name'], r['reason']) for r in res['remaining']] == [
+        ('a', 'eviction answered 409 Conflict (%s) while the pod is still there'
+         % PDB_CONFLICT)]
+    assert any(p['metadata']['name'] == 'a' for p in c.pods.values())
+
+
+def test_eviction_409_for_a_replaced_pod_counts_as_gone():
+    """The UID precondition failed: a new pod took the name; the one we classified is gone."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import ConflictError
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+    key = [k for k in c.pods if k[1] == 'a'][0]
+
+    def replaced(pod, grace):
+        c.pods[key] = dict(c.pods[key], metadata=dict(c.pods[key]['metadata'], uid='new-uid'))
+        raise ConflictError('POST eviction: HTTP 409 Precondition failed: UID in precondition', status=409)
+    c.errors = {}
+    orig = c.evict
+    c.evict = lambda pod, grace: replaced(pod, grace) if pod['metadata']['name'] == 'a' else orig(pod, grace)
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert c.pods[key]['metadata']['uid'] == 'new-uid'
+
+
+# -- issue 12: every wait of a drain round stays inside the drain's timeout --------------------
+class SlowPool:
+    """A urllib3 pool stand-in on a fake clock: every request takes its whole timeout and times out."""
+
+    def __init__(self, clock, answers=None):
+        self.clock = clock
+        self.timeouts = []
+        self.answers = answers or {}
+
+    def request(self, method, url, body=None, headers=None, timeout=None, retries=None, preload_content=True):
+        import urllib3
+        path = url.split('://', 1)[1].split('/', 1)[1].split('?')[0]
+        for (m, suffix), answer in self.answers.items():
+            if m == method and ('/' + path).endswith(suffix):
+                got = answer()
+                if got is not None:
+                    return got
+        self.timeouts.append(timeout.total)
+        self.clock.t += timeout.total
+        raise urllib3.exceptions.ReadTimeoutError(None, url, 'read timed out')
+
+
+def test_a_drain_round_stays_inside_its_timeout_when_the_api_stops_answering():
+    """After the eviction the pod list stops answering: each check of the deletion would wait four
+    30 s request timeouts; the rounds end at the drain's deadline all the same."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K
+
+    class Answer:
+        def __init__(self, status, body):
+            self.status, self.data = status, json.dumps(body).encode()
+
+    clock = Clock()
+    node = S.node('n1')
+    node['metadata']['resourceVersion'] = '1'
+    pod = S.pod('a', node_name='n1', owner_ref=S.owner('ReplicaSet', 'r'))
+    pod['metadata']['uid'] = 'u-a'
+    lists = {'n': 0}
+
+    def list_pods():
+        lists['n'] += 1
+        return Answer(200, {'items': [pod], 'metadata': {}}) if lists['n'] == 1 else None  # then: no answer
+
+    pool = SlowPool(clock, {('GET', '/nodes/n1'): lambda: Answer(200, node),
+                            ('PATCH', '/nodes/n1'): lambda: Answer(200, D.apply_merge_patch(node, D.cordon_patch(node))),
+                            ('GET', '/pods'): list_pods,
+                            ('GET', '/virtualmachineinstances'): lambda: Answer(404, {}),
+                            ('POST', '/eviction'): lambda: Answer(201, {})})
+    api = K.ApiConnection('https://api.test', pool, {}, [], True, 'options')
+    k8s = K.K8sClient(api, request_timeout=30, sleep=clock.sleep, clock=clock.now)
+    start = clock.now()
+    res = D.Drainer(D.KubeDrainClient(k8s), D.DrainOptions(timeout=20, retry_interval=1), clock=clock.now,
+                    sleep=clock.sleep).drain('n1')
+    assert res['failed'] is True and res['state'] == 'drain-failed'
+    assert [r['name'] for r in res['remaining']] == ['a']
+    assert pool.timeouts and all(t <= 20 for t in pool.timeouts)
+    assert clock.now() - start <= 20.01   # today: 20 s + up to four 30 s timeouts and their backoff
+
+
+def test_requests_and_get_retries_are_capped_by_the_client_deadline():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K
+    clock = Clock()
+    pool = SlowPool(clock)
+    api = K.ApiConnection('https://api.test', pool, {}, [], True, 'options')
+    k8s = K.K8sClient(api, request_timeout=30, sleep=clock.sleep, clock=clock.now)
+    with k8s.bounded(clock.now() + 45):
+        with pytest.raises(K.K8sError) as exc:
+            k8s.get('/api/v1/nodes/n1')
+    assert clock.now() - 1000 <= 45
+    assert pool.timeouts[0] == 30 and sum(pool.timeouts) <= 45
+    assert 'deadline' in str(exc.value)
+    # outside the bound: the ordinary request timeout again
+    pool.timeouts.clear()
+    with pytest.raises(K.K8sError):
+        k8s.get('/api/v1/nodes/n1')
+    assert pool.timeouts == [30, 30, 30, 30]
+
+
+# -- issue 12 (3): the record of who cordoned is tied to our own cordon --------------------------
+TAINT = 'node.kubernetes.io/unschedulable'
+
+
+def _taint(at):
+    return {'key': TAINT, 'effect': 'NoSchedule', 'timeAdded': at}
+
+
+def test_cordoning_a_schedulable_node_refreshes_a_stale_initial_record():
+    stale = S.node('n', annotations={D.ANN_INITIAL: 'true', D.ANN_CORDON_TAINT: '2026-01-01T00:00:00Z'})
+    assert D.cordon_patch(stale) == {'spec': {'unschedulable': True}, 'metadata': {'annotations': {
+        D.ANN_INITIAL: 'false', D.ANN_CORDON_TAINT: None, D.ANN_STATE: 'cordoned'}}}
+
+
+def test_uncordon_lifts_only_the_cordon_whose_taint_we_recorded():
+    ours = S.node('n', unschedulable=True,
+                  annotations={D.ANN_INITIAL: 'false', D.ANN_CORDON_TAINT: '2026-07-14T12:00:01Z'})
+    ours['spec']['taints'] = [_taint('2026-07-14T12:00:01Z')]
+    patch, kept = D.uncordon_patch(ours)
+    assert kept is False and patch['spec'] == {'unschedulable': None}
+    # uncordoned and cordoned again by someone else since: a new taint, not ours
+    theirs = json.loads(json.dumps(ours))
+    theirs['spec']['taints'] = [_taint('2026-07-20T08:30:00Z')]
+    patch, kept = D.uncordon_patch(theirs)
+    assert kept is True and 'spec' not in (patch or {})
+    assert D.uncordon_patch(theirs, uncordon_preexisting=True)[0]['spec'] == {'unschedulable': None}
+
+
+class TaintingClient(FakeClient):
+    """FakeClient plus the node lifecycle controller: the unschedulable taint follows spec.unschedulable."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.stamp = 0
+
+    def operator(self, name, unschedulable):
+        n = self.nodes[name]
+        n['spec']['unschedulable'] = unschedulable or None
+        self.controller(name)
+
+    def controller(self, name):
+        n = self.nodes[name]
+        taints = [t for t in n['spec'].get('taints') or [] if t['key'] != TAINT]
+        has = any(t['key'] == TAINT for t in n['spec'].get('taints') or [])
+        if n['spec'].get('unschedulable'):
+            if not has:
+                self.stamp += 1
+                taints.append(_taint('2026-07-14T12:00:%02dZ' % self.stamp))
+            else:
+                taints = n['spec']['taints']
+        n['spec']['taints'] = taints
+
+    def update_node(self, name, compute, current=None):
+        before, after = super().update_node(name, compute, current)
+        self.controller(name)
+        return before, copy.deepcopy(self.nodes[name])
+
+
+def test_a_stale_initial_record_does_not_lift_an_operators_later_cordon():
+    """Run 1 cordons and fails; an operator uncordons, later cordons by hand for a hardware ticket;
+    run 2's uncordon keeps that cordon."""
+    clock = Clock()
+    c = TaintingClient(clock, _simple(), pdb_until={'a': 10 ** 9})
+    res = _drainer(c, clock, timeout=10).drain('n1')             # run 1: fails, stays cordoned
+    assert res['failed'] and c.nodes['n1']['spec']['unschedulable'] is True
+    assert c.nodes['n1']['metadata']['annotations'][D.ANN_CORDON_TAINT] == '2026-07-14T12:00:01Z'
+    c.operator('n1', False)                                      # the operator uncordons ...
+    c.operator('n1', True)                                       # ... and later cordons for a ticket
+    r = _drainer(c, clock).uncordon('n1')                        # run 2
+    assert r['kept_cordon'] is True
+    assert c.nodes['n1']['spec']['unschedulable'] is True
+
+
+def test_our_cordon_is_lifted_after_a_successful_drain():
+    clock = Clock()
+    c = TaintingClient(clock, _simple())
+    assert not _drainer(c, clock).drain('n1')['failed']
+    r = _drainer(c, clock).uncordon('n1')
+    assert r['kept_cordon'] is False and not c.nodes['n1']['spec'].get('unschedulable')
+
+
+# -- issue 12 (13): `force` is for unmanaged pods; lifting a pre-existing cordon has its own option --
+def test_force_no_longer_lifts_a_cordon_that_was_there_before():
+    admin = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'true'})
+    clock = Clock()
+    c = FakeClient(clock, [admin])
+    r = D.Drainer(c, D.DrainOptions(force=True), clock=clock.now, sleep=clock.sleep).uncordon('n')
+    assert r['kept_cordon'] is True and c.nodes['n']['spec']['unschedulable'] is True
+    r = D.Drainer(c, D.DrainOptions(), clock=clock.now, sleep=clock.sleep).uncordon('n', uncordon_preexisting=True)
+    assert r['kept_cordon'] is False and not c.nodes['n']['spec'].get('unschedulable')

@@ -433,3 +433,72 @@ def test_an_explicit_proxy_wins_over_the_environment(no_proxy_env):
     no_proxy_env.setenv('NO_PROXY', 'api')
     assert getattr(K.get_api_client({'host': 'https://api:6443', 'proxy': 'http://explicit:8080'}).pool,
                    'proxy', None) is None
+
+
+# -- issue 12 (6): an idempotent write (a patch computed from a fresh read, guarded by its
+# resourceVersion) is retried on 5xx within a bound ----------------------------------------------
+@pytest.mark.parametrize('status', [500, 503])
+def test_update_is_retried_on_5xx_from_a_fresh_read(server, status):
+    done = dict(NODE, metadata={'name': 'n', 'resourceVersion': '8', 'annotations': {'gpufleet.io/upgraded-to': 'x'}})
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    server.script[('PATCH', '/api/v1/nodes/n')] = [(status, {'message': 'etcdserver: leader changed'}, 0),
+                                                   (200, done, 0)]
+    c = client(server)
+    before, after = c.update('/api/v1/nodes/n',
+                             lambda n: {'metadata': {'annotations': {'gpufleet.io/upgraded-to': 'x'}}})
+    assert after == done and before == NODE
+    assert [e[0] for e in server.log] == ['GET', 'PATCH', 'GET', 'PATCH']
+
+
+def test_update_after_an_ambiguous_5xx_that_applied_reports_the_first_read_as_before(server):
+    applied = dict(NODE, metadata={'name': 'n', 'resourceVersion': '8', 'annotations': {'a': 'b'}})
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0), (200, applied, 0)]
+    server.script[('PATCH', '/api/v1/nodes/n')] = [(503, {'message': 'timeout'}, 0)]
+
+    def compute(n):
+        return None if (n['metadata'].get('annotations') or {}).get('a') == 'b' else {
+            'metadata': {'annotations': {'a': 'b'}}}
+    before, after = client(server).update('/api/v1/nodes/n', compute)
+    assert before == NODE and after == applied
+    assert [e[0] for e in server.log] == ['GET', 'PATCH', 'GET']
+
+
+def test_update_gives_up_on_a_persistent_5xx(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    server.script[('PATCH', '/api/v1/nodes/n')] = [(503, {'message': 'unavailable'}, 0)]
+    with pytest.raises(K.K8sError) as exc:
+        client(server, update_attempts=3).update('/api/v1/nodes/n', lambda n: {'spec': {'unschedulable': True}})
+    assert str(exc.value) == ('PATCH /api/v1/nodes/n: HTTP 503 unavailable (gave up after 3 attempts, each computed '
+                              'from a fresh read)')
+    assert [e[0] for e in server.log].count('PATCH') == 3
+
+
+# -- issue 12 (11): no URL's userinfo (proxy or API credentials) in any message ------------------
+def test_a_proxy_that_cannot_be_used_is_named_without_its_credentials(no_proxy_env):
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'host': 'https://api.test:6443', 'api_key': 't',
+                          'proxy': 'ftp://alice:s3cr3t@proxy.test:3128'})
+    assert 's3cr3t' not in str(exc.value) and 'alice' not in str(exc.value)
+    assert "proxy 'ftp://proxy.test:3128' cannot be used" in str(exc.value)
+
+
+def test_an_unreachable_api_behind_a_proxy_is_named_without_credentials(no_proxy_env):
+    api = K.get_api_client({'host': 'http://bob:hunter2@127.0.0.1:9', 'api_key': 't',
+                            'proxy': 'http://alice:s3cr3t@127.0.0.1:9'})
+    c = K.K8sClient(api, request_timeout=1, get_attempts=1, sleep=lambda s: None)
+    with pytest.raises(K.K8sError) as exc:
+        c.get('/api/v1/nodes/n')
+    text = str(exc.value)
+    assert 's3cr3t' not in text and 'hunter2' not in text and 'alice' not in text and 'bob' not in text, text
+
+
+@pytest.mark.parametrize('url,clean', [
+    ('https://user:pass@proxy:3128', 'https://proxy:3128'),
+    ('http://user@proxy', 'http://proxy'),
+    ('socks5h://u:p%40ss@10.0.0.1:1080/x', 'socks5h://10.0.0.1:1080/x'),
+    ('https://api.test:6443', 'https://api.test:6443'),
+    ('proxy 1: https://a:b@h/ and http://c:d@i:1', 'proxy 1: https://h/ and http://i:1'),
+])
+def test_redact_urls(url, clean):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
+    assert redact_urls(url) == clean

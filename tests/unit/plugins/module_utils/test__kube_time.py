@@ -39,3 +39,10 @@ def test_refused_forms_name_the_field_and_value(value, msg):
 def test_format_is_utc_seconds():
     assert format_time(datetime.datetime(2026, 7, 14, 14, 0, 0, 999, tzinfo=datetime.timezone(
         datetime.timedelta(hours=2)))) == '2026-07-14T12:00:00Z'
+
+
+def test_format_time_pads_years_before_1000():
+    """Issue 12 (9): strftime's %Y writes 999, which parse_time refuses."""
+    moment = datetime.datetime(999, 12, 31, 23, 59, 59, tzinfo=datetime.timezone.utc)
+    assert format_time(moment) == '0999-12-31T23:59:59Z'
+    assert parse_time(format_time(moment), 't') == moment

@@ -180,3 +180,20 @@ def test_window_placeholder_is_the_window_length() -> None:
     assert spec.expr == 'rate(x[3600s])'
     assert spec.reference_expr == 'sum(y[3600s])'
     assert spec.count_expr == 'sum(increase(r[3600s]))'
+
+
+def test_prometheus_errors_name_the_url_without_its_credentials():
+    """Issue 12 (11)."""
+    from urllib.error import URLError
+
+    def opener(url, headers, timeout):
+        raise URLError('connection refused to http://scrape:pw0rd@prom:9090')
+
+    client = mg.PrometheusClient('http://scrape:pw0rd@prom:9090', opener)
+    with pytest.raises(mg.PrometheusError) as exc:
+        client.query('up', 0)
+    assert 'pw0rd' not in str(exc.value) and 'scrape' not in str(exc.value)
+    assert 'http://prom:9090' in str(exc.value)
+    with pytest.raises(mg.MetricGateError) as exc:
+        mg.PrometheusClient('ftp://scrape:pw0rd@prom', opener)
+    assert 'pw0rd' not in str(exc.value)

@@ -717,3 +717,51 @@ def test_odd_keys_are_quoted_in_messages():
     problems = load_problems(SEED_TEXT + '"evil\\nkey\\u001b[31m": 1\n"a.b": 2\n')
     assert problems == ['unknown field "[\\"evil\\\\nkey\\\\u001b[31m\\"]"', 'unknown field "[\\"a.b\\"]"']
     assert all('\n' not in p and '\x1b' not in p for p in problems)
+
+
+# --- issue 12 (8): an integer too long for CPython's int/str conversion ------------------------
+HUGE = '9' * 5000
+
+
+@pytest.mark.parametrize('field,replace,shown', [
+    ('id', ('id: v100-kernel-canary-1', 'id: ' + HUGE), 'field "id" must be a string, got a number of more than 300 '
+     'digits (quote it)'),
+    ('canary.allocationPassed', ('allocationPassed: true', 'allocationPassed: ' + HUGE),
+     'field "canary.allocationPassed" must be a boolean (true or false), got a number of more than 300 digits'),
+    ('target.driver (hex)', ('driver: 580.130.00', 'driver: 0x' + 'f' * 4000),
+     'field "target.driver" must be a string, got a number of more than 300 digits (quote it)'),
+    ('target.driver (sexagesimal)', ('driver: 580.130.00', 'driver: ' + ':'.join(['59'] * 2500)),
+     'field "target.driver" must be a string, got a number of more than 300 digits (quote it)'),
+])
+def test_an_integer_over_the_digit_limit_is_a_problem_naming_the_field(field, replace, shown):
+    doc = SEED_TEXT.replace(*replace)
+    assert doc != SEED_TEXT
+    assert load_problems(doc) == [shown]
+    result = gate(doc)
+    assert result.passed is False and result.problems == [shown]
+    record, problems = q.validate_record(doc)
+    assert record is None and problems == [shown]
+
+
+def test_an_integer_over_the_digit_limit_in_an_unknown_field_is_reported_too():
+    doc = SEED_TEXT + 'extra: ' + HUGE + '\n'
+    assert load_problems(doc) == ['unknown field "extra"']
+
+
+# --- issue 12 (9): years before 1000 are written with four digits ---------------------------
+@pytest.mark.parametrize('moment,text_', [
+    (datetime.datetime(999, 12, 31, 23, 59, 59, tzinfo=UTC), '0999-12-31T23:59:59Z'),
+    (datetime.datetime(1, 1, 1, 0, 0, 0, 5, tzinfo=UTC), '0001-01-01T00:00:00.000005Z'),
+    (datetime.datetime(2026, 7, 14, 12, 0, 0, tzinfo=UTC), '2026-07-14T12:00:00Z'),
+])
+def test_format_timestamp_pads_the_year(moment, text_):
+    assert q.format_timestamp(moment) == text_
+    assert q.parse_timestamp(text_) == moment
+
+
+def test_dump_record_writes_what_parse_record_accepted_for_an_early_year():
+    doc = SEED_TEXT.replace('2026-07-14T12:00:00Z', '0999-12-31T23:59:59Z')
+    assert doc != SEED_TEXT
+    record = q.parse_record(doc)
+    again = q.parse_record(q.dump_record(record))
+    assert again == record

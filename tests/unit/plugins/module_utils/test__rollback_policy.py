@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import datetime
+
 import pytest
+import yaml
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rollback_policy import (
-    DEFAULT_PLATFORM_RECOVERY, RollbackPolicyError, decide_rollback)
+    DEFAULT_PLATFORM_RECOVERY, RollbackPolicyError)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._rollback_policy import decide_rollback as _decide
 
 PREV = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.126.20',
         'gpu_operator': 'v26.3.3', 'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04'}
@@ -11,14 +15,30 @@ CUR = {'kernel': '6.8.0-135-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.1
        'gpu_operator': 'v26.3.3', 'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04'}
 
 
-def record(rollback_passed=True, **target):
+NOW = datetime.datetime(2026, 7, 15, 12, 0, 0, tzinfo=datetime.timezone.utc)
+PCI = ['10de:1db6/10de:124a']
+
+
+def record_dict(rollback_passed=True, **target):
     t = {'kernel': '6.8.0-135-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.130.00',
          'gpuOperator': 'v26.3.3', 'dcgmExporter': '4.4.1-4.6.0-ubuntu22.04'}
     t.update(target)
     return {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'q-1',
-            'state': 'qualified', 'target': t,
+            'state': 'qualified', 'approvedBy': 'platform-review', 'sourceRevision': 'a' * 40,
+            'hardware': list(PCI), 'target': t,
             'canary': {'completedAt': '2026-07-14T12:00:00Z', 'allocationPassed': True, 'monitoringPassed': True,
                        'rollbackPassed': rollback_passed, 'evidence': 'change-42'}}
+
+
+def record(rollback_passed=True, **target):
+    """The record's text, as the role reads it from its file (not validated: tests break it)."""
+    return yaml.safe_dump(record_dict(rollback_passed, **target), sort_keys=False)
+
+
+def decide_rollback(*args, **kwargs):
+    kwargs.setdefault('now', NOW)
+    kwargs.setdefault('pci_ids', list(PCI))
+    return _decide(*args, **kwargs)
 
 
 def actions(d):
@@ -50,8 +70,9 @@ def test_node_cordoned_before_rollout_is_never_uncordoned():
 
 @pytest.mark.parametrize('rec,needle', [
     (None, 'no qualification record given: the rollback is not proven'),
-    (record(rollback_passed=False), 'canary.rollbackPassed = False, not true'),
-    (record(rollback_passed='true'), "canary.rollbackPassed = 'true', not true"),
+    (record(rollback_passed=False), 'canary.rollbackPassed = false, not true'),
+    (record(rollback_passed='true'), 'field "canary.rollbackPassed" must be a boolean (true or false), got the '
+     'string "true"'),
     (record(driver='580.129.00'), "qualifies driver '580.129.00', but the node runs '580.130.00'"),
 ])
 def test_unproven_rollback_refuses_driver_and_kernel(rec, needle):
@@ -126,3 +147,43 @@ def test_as_dict_shape():
     assert set(d) == {'node', 'outcome', 'allowed', 'steps', 'refusals', 'changed'}
     assert d['steps'][0] == {'action': 'keep_cordoned', 'component': None, 'from': None, 'to': None,
                              'reason': 'the node stays cordoned until every gate passes'}
+
+
+# -- issue 12 (7): the rollback refuses any record the upgrade gate refuses ----------------------
+@pytest.mark.parametrize('edit,needle', [
+    (lambda d: d.update(state='draft'), 'state must be "qualified", got "draft"'),
+    (lambda d: d.update(approvedBy=''), 'approvedBy is required'),
+    (lambda d: d.update(sourceRevision='main'), 'sourceRevision must be 40 hexadecimal characters'),
+    (lambda d: d['canary'].update(monitoringPassed=False), 'canary checks must all pass'),
+    (lambda d: d['canary'].update(evidence=' '), 'canary evidence is required'),
+    (lambda d: d.update(hardware=['10de:2330/10de:16c1']), 'hardware tuple mismatch'),
+    (lambda d: d['canary'].update(completedAt='2026-05-01T00:00:00Z'), 'canary evidence is older than 720h'),
+    (lambda d: d['canary'].update(completedAt='2027-01-01T00:00:00Z'), 'canary completion time is in the future'),
+])
+def test_a_record_the_gate_refuses_proves_no_rollback(edit, needle):
+    data = record_dict()
+    edit(data)
+    d = decide_rollback('gpu-1', PREV, CUR, yaml.safe_dump(data))
+    assert d.outcome == 'refused' and not d.allowed
+    assert [r.component for r in d.refusals] == ['driver', 'kernel']
+    assert all(needle in r.reason and 'the upgrade gate refuses the qualification record "q-1"' in r.reason
+               for r in d.refusals), [r.reason for r in d.refusals]
+
+
+@pytest.mark.parametrize('text,needle', [
+    (record().replace('rollbackPassed: true', 'rollbackPassed: yes'),
+     'field "canary.rollbackPassed" must be a boolean (true or false), got the string "yes"'),
+    (record() + 'state: qualified\n', 'duplicate field "state"'),
+])
+def test_what_a_lax_yaml_reader_would_accept_is_refused(text, needle):
+    d = decide_rollback('gpu-1', PREV, CUR, text)
+    assert d.outcome == 'refused'
+    assert all('the qualification record does not load (the upgrade gate refuses it)' in r.reason and needle in r.reason
+               for r in d.refusals), [r.reason for r in d.refusals]
+
+
+def test_a_mapping_is_not_accepted_and_pci_ids_are_needed():
+    d = decide_rollback('gpu-1', PREV, CUR, record_dict())
+    assert d.outcome == 'refused' and 'qualification: a dict is not accepted' in d.refusals[0].reason
+    d = decide_rollback('gpu-1', PREV, CUR, record(), pci_ids=None)
+    assert d.outcome == 'refused' and "the node's PCI ids were not given" in d.refusals[0].reason

@@ -162,3 +162,15 @@ def test_plan_boot_kernel():
     with pytest.raises(sn.SnapshotError, match=r"default-boot kernel 6.8.0-134-generic is not installed \(no "
                        r"linux-image-6.8.0-134-generic package under /srv/root; installed kernels: 6.8.0-140-generic\)"):
         sn.plan_boot_kernel(boot, KERNELS[1:], KERNELS[:1], '0', None, None, '/srv/root')
+
+
+# -- issue 12 (4): a kept snapshot must have been taken on the driver the node runs now ------------
+def test_a_kept_snapshot_of_another_driver_is_refused():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as snap_mod
+    kept = {'gpu_facts': {'driver_version': '580.126.20'}}
+    assert snap_mod.kept_snapshot_problem(kept, {'driver_version': '580.126.20'}) is None
+    msg = snap_mod.kept_snapshot_problem(kept, {'driver_version': '580.130.00'})
+    assert msg == ('the kept snapshot was taken when the node ran driver 580.126.20, but it runs 580.130.00 now: '
+                   'it is not this node\'s rollback point (move it away, or set force: true to take a new one)')
+    assert snap_mod.kept_snapshot_problem({'gpu_facts': {}}, {'driver_version': '580.130.00'}) is not None
+    assert snap_mod.kept_snapshot_problem(kept, None) is None     # nothing to compare with

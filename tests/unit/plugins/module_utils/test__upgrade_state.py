@@ -34,7 +34,7 @@ def test_phases_done_follow_the_order_and_draining_counts_as_cordoned():
     v = S.view(node({S.ANN_STATE: 'installed', S.ANN_TARGET: KEY, S.ANN_INITIAL: 'false'}, True), KEY)
     assert v['done_phases'] == ['cordoned', 'drained', 'snapshotted', 'installed']
     assert v['was_cordoned'] is False
-    v = S.view(node({S.ANN_STATE: 'draining', S.ANN_INITIAL: 'false'}, True), KEY)
+    v = S.view(node({S.ANN_STATE: 'draining', S.ANN_TARGET: KEY, S.ANN_INITIAL: 'false'}, True), KEY)
     assert v['done_phases'] == ['cordoned']
 
 
@@ -131,3 +131,44 @@ def test_validated_survives_the_uncordon_so_a_rerun_resumes_after_the_gates(cord
     done = S.apply_patch(after, S.set_patch(after, 'done', KEY))
     assert done['metadata']['annotations'] == {S.ANN_DONE: KEY}
     assert S.view(done, KEY)['completed'] is True
+
+
+# -- issue 12 (2): recorded progress from `drained` on counts only while the node is cordoned ----
+@pytest.mark.parametrize('phase', ['drained', 'snapshotted', 'installed', 'activated', 'validated'])
+def test_progress_from_drained_on_does_not_count_on_a_node_uncordoned_since(phase):
+    uncordoned = node({S.ANN_STATE: phase, S.ANN_TARGET: KEY, S.ANN_INITIAL: 'false'}, unschedulable=False)
+    v = S.view(uncordoned, KEY)
+    assert v['phase'] is None and v['done_phases'] == []
+    assert v['cordon_lost'] is True
+    cordoned = S.view(node({S.ANN_STATE: phase, S.ANN_TARGET: KEY, S.ANN_INITIAL: 'false'}, True), KEY)
+    assert cordoned['phase'] == phase and cordoned['cordon_lost'] is False
+
+
+def test_validated_after_our_own_uncordon_still_counts():
+    """Our uncordon keeps `validated` and removes initial-unschedulable: the node is in service
+    because this collection returned it, and a rerun resumes after the gates (no second drain)."""
+    v = S.view(node({S.ANN_STATE: 'validated', S.ANN_TARGET: KEY}, unschedulable=False), KEY)
+    assert v['done_phases'][-1] == 'validated' and v['cordon_lost'] is False
+
+
+def test_a_record_without_a_target_is_stale():
+    v = S.view(node({S.ANN_STATE: 'installed', S.ANN_INITIAL: 'false'}, True), KEY)
+    assert v['phase'] is None and v['done_phases'] == [] and v['stale_target'] == ''
+
+
+# -- issue 12 (5): the snapshot's digest is recorded on the Node with `snapshotted` --------------
+def test_snapshotted_records_the_snapshot_digest_for_its_target():
+    patch = S.set_patch(node(), 'snapshotted', KEY, snapshot_sha256='ab' * 32)
+    assert patch == {'metadata': {'annotations': {S.ANN_STATE: 'snapshotted', S.ANN_TARGET: KEY,
+                                                  S.ANN_SNAPSHOT: 'ab' * 32}}}
+    after = S.apply_patch(node(unschedulable=True), patch)
+    assert S.view(after, KEY)['snapshot_sha256'] == 'ab' * 32
+    assert S.view(after, 'driver=other')['snapshot_sha256'] is None      # another target's
+    assert S.set_patch(after, 'installed', KEY) == {'metadata': {'annotations': {S.ANN_STATE: 'installed'}}}
+    # a new target forgets the old digest; done retires it
+    assert S.set_patch(after, 'cordoned', 'driver=other')['metadata']['annotations'][S.ANN_SNAPSHOT] is None
+    assert S.set_patch(after, 'done', KEY)['metadata']['annotations'][S.ANN_SNAPSHOT] is None
+    with pytest.raises(S.StateError, match='snapshot_sha256'):
+        S.set_patch(node(), 'snapshotted', KEY, snapshot_sha256='nothex')
+    with pytest.raises(S.StateError, match='snapshot_sha256: only with phase snapshotted'):
+        S.set_patch(node(), 'installed', KEY, snapshot_sha256='ab' * 32)

@@ -169,3 +169,11 @@ def test_pci_normalisation(raw, expected):
 def test_other_nvrm_lines_are_not_events():
     assert _xid.parse_line('NVRM: GPU 0000:17:00.0: GPU has fallen off the bus.') is None
     assert _xid.parse_line('kernel: nvidia-modeset: Xid is not here') is None
+
+
+def test_format_time_pads_years_before_1000():
+    """Issue 12 (9)."""
+    import datetime
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _xid
+    assert _xid.format_time(datetime.datetime(999, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.timezone.utc)) == \
+        '0999-01-02T03:04:05.6Z'

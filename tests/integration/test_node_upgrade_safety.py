@@ -1,0 +1,71 @@
+"""The node_upgrade role's safety on reruns (issue 12): recorded progress counts only while the node is
+cordoned, the rescue cordons the node before it records the failure, and a snapshot the Node records
+must be the one on this controller. Against the Kubernetes API emulator, with failures injected
+before anything reaches the node's packages."""
+from __future__ import annotations
+
+import pytest
+
+import k8s_scenario as S
+from k8s_support import load, mutations, play
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as U
+
+pytestmark = pytest.mark.slow
+
+TARGET = {'driver': '580.130.00'}
+KEY = U.target_key(TARGET)
+
+
+def role_play(emulator, tmp_path):
+    plays = play(emulator, {'name': 'upgrade', 'ansible.builtin.include_role': {'name': 'gpufleet.upgrade.node_upgrade'},
+                            'vars': {'node_upgrade_node': S.NODE, 'node_upgrade_target': TARGET,
+                                     'node_upgrade_snapshot_dir': str(tmp_path / 'snapshots'),
+                                     'node_upgrade_qualification': ''}})
+    return plays
+
+
+def annotations(emulator):
+    return emulator.get('v1', 'Node', S.NODE)['metadata'].get('annotations') or {}
+
+
+def test_a_rerun_after_a_manual_uncordon_drains_again_and_the_failure_leaves_the_node_cordoned(
+        emulator, run_playbook, tmp_path):
+    """`installed` is recorded but someone uncordoned the node since: the rerun does not trust the
+    record (it lists the GPU holders again, which fails here), and the rescue cordons the node before
+    it records `failed`."""
+    load(emulator)
+    emulator.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {
+        U.ANN_STATE: 'installed', U.ANN_TARGET: KEY, U.ANN_INITIAL: 'false'}}})
+    emulator.faults.add(method='GET', path=r'^/api/v1/pods$', status=500)
+    run = run_playbook(role_play(emulator, tmp_path))
+    assert run.rc != 0
+    progress = run.result('Progress | Read what the Node records for this target')
+    assert progress['state']['done_phases'] == [] and progress['state']['cordon_lost'] is True
+    assert run.result("Holders | List what holds the node's GPUs")['_event'] == 'runner_on_failed'
+    assert run.result('Failure | Cordon the node (before the failure is recorded)')['changed'] is True
+    n = emulator.get('v1', 'Node', S.NODE)
+    assert n['spec']['unschedulable'] is True
+    assert annotations(emulator)[U.ANN_STATE] == 'failed'
+    assert not [t for t in run.task_results() if t.get('_event') == 'runner_on_ok' and 'driver_pin' in str(t)]
+    # the cordon came before the failure record
+    patches = [m for m in mutations(emulator) if m == ('PATCH', '/api/v1/nodes/' + S.NODE)]
+    assert len(patches) >= 2
+    fail = run.result('Failure | Stop here')
+    assert 'holders failed' in fail['msg'] and 'the node stays cordoned' in fail['msg']
+
+
+def test_a_recorded_snapshot_missing_here_fails_before_anything_is_drained(emulator, run_playbook, tmp_path):
+    load(emulator)
+    emulator.patch('v1', 'Node', S.NODE, {'spec': {'unschedulable': True}, 'metadata': {'annotations': {
+        U.ANN_STATE: 'snapshotted', U.ANN_TARGET: KEY, U.ANN_INITIAL: 'false', U.ANN_SNAPSHOT: 'ab' * 32}}})
+    emulator.clear_requests()
+    run = run_playbook(role_play(emulator, tmp_path))
+    assert run.rc != 0
+    check = run.result('Progress | The snapshot the Node records is the one here (same SHA-256), before anything is '
+                       'drained')
+    assert check['_event'] == 'runner_on_failed'
+    assert 'records the rollback snapshot sha256 ' + 'ab' * 32 in check['msg'] and 'is missing' in check['msg']
+    assert not any(r['path'].endswith('/eviction') for r in emulator.requests)
+    assert emulator.get('v1', 'Node', S.NODE)['spec']['unschedulable'] is True
+    assert annotations(emulator)[U.ANN_STATE] == 'failed'
