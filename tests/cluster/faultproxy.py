@@ -8,9 +8,11 @@ answers is logged in order (`requests`), the way the tests read what a module se
     proxy.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-1$', status=503, times=1)
     proxy.faults.add(method='GET', path=r'/pods$', delay=3, times=1)      # slow, then served
     proxy.faults.add(method='POST', path=r'/eviction$', drop=True)       # connection closed, no answer
+    proxy.faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-1$', status=409, times=1, skip=2)  # the 3rd only
 
 Rules match by method, a regular expression searched in the path, optional query values, and
-count (`times`); the first live rule that matches applies. Authentication passes through (bearer
+count (`times`, after letting the first `skip` matching requests through); the first live rule that
+matches applies. Authentication passes through (bearer
 tokens; a client certificate cannot cross a TLS-terminating proxy).
 """
 from __future__ import annotations
@@ -45,7 +47,9 @@ class Fault:
     message: str | None = None
     drop: bool = False          # close the connection without an answer
     retry_after: int | None = None
+    skip: int = 0               # matching requests let through (served normally) before the rule applies
     hits: int = 0
+    passed: int = 0             # matching requests let through so far (at most `skip`)
 
     @property
     def exhausted(self) -> bool:
@@ -61,11 +65,13 @@ class Faults:
 
     def add(self, method: str | None = None, path: str = '', status: int | None = None, delay: float = 0.0,
             times: int | None = None, query: dict[str, str] | None = None, message: str | None = None,
-            drop: bool = False, retry_after: int | None = None) -> Fault:
+            drop: bool = False, retry_after: int | None = None, skip: int = 0) -> Fault:
         if status is None and not delay and not drop:
             raise ValueError('a fault needs status=, delay= or drop=')
+        if skip < 0:
+            raise ValueError('skip= counts requests let through: 0 or more')
         fault = Fault(method.upper() if method else None, re.compile(path), status, float(delay), times, query,
-                      message, drop, retry_after)
+                      message, drop, retry_after, int(skip))
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -89,6 +95,9 @@ class Faults:
                     continue
                 if fault.query and any(query.get(k) != v for k, v in fault.query.items()):
                     continue
+                if fault.passed < fault.skip:
+                    fault.passed += 1     # let through; a later rule does not see it either
+                    return None
                 fault.hits += 1
                 return fault
         return None

@@ -29,6 +29,21 @@ def test_fault_rules_match_in_order_by_method_path_query_and_count():
     assert list(faults) == []
 
 
+def test_a_fault_with_skip_lets_the_first_matching_requests_through():
+    faults = Faults()
+    third = faults.add(method='PATCH', path=r'^/api/v1/nodes/gpu-1$', status=503, times=1, skip=2)
+    later = faults.add(method='PATCH', path=r'/nodes/', status=409)
+    assert faults.match('GET', '/api/v1/nodes/gpu-1', {}) is None         # not matching: not counted
+    assert faults.match('PATCH', '/api/v1/nodes/gpu-1', {}) is None       # 1st: let through, served
+    assert faults.match('PATCH', '/api/v1/nodes/gpu-1', {}) is None       # 2nd: let through (not to `later`)
+    assert (third.passed, third.hits) == (2, 0) and not third.exhausted
+    assert faults.match('PATCH', '/api/v1/nodes/gpu-1', {}) is third      # 3rd: faulted
+    assert third.exhausted
+    assert faults.match('PATCH', '/api/v1/nodes/gpu-1', {}) is later      # 4th: the next rule
+    with pytest.raises(ValueError, match='skip='):
+        faults.add(path='/x', status=500, skip=-1)
+
+
 def test_a_fault_needs_an_effect():
     with pytest.raises(ValueError, match='status=, delay= or drop='):
         Faults().add(method='GET', path='/x')
