@@ -131,11 +131,11 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
         # A GPU VM runs on the victim (KubeVirt's VM controller: the stand-in, which starts VMs too).
         kubevirt = KubeVirtStandIn(lab.cluster, start_vms=True).__enter__()
         lab.cluster.patch('v1', 'Node', victim, {'metadata': {'labels': {'lab/vm-host': 'true'}}})
+        vm_spec = {'runStrategy': 'RerunOnFailure', 'template': {'spec': {
+            'nodeSelector': {'lab/vm-host': 'true'},
+            'domain': {'devices': {'gpus': [{'name': 'gpu0', 'deviceName': 'nvidia.com/GH100_H100'}]}}}}}
         lab.cluster.apply([{'apiVersion': KV, 'kind': 'VirtualMachine', 'metadata': {'name': 'vm-gpu', 'namespace': 'ml'},
-                            'spec': {'runStrategy': 'RerunOnFailure', 'template': {'spec': {
-                                'nodeSelector': {'lab/vm-host': 'true'},
-                                'domain': {'devices': {'gpus': [{'name': 'gpu0',
-                                                                 'deviceName': 'nvidia.com/GH100_H100'}]}}}}}}])
+                            'spec': vm_spec}])
         wait_for(lambda: (lab.cluster.get(KV, 'VirtualMachineInstance', 'vm-gpu', 'ml') or {}).get('status', {})
                  .get('nodeName') == victim, 'the VM running on ' + victim, 10)
 
