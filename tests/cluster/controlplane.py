@@ -4,7 +4,7 @@ Processes, all on 127.0.0.1 and free ports, built from their Go modules by `clus
 etcd, kube-apiserver (HTTPS with its own CA, client-certificate, static-token and service-account
 token authentication, Node,RBAC authorization, NodeRestriction admission as an RKE2 server adds it,
 an audit log), kube-controller-manager (each controller under its own service account, as RKE2
-runs it), kube-scheduler, and KWOK as every node's kubelet (`kwok-stages.yaml`). The CRDs the
+runs it), kube-scheduler, and KWOK as every node's kubelet (`kwok/*.yaml`). The CRDs the
 collection reads (KubeVirt, the system-upgrade-controller's Plan, NVIDIA's ClusterPolicy) are
 applied from `crds/`.
 
@@ -274,11 +274,19 @@ class ControlPlane:
         self.kwok_port = free_port()
         kwok_crt, kwok_key = self.pki.issue('kwok-serving', 'kwok-kubelet', server=True, client=False)
         self._spawn('kwok', [
-            'kwok', '--kubeconfig', str(kwok), '--config', str(HERE / 'kwok-stages.yaml'),
+            'kwok', '--kubeconfig', str(kwok), '--config', str(self._kwok_config()),
             '--manage-all-nodes=true', '--cidr', '10.244.0.1/16', '--node-ip', KUBELET_ADDRESS,
             '--server-address', '%s:%d' % (KUBELET_ADDRESS, self.kwok_port), '--node-port', str(self.kwok_port),
             '--tls-cert-file', str(kwok_crt), '--tls-private-key-file', str(kwok_key),
         ])
+
+    def _kwok_config(self) -> pathlib.Path:
+        """KWOK's configuration and stages (tests/cluster/kwok/, one document a file) as the one
+        multi-document file `kwok --config` reads."""
+        path = self.dir / 'kwok.yaml'
+        docs = [p.read_text() for p in sorted((HERE / 'kwok').glob('*.yaml'))]
+        path.write_text('---\n'.join(d if d.endswith('\n') else d + '\n' for d in docs))
+        return path
 
     # ------------------------------------------------------------------ readiness
     def _ssl(self) -> ssl.SSLContext:

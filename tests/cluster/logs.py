@@ -8,7 +8,7 @@ a container runtime writes.
     with PodLogWriter(cluster):   # pods annotated gpufleet.test/logs=<text> get those logs
         ...
 
-A Job's pod annotated `gpufleet.test/logs` stays Running (kwok-stages.yaml) until PodLogWriter
+A Job's pod annotated `gpufleet.test/logs` stays Running (kwok/*.yaml) until PodLogWriter
 has written its logs, seen KWOK serve them through the API server, and removed the annotation: a
 reader that waits for the Job to finish always finds the logs.
 """

@@ -18,10 +18,10 @@ KEY = U.target_key(TARGET)
 
 
 def role_play(cluster, tmp_path):
+    role_vars = {'node_upgrade_node': S.NODE, 'node_upgrade_target': TARGET,
+                 'node_upgrade_snapshot_dir': str(tmp_path / 'snapshots'), 'node_upgrade_qualification': ''}
     plays = play(cluster, {'name': 'upgrade', 'ansible.builtin.include_role': {'name': 'gpufleet.upgrade.node_upgrade'},
-                            'vars': {'node_upgrade_node': S.NODE, 'node_upgrade_target': TARGET,
-                                     'node_upgrade_snapshot_dir': str(tmp_path / 'snapshots'),
-                                     'node_upgrade_qualification': ''}})
+                           'vars': role_vars})
     return plays
 
 
