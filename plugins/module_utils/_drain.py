@@ -46,15 +46,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
-from ._upgrade_state import ANN_SNAPSHOT, ANN_TARGET
+# ANN_CORDON_TAINT: the timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle
+# controller put on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted
+# and set again by someone else since has another taint, and is not ours to lift).
+from ._node_record import ANN_CORDON_TAINT, ANN_INITIAL, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET
 
-ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
-ANN_STATE = 'gpufleet.io/upgrade-state'
-ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
-# The timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle controller put
-# on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted and set again
-# by someone else since has another taint, and is not ours to lift).
-ANN_CORDON_TAINT = 'gpufleet.io/cordon-taint-added'
 UNSCHEDULABLE_TAINT = 'node.kubernetes.io/unschedulable'
 OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS, ANN_CORDON_TAINT)
 VMI_POLICIES = ('refuse', 'stop', 'evict')

@@ -34,9 +34,11 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ._node_record import CANARY_KEY
+
 __all__ = [
     'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
-    'build_plan', 'kernel_line', 'natural_key', 'resolve_count',
+    'batch_admission', 'build_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
 ]
 
 DEFAULT_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'partition_mode', 'install_method')
@@ -214,15 +216,10 @@ class _Node(object):
 
     @property
     def out_of_service(self) -> bool:
-        return self.unschedulable or not self.ready
+        return bool(out_of_service_reasons(self.unschedulable, self.ready, self.labels))
 
     def out_reason(self) -> str:
-        reasons = []
-        if self.unschedulable:
-            reasons.append('cordoned')
-        if not self.ready:
-            reasons.append('NotReady')
-        return ', '.join(reasons)
+        return ', '.join(out_of_service_reasons(self.unschedulable, self.ready, self.labels))
 
     def key_value(self, key: str) -> str:
         if key == 'pci_ids':
@@ -233,6 +230,64 @@ class _Node(object):
             val = self.labels.get(key[len('label:'):])
             return '' if val is None else str(val)
         return getattr(self, key)
+
+
+def out_of_service_reasons(unschedulable: bool, ready: bool, labels: Optional[Dict[str, Any]]) -> List[str]:
+    """Why a node is out of service (empty: in service), the one definition the planner and the
+    rollout's batch admission share: cordoned, NotReady, or a canary still isolated (it carries the
+    canary label: the canary playbook's taint keeps production pods off it)."""
+    reasons = []
+    if unschedulable:
+        reasons.append('cordoned')
+    if not ready:
+        reasons.append('NotReady')
+    if CANARY_KEY in (labels or {}):
+        reasons.append('canary still isolated')
+    return reasons
+
+
+def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan: Dict[str, Any]) -> Dict[str, Any]:
+    """May the rollout start `batch` now? `nodes` is the pool as fleet_info reads it just before
+    (name, unschedulable, ready, labels, gpus); `plan` the reviewed plan (max_unavailable, budget).
+
+    Unavailable during the batch = the nodes out of service now (out_of_service_reasons) + the
+    batch's nodes still in service; it must stay within max_unavailable, and the capacity left in
+    service within the failure allowance (nodes, GPUs), as the planner computed the batch."""
+    if not isinstance(plan, dict) or not isinstance(plan.get('max_unavailable'), int):
+        raise PlanInputError('plan.max_unavailable: %r is not an integer (is this a reviewed plan?)'
+                             % ((plan or {}).get('max_unavailable') if isinstance(plan, dict) else plan,))
+    out: List[str] = []
+    seen = set()
+    for i, n in enumerate(nodes):
+        if not isinstance(n, dict) or not isinstance(n.get('name'), str):
+            raise PlanInputError('nodes[%d]: %r is not a node with a name' % (i, n))
+        if n['name'] in seen:
+            continue
+        seen.add(n['name'])
+        if out_of_service_reasons(bool(n.get('unschedulable')), bool(n.get('ready')), n.get('labels')):
+            out.append(n['name'])
+    batch_in = [b for b in batch if b not in out]
+    unavailable = len(out) + len(batch_in)
+    away = set(out) | set(batch_in)
+    nodes_in_service = len(seen) - unavailable
+    gpus_in_service = sum(int(n.get('gpus') or 0) for n in nodes
+                          if isinstance(n, dict) and n.get('name') not in away)
+    allowance = (plan.get('budget') or {}).get('failure_allowance') or {}
+    fa_nodes = (allowance.get('nodes') or {}).get('resolved')
+    fa_gpus = (allowance.get('gpus') or {}).get('resolved')
+    mu = plan['max_unavailable']
+    admitted = (unavailable <= mu and (fa_gpus is None or gpus_in_service >= fa_gpus)
+                and (fa_nodes is None or nodes_in_service >= fa_nodes))
+    if admitted:
+        msg = 'batch %s: %d node(s) out of service during the batch (max %d)' % (list(batch), unavailable, mu)
+    else:
+        msg = ('batch %s refused: %d node(s) out of service now (%s) plus %d of this batch = %d > max_unavailable %d, '
+               'or capacity in service (%d nodes, %d GPUs) below the failure allowance (nodes %s, GPUs %s)'
+               % (list(batch), len(out), ', '.join(out), len(batch_in), unavailable, mu, nodes_in_service,
+                  gpus_in_service, fa_nodes, fa_gpus))
+    return {'admitted': admitted, 'out': out, 'batch_in': batch_in, 'unavailable': unavailable,
+            'max_unavailable': mu, 'nodes_in_service': nodes_in_service, 'gpus_in_service': gpus_in_service,
+            'msg': msg}
 
 
 def _validate_keys(keys: Any) -> Tuple[str, ...]:

@@ -25,22 +25,11 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
-ANN_STATE = 'gpufleet.io/upgrade-state'
-ANN_TARGET = 'gpufleet.io/upgrade-target'
-ANN_DONE = 'gpufleet.io/upgraded-to'
-# SHA-256 of the rollback snapshot taken for the target (recorded with `snapshotted`, retired at
-# `done`): a rerun from another checkout, or a rollback, refuses a snapshot file with another digest.
-ANN_SNAPSHOT = 'gpufleet.io/snapshot-sha256'
-# Written by node_drain (_drain.ANN_STOPPED_VMS): the VMs its drain halted, to start after the gates.
-ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
-
-# The phases of one node's upgrade in order. `draining` (node_drain's in-flight mark) counts as
-# `cordoned`: the drain is not finished and is run again (evicting only what is left).
-PHASES = ('cordoned', 'drained', 'snapshotted', 'installed', 'activated', 'validated')
-ALIASES = {'draining': 'cordoned'}
-TERMINAL = ('failed', 'rolled-back')
-SETTABLE = PHASES + TERMINAL + ('done',)
+# The keys and the phase vocabulary are the phase model's (_node_record); named here too for the callers.
+from ._node_record import (  # noqa: F401 (re-exported)
+    ALIASES, ANN_DONE, ANN_INITIAL, ANN_ISOLATED_BY, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET,
+    CANARY_KEY, PHASES, SETTABLE, TERMINAL,
+)
 
 
 class StateError(ValueError):
@@ -163,11 +152,6 @@ def apply_patch(node: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[s
     out['metadata'] = meta
     return out
 
-
-CANARY_KEY = 'gpufleet.io/canary'
-
-
-ANN_ISOLATED_BY = 'gpufleet.io/isolated-by'
 
 
 def isolation_patch(node: Dict[str, Any], present: bool, key: str = CANARY_KEY,

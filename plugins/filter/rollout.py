@@ -1,0 +1,64 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+# Documentation: the YAML file of each filter next to this file.
+
+"""The playbooks' and roles' decisions between module calls, as filters over _plan, _node_record
+and _rollout (thin: every decision is a tested function there)."""
+
+from __future__ import annotations
+
+import typing as t
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record, _plan, _rollout, _upgrade_state
+
+_ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError)
+
+
+def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any, **kwargs: t.Any) -> t.Any:
+    try:
+        return fn(*args, **kwargs)
+    except _ERRORS as exc:
+        raise AnsibleFilterError('gpufleet.upgrade.%s: %s' % (name, exc))
+
+
+def target_key(target: t.Dict[str, t.Any]) -> str:
+    return _call('target_key', _upgrade_state.target_key, target)
+
+
+def pci_slug(pci_ids: t.Any) -> str:
+    return _call('pci_slug', _rollout.pci_slug, pci_ids)
+
+
+def snapshot_file(directory: str, node: str, target: t.Dict[str, t.Any]) -> str:
+    return _call('snapshot_file', _rollout.snapshot_file, directory, node, target)
+
+
+def batch_admission(nodes: t.List[t.Dict[str, t.Any]], batch: t.List[str], plan: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    return _call('batch_admission', _plan.batch_admission, nodes, batch, plan)
+
+
+def node_failure(step: str, rollback_on_failure: bool = True) -> t.Dict[str, t.Any]:
+    return _call('node_failure', _node_record.failure, step, bool(rollback_on_failure))
+
+
+def gate_results(results: t.Dict[str, t.Any], node: str) -> t.Dict[str, t.Any]:
+    return _call('gate_results', _rollout.gate_results, results, node)
+
+
+def rollout_node_entry(plan: t.Dict[str, t.Any], host: str, **kwargs: t.Any) -> t.Dict[str, t.Any]:
+    return _call('rollout_node_entry', _rollout.node_entry, plan, host, **kwargs)
+
+
+def unfinished_nodes(nodes: t.List[t.Dict[str, t.Any]], target: t.Dict[str, t.Any]) -> t.List[str]:
+    return _call('unfinished_nodes', _rollout.unfinished_nodes, nodes, target)
+
+
+class FilterModule:
+    def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
+        return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
+                'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
+                'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes}

@@ -1,0 +1,131 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise.
+"""The one phase model: what a node's upgrade records on its Node, and the steps that record it.
+
+Every ``gpufleet.io/*`` key the collection writes on a Node is defined here (``_drain``,
+``_upgrade_state``, the roles and the playbooks read them from here or through the filters of
+``plugins/filter/rollout.py``), with the phase vocabulary of the ``gpufleet.io/upgrade-state``
+annotation and the declared steps of ``roles/node_upgrade``: the phase each step records when it
+completes and whether a failure in it is rolled back. The role names its current step in a
+variable at the start of each step (``__node_upgrade_step``) and its rescue decides from that
+name, through :func:`failure`; no behaviour depends on a task's name.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+PREFIX = 'gpufleet.io/'
+
+# ---- Node annotations
+# The cordon state before the rollout touched the node ("true"/"false"), written once by node_drain.
+ANN_INITIAL = 'gpufleet.io/initial-unschedulable'
+# The last phase completed (PHASES, TERMINAL, node_drain's `draining`/`drain-failed`).
+ANN_STATE = 'gpufleet.io/upgrade-state'
+# The target the recorded phases belong to (target_key of the tuple).
+ANN_TARGET = 'gpufleet.io/upgrade-target'
+# Written when the node finished a target; a rerun for the same target skips the node.
+ANN_DONE = 'gpufleet.io/upgraded-to'
+# SHA-256 of the rollback snapshot taken for the target (recorded with `snapshotted`, retired at `done`).
+ANN_SNAPSHOT = 'gpufleet.io/snapshot-sha256'
+# The VMs node_drain halted, with their previous runStrategy, to start after the gates.
+ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
+# The timeAdded of the node.kubernetes.io/unschedulable taint of our own cordon.
+ANN_CORDON_TAINT = 'gpufleet.io/cordon-taint-added'
+# Who isolated a canary (node_isolation's owner): only that owner releases it.
+ANN_ISOLATED_BY = 'gpufleet.io/isolated-by'
+
+# ---- Node label and taint of an isolated canary
+CANARY_KEY = 'gpufleet.io/canary'
+
+# ---- The phase vocabulary of ANN_STATE
+# The phases of one node's upgrade in order. `draining` (node_drain's in-flight mark) counts as
+# `cordoned`: the drain is not finished and is run again (evicting only what is left).
+PHASES = ('cordoned', 'drained', 'snapshotted', 'installed', 'activated', 'validated')
+ALIASES = {'draining': 'cordoned'}
+TERMINAL = ('failed', 'rolled-back')
+SETTABLE = PHASES + TERMINAL + ('done',)
+
+
+class Step(NamedTuple):
+    """One step of a node's upgrade (roles/node_upgrade, then the rollout's postflight)."""
+    name: str
+    # The phase recorded on the Node when the step completed (None: the step records nothing).
+    records: Optional[str]
+    # Whether a failure in this step is rolled back from the snapshot (the node's packages changed,
+    # the snapshot holds the way back, and the step is not past RKE2's rollback boundary).
+    rolls_back: bool
+    # What the failure message tells the operator beyond "the node stays cordoned".
+    hint: str = ''
+
+
+# In order. `holders` is not a step: node_drain lists what holds the GPUs itself.
+# The steps an evidence entry lists (`phases`): not the bookkeeping ones, not `vms`.
+EVIDENCE_EXCLUDED = ('preflight', 'progress', 'vms')
+STEPS = (
+    Step('preflight', None, False),
+    Step('progress', None, False),
+    Step('drain', 'drained', False),
+    Step('snapshot', 'snapshotted', False),
+    # RKE2 cannot be rolled back (seed 004's rollback boundary): a failure leaves the driver untouched.
+    Step('rke2', None, False, 'RKE2 cannot be rolled back: follow the platform recovery procedure'),
+    Step('install', 'installed', True),
+    Step('activate', None, True),
+    Step('ready', 'activated', False,
+         'it did not come back Ready within node_upgrade_reboot_timeout: recover it by hand, then run '
+         'gpufleet.upgrade.rollback'),
+    Step('gates', 'validated', True),
+    Step('vms', None, False),
+    # The rollout's DRA postflight: between the gates and the uncordon (the node stays cordoned until it passed).
+    Step('postflight', None, False),
+    Step('uncordon', 'done', False),
+)
+STEP_NAMES = tuple(s.name for s in STEPS)
+_BY_NAME = dict((s.name, s) for s in STEPS)
+
+
+class RecordError(ValueError):
+    pass
+
+
+def step(name: str) -> Step:
+    if name not in _BY_NAME:
+        raise RecordError('step: %r is not one of %s' % (name, ', '.join(STEP_NAMES)))
+    return _BY_NAME[name]
+
+
+def failure(name: str, rollback_on_failure: bool = True) -> Dict[str, Any]:
+    """What the rescue does when step `name` failed: whether the node is rolled back, and the hint."""
+    s = step(name)
+    return {'phase': s.name, 'rollback': bool(rollback_on_failure and s.rolls_back), 'hint': s.hint}
+
+
+def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]:
+    """The steps of `applicable` (in STEPS order) a node went through: all of them when nothing
+    failed, else those before the failed one ([] when the failed step is not among them)."""
+    for name in applicable:
+        step(name)
+    ordered = [n for n in STEP_NAMES if n in applicable]
+    if failed is None:
+        return ordered
+    return ordered[:ordered.index(failed)] if failed in ordered else []
+
+
+def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool) -> List[str]:
+    """The `phases` of a node's evidence entry: the steps it went through up to the failed one
+    (RKE2 only when its Plan was applied, the postflight only on DRA nodes)."""
+    skip = set(EVIDENCE_EXCLUDED)
+    if not rke2_applied:
+        skip.add('rke2')
+    if not dra:
+        skip.add('postflight')
+    return steps_through(failed, [n for n in STEP_NAMES if n not in skip])
+
+
+def finished(annotations: Dict[str, Any], key: str) -> bool:
+    """Whether a Node's annotations say it finished the target `key` (target_key): `upgraded-to` is
+    the key and no progress is recorded (a node recording a phase is in a rollout, even a later one)."""
+    return (annotations or {}).get(ANN_DONE) == key and ANN_STATE not in (annotations or {})

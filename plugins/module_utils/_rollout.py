@@ -1,0 +1,116 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise. Used by plugins/filter/rollout.py.
+"""The decisions the rollout, canary and rollback playbooks and the node_upgrade role take between
+module calls: file names derived from a tuple, the verdict of a node's gates, and a node's entry in
+the rollout's evidence bundle. Pure functions; the playbooks call them as filters."""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from ._evidence import rfc3339, utcnow
+from ._node_record import evidence_phases, finished, step
+from ._upgrade_state import target_key
+
+
+class RolloutError(ValueError):
+    pass
+
+
+def pci_slug(pci_ids: Union[str, Sequence[str]]) -> str:
+    """The file-name form of a combination's PCI ids (``10de:2330,10de:2331`` -> ``10de2330-10de2331``),
+    as the canary playbook names qualification records: ``<slug>.yaml``."""
+    if isinstance(pci_ids, (list, tuple)):
+        pci_ids = ','.join(str(p) for p in pci_ids)
+    if not isinstance(pci_ids, str) or not pci_ids.strip():
+        raise RolloutError('pci_ids: %r is not a PCI id list (e.g. 10de:2330 or 10de:2330,10de:2331)' % (pci_ids,))
+    return re.sub(r'[/,]', '-', pci_ids.replace(':', ''))
+
+
+def snapshot_file(directory: str, node: str, target: Dict[str, Any]) -> str:
+    """The rollback snapshot of `node` for `target`: one file per node and target, so a later
+    rollout's baseline and rollback never come from before an earlier one."""
+    if not isinstance(node, str) or not node:
+        raise RolloutError('node: %r is not a node name' % (node,))
+    slug = re.sub(r'[^A-Za-z0-9._-]+', '_', target_key(target))
+    return '%s/%s--%s.json' % (str(directory).rstrip('/') or '/', node, slug)
+
+
+GATE_NAMES = ('gpu', 'node', 'metric', 'workload')
+
+
+def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = None) -> Dict[str, Any]:
+    """The verdict of a node's gates from their registered results (name -> result; a skipped or
+    absent gate is not counted): the evidence bundle's gate entries, whether every gate that ran
+    passed, and the failure message naming each failed gate."""
+    finished = finished or rfc3339(utcnow())
+    entries: List[Dict[str, Any]] = []
+    failed: List[str] = []
+    for name in GATE_NAMES:
+        r = results.get(name)
+        if not isinstance(r, dict) or r.get('skipped') or not r:
+            continue
+        ok = r.get('passed') is True
+        msg = str(r.get('msg') or '')
+        entries.append({'name': name, 'kind': name, 'node': node, 'passed': ok, 'finished': finished,
+                        'problems': list(r.get('problems') or ([] if ok else [msg or 'failed'])),
+                        'result': {'msg': msg}})
+        if not ok:
+            failed.append(msg or '%s gate: failed' % name)
+    return {'evidence': entries, 'passed': not failed and bool(entries),
+            'msg': 'critical gate failed on %s: %s' % (node, '; '.join(failed)) if failed else
+            ('no gate ran on %s' % node if not entries else 'every gate passed on %s' % node)}
+
+
+def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]] = None,
+               kubelet: Optional[Dict[str, Any]] = None, failed_phase: Optional[str] = None,
+               message: str = '', started: Optional[str] = None, dra: bool = False,
+               finished: Optional[str] = None) -> Dict[str, Any]:
+    """A node's entry in the rollout's evidence bundle.
+
+    `result` is node_upgrade's public result (node_upgrade_result; absent when the role failed before
+    its upgrade block), `kubelet` what the node's kubelet reports now (kernel, rke2), `failed_phase`
+    the step that failed (None: upgraded). The tuple after is the one before with what was read:
+    kernel and RKE2 from the kubelet, the driver from the host (or the rollback's result)."""
+    result = result or {}
+    kubelet = kubelet or {}
+    if failed_phase is not None:
+        step(failed_phase)
+    combos = [c for c in plan.get('combinations') or [] if host in (c.get('nodes') or [])]
+    if not combos:
+        raise RolloutError('host %r is in no combination of the plan' % (host,))
+    combo = combos[0]
+    batches = plan.get('batches') or []
+    batch = next((i for i, b in enumerate(batches) if host in b), None)
+    if batch is None:
+        raise RolloutError('host %r is in no batch of the plan' % (host,))
+    name = result.get('node') or host
+    before = dict(combo['source_tuples'][0])
+    after = dict(before)
+    for key, value in (('kernel', kubelet.get('kernel')), ('rke2', kubelet.get('rke2')),
+                       ('driver', result.get('driver_now'))):
+        if value:
+            after[key] = value
+    entry: Dict[str, Any] = {
+        'name': name, 'role': 'canary' if name in (plan.get('canaries') or []) else 'batch', 'batch': batch,
+        'pci_ids': combo['key']['pci_ids'].split(','), 'tuple_before': before, 'tuple_after': after,
+        'verdict': 'failed' if failed_phase else 'upgraded',
+        'phases': evidence_phases(failed_phase, bool(result.get('rke2_applied')), dra),
+        'finished': finished or rfc3339(utcnow()), 'rolled_back': bool(result.get('rolled_back')),
+    }
+    if started:
+        entry['started'] = started
+    if failed_phase:
+        entry['failed_phase'] = failed_phase
+        entry['message'] = message or ''
+    return entry
+
+
+def unfinished_nodes(nodes: Sequence[Dict[str, Any]], target: Dict[str, Any]) -> List[str]:
+    """The names of the nodes (fleet_info's node views) that did not finish `target`."""
+    key = target_key(target)
+    return [n['name'] for n in nodes if not finished(n.get('annotations') or {}, key)]
