@@ -67,9 +67,9 @@ KINDS = {'409': {'status': 409}, '429': {'status': 429}, '500': {'status': 500},
          'timeout': {'delay': TIMEOUT_DELAY}}
 # The role as rollout.yml runs it, with the lab's reboot path and short simulated waits (as the
 # molecule scenario's converge.yml).
-ROLE_VARS = {'node_upgrade_activation': 'lab', 'node_upgrade_ready_interval': 1, 'node_upgrade_reboot_timeout': 30,
+ROLE_VARS = {'gpufleet_activation': 'lab', 'gpufleet_ready_interval': 1, 'gpufleet_reboot_timeout': 30,
              'node_upgrade_drain_timeout': 60, 'node_upgrade_drain_retry_interval': 0.2,
-             'node_upgrade_node_gate_timeout': 10, 'node_upgrade_node_gate_interval': 0.5}
+             'gpufleet_node_gate_timeout': 10, 'gpufleet_node_gate_interval': 0.5}
 EVICTION = re.compile(r'^/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction$')
 
 

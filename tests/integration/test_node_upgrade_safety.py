@@ -32,17 +32,18 @@ def annotations(cluster):
 def test_a_rerun_after_a_manual_uncordon_drains_again_and_the_failure_leaves_the_node_cordoned(
         cluster, run_playbook, tmp_path):
     """`installed` is recorded but someone uncordoned the node since: the rerun does not trust the
-    record (it lists the GPU holders again, which fails here), and the rescue cordons the node before
-    it records `failed`."""
+    record (it drains again; its cordon is refused here), and the rescue cordons the node before it
+    records `failed`."""
     load(cluster)
     cluster.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {
         U.ANN_STATE: 'installed', U.ANN_TARGET: KEY, U.ANN_INITIAL: 'false'}}})
-    cluster.faults.add(method='GET', path=r'^/api/v1/pods$', status=500)
+    cluster.faults.add(method='PATCH', path=r'^/api/v1/nodes/%s$' % S.NODE, status=403, times=1)
     run = run_playbook(role_play(cluster, tmp_path))
     assert run.rc != 0
     progress = run.result('Progress | Read what the Node records for this target')
     assert progress['state']['done_phases'] == [] and progress['state']['cordon_lost'] is True
-    assert run.result("Holders | List what holds the node's GPUs")['_event'] == 'runner_on_failed'
+    assert run.result("Drain | Cordon (initial state recorded once) and evict the node's pods (PodDisruptionBudgets "
+                      "honoured)")['_event'] == 'runner_on_failed'
     assert run.result('Failure | Cordon the node (before the failure is recorded)')['changed'] is True
     n = cluster.get('v1', 'Node', S.NODE)
     assert n['spec']['unschedulable'] is True
@@ -52,7 +53,7 @@ def test_a_rerun_after_a_manual_uncordon_drains_again_and_the_failure_leaves_the
     patches = [m for m in mutations(cluster) if m == ('PATCH', '/api/v1/nodes/' + S.NODE)]
     assert len(patches) >= 2
     fail = run.result('Failure | Stop here')
-    assert 'holders failed' in fail['msg'] and 'the node stays cordoned' in fail['msg']
+    assert 'drain failed' in fail['msg'] and 'the node stays cordoned' in fail['msg']
 
 
 def test_a_recorded_snapshot_missing_here_fails_before_anything_is_drained(cluster, run_playbook, tmp_path):

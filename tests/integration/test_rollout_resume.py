@@ -52,7 +52,7 @@ ANN_VMS = 'gpufleet.io/stopped-vms'
 # (phase, first words of the task whose start triggers the kill, state the Node records then).
 # The kill lands while that task runs (each task takes far longer than the event takes to arrive).
 VICTIM_KILLS = [
-    ('holders', 'Holders | List', None),
+    ('progress', 'Drain | Step', None),         # before the cordon: nothing changed yet
     ('drain', 'Drain | Cordon', 'draining'),      # waits until the drain has cordoned the node
     ('snapshot', 'Snapshot | Capture', 'drained'),
     ('install', 'Install | Pin and install', 'snapshotted'),
@@ -153,7 +153,7 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
             if recorded in us.PHASES[2:]:     # written by the role (node_drain's states carry no target)
                 assert ann[ANN_TARGET] == KEY
             cordoned = lab.cluster.get('v1', 'Node', node)['spec'].get('unschedulable') is True
-            assert cordoned is (phase not in ('holders', 'uncordon')), (name, cordoned)
+            assert cordoned is (phase not in ('progress', 'uncordon')), (name, cordoned)
             if phase == 'vms':
                 vm = lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
                 assert vm['spec']['runStrategy'] in ('Halted', 'RerunOnFailure')
@@ -190,9 +190,9 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
                 assert rows[n]['cordoned'] is (n == pre_cordoned), rows[n]
         # Never drained twice: one completed drain per node over all the runs, none of a finished node.
         for n in lab.names:
-            drains = sum(len(task_events(lab.runs[r], n, 'Drain |')) for r in runs)
+            drains = sum(len(task_events(lab.runs[r], n, 'Drain | Cordon')) for r in runs)
             assert drains <= 1, (n, drains)
-        assert sum(len(task_events(lab.runs[r], victim, 'Drain |')) for r in runs) == 1
+        assert sum(len(task_events(lab.runs[r], victim, 'Drain | Cordon')) for r in runs) == 1
         # The resumes skipped what the Node recorded: one snapshot and one install of the victim in all.
         for task in ('Snapshot | Capture', 'Install | Pin', 'Gates | Record the phase'):
             assert sum(len(task_events(lab.runs[r], victim, task)) for r in runs) == 1, task

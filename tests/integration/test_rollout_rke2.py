@@ -136,8 +136,8 @@ def test_rollout_upgrades_rke2_one_plan_per_node_in_plan_order(tmp_path):
         nodes = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())['nodes']
         assert sorted(nodes) == sorted(nodes_in_order)
         for node in nodes_in_order:
-            assert nodes[node]['phases'][:5] == (['holders', 'drain', 'snapshot', 'rke2', 'install'] if node != at_target
-                                                 else ['holders', 'drain', 'snapshot', 'install', 'activate'])
+            assert nodes[node]['phases'][:5] == (['drain', 'snapshot', 'rke2', 'install', 'activate'] if node != at_target
+                                                 else ['drain', 'snapshot', 'install', 'activate', 'ready'])
             assert nodes[node]['verdict'] == 'upgraded' and nodes[node]['tuple_after'] == TARGET
             assert nodes[node]['tuple_before']['rke2'] == labenv.RKE2
         assert lab.cluster.get('v1', 'Node', at_target)['status']['nodeInfo']['kubeletVersion'] == TARGET_RKE2
@@ -181,7 +181,7 @@ def test_plan_that_never_completes_times_out_and_stops_with_the_node_cordoned(tm
         assert all(rows[n]['state'] == '-' and not rows[n]['cordoned'] for n in later)
         e = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())['nodes'][first]
         assert (e['verdict'], e['failed_phase'], e['phases'], e['rolled_back']) == (
-            'failed', 'rke2', ['holders', 'drain', 'snapshot'], False)
+            'failed', 'rke2', ['drain', 'snapshot'], False)
         assert e['tuple_after']['rke2'] == labenv.RKE2 and e['tuple_after']['driver'] == labenv.SOURCE_DRIVER
     finally:
         suc.__exit__(None, None, None)

@@ -213,12 +213,10 @@ class Lab:
             # 40 nodes: 4 isolated canaries + a batch of 4 leave 80 % of the GPUs in service.
             'gpufleet_failure_allowance': {'gpus': '75%' if len(self.names) >= 20 else '25%'},
             # The lab reboot path and quick simulated waits (real fleets keep the defaults).
-            'node_upgrade_activation': 'lab', 'rollback_activation': 'lab',
-            'node_upgrade_ready_interval': 1, 'rollback_ready_interval': 1,
-            'node_upgrade_reboot_timeout': 30, 'rollback_reboot_timeout': 30,
+            # (gpufleet_* settings are shared by node_upgrade and the rollback it runs.)
+            'gpufleet_activation': 'lab', 'gpufleet_ready_interval': 1, 'gpufleet_reboot_timeout': 30,
+            'gpufleet_node_gate_timeout': 10, 'gpufleet_node_gate_interval': 0.5,
             'node_upgrade_drain_timeout': 60, 'node_upgrade_drain_retry_interval': 0.2,
-            'node_upgrade_node_gate_timeout': 10, 'node_upgrade_node_gate_interval': 0.5,
-            'rollback_node_gate_timeout': 10, 'rollback_node_gate_interval': 0.5,
         }
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
