@@ -108,6 +108,8 @@ def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]
     failed, else those before the failed one ([] when the failed step is not among them)."""
     for name in applicable:
         step(name)
+    if failed is not None:
+        step(failed)
     ordered = [n for n in STEP_NAMES if n in applicable]
     if failed is None:
         return ordered
@@ -116,13 +118,17 @@ def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]
 
 def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool) -> List[str]:
     """The `phases` of a node's evidence entry: the steps it went through up to the failed one
-    (RKE2 only when its Plan was applied, the postflight only on DRA nodes)."""
+    (RKE2 only when its Plan was applied, the postflight only on DRA nodes). The failed step ran
+    whatever it is (an RKE2 step that failed before its Plan was applied, the VMs): the steps before
+    it are listed."""
     skip = set(EVIDENCE_EXCLUDED)
     if not rke2_applied:
         skip.add('rke2')
     if not dra:
         skip.add('postflight')
-    return steps_through(failed, [n for n in STEP_NAMES if n not in skip])
+    skip.discard(failed)
+    went = steps_through(failed, [n for n in STEP_NAMES if n not in skip])
+    return [n for n in went if n not in EVIDENCE_EXCLUDED]
 
 
 def finished(annotations: Dict[str, Any], key: str) -> bool:

@@ -257,21 +257,20 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
         raise PlanInputError('plan.max_unavailable: %r is not an integer (is this a reviewed plan?)'
                              % ((plan or {}).get('max_unavailable') if isinstance(plan, dict) else plan,))
     out: List[str] = []
-    seen = set()
+    seen: Dict[str, Dict[str, Any]] = {}
     for i, n in enumerate(nodes):
         if not isinstance(n, dict) or not isinstance(n.get('name'), str):
             raise PlanInputError('nodes[%d]: %r is not a node with a name' % (i, n))
         if n['name'] in seen:
             continue
-        seen.add(n['name'])
+        seen[n['name']] = n
         if out_of_service_reasons(bool(n.get('unschedulable')), bool(n.get('ready')), n.get('labels')):
             out.append(n['name'])
     batch_in = [b for b in batch if b not in out]
     unavailable = len(out) + len(batch_in)
     away = set(out) | set(batch_in)
     nodes_in_service = len(seen) - unavailable
-    gpus_in_service = sum(int(n.get('gpus') or 0) for n in nodes
-                          if isinstance(n, dict) and n.get('name') not in away)
+    gpus_in_service = sum(int(n.get('gpus') or 0) for name, n in seen.items() if name not in away)
     allowance = (plan.get('budget') or {}).get('failure_allowance') or {}
     fa_nodes = (allowance.get('nodes') or {}).get('resolved')
     fa_gpus = (allowance.get('gpus') or {}).get('resolved')

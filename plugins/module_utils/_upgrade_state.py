@@ -153,7 +153,6 @@ def apply_patch(node: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[s
     return out
 
 
-
 def isolation_patch(node: Dict[str, Any], present: bool, key: str = CANARY_KEY,
                     effect: str = 'NoSchedule', owner: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """Merge patch that adds (or removes) the canary label `key=true` and taint `key=true:effect`,

@@ -1,0 +1,98 @@
+"""The rollout filters: thin wrappers over _upgrade_state, _rollout, _plan and _node_record whose
+errors are AnsibleFilterError naming the filter."""
+from __future__ import annotations
+
+import jinja2
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.upgrade.plugins.filter import rollout as F
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import ANN_DONE, CANARY_KEY, STEP_NAMES
+
+TARGET = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.126.20'}
+KEY = 'driver=580.126.20,kernel=6.8.0-134-generic,rke2=v1.35.3+rke2r3'
+PLAN = {
+    'max_unavailable': 2, 'canaries': ['gpu-01'],
+    'budget': {'failure_allowance': {'nodes': None, 'gpus': {'resolved': 8}}},
+    'combinations': [{'key': {'pci_ids': '10de:2330/10de:16c1'}, 'nodes': ['gpu-01', 'gpu-02', 'gpu-03'],
+                      'source_tuples': [dict(TARGET, driver='570.172.08')]}],
+    'batches': [['gpu-01'], ['gpu-02', 'gpu-03']],
+}
+NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
+         'rollout_node_entry', 'unfinished_nodes']
+
+
+def fleet():
+    return [{'name': n, 'unschedulable': False, 'ready': True, 'labels': {}, 'gpus': 8}
+            for n in ('gpu-01', 'gpu-02', 'gpu-03')]
+
+
+def test_filters():
+    filters = F.FilterModule().filters()
+    assert sorted(filters) == sorted(NAMES)
+    assert all(filters[n] is getattr(F, n) for n in NAMES)
+
+
+def test_values():
+    assert F.target_key(TARGET) == KEY
+    assert F.pci_slug('10de:2330/10de:16c1,10de:2331/10de:16c1') == '10de2330-10de16c1-10de2331-10de16c1'
+    assert F.pci_slug(['10de:2330']) == '10de2330'
+    assert F.snapshot_file('/snap', 'gpu-01', TARGET) == \
+        '/snap/gpu-01--driver_580.126.20_kernel_6.8.0-134-generic_rke2_v1.35.3_rke2r3.json'
+    assert F.node_failure('install') == {'phase': 'install', 'rollback': True, 'hint': ''}
+    assert F.node_failure('install', False)['rollback'] is False
+    assert F.node_failure('drain', True)['rollback'] is False
+    gates = F.gate_results({'gpu': {'passed': True, 'msg': 'ok'}, 'node': {'passed': False, 'msg': 'NotReady'}},
+                           'gpu-02')
+    assert (gates['passed'], gates['msg'], len(gates['evidence'])) == (
+        False, 'critical gate failed on gpu-02: NotReady', 2)
+    nodes = fleet()
+    nodes[0]['labels'] = {CANARY_KEY: 'true'}
+    a = F.batch_admission(nodes, ['gpu-02'], PLAN)
+    assert (a['admitted'], a['out'], a['unavailable'], a['gpus_in_service']) == (True, ['gpu-01'], 2, 8)
+    e = F.rollout_node_entry(PLAN, 'gpu-01', result={'driver_now': '580.126.20'}, failed_phase='gates',
+                             message='critical gate failed', dra=True, started='2026-12-01T11:00:00Z')
+    assert (e['role'], e['batch'], e['verdict'], e['failed_phase'], e['tuple_after']) == (
+        'canary', 0, 'failed', 'gates', TARGET)
+    assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready']
+    assert F.unfinished_nodes([{'name': 'gpu-01', 'annotations': {ANN_DONE: KEY}}, {'name': 'gpu-02'}],
+                              TARGET) == ['gpu-02']
+
+
+def test_node_failure_coerces_the_switch():
+    # a role variable from the command line may be the string "false": the filter is handed a bool
+    assert F.node_failure('gates', 0)['rollback'] is False
+    assert F.node_failure('gates', 1)['rollback'] is True
+
+
+def test_in_a_template():
+    env = jinja2.Environment(autoescape=False)
+    env.filters.update(F.FilterModule().filters())
+    assert env.from_string("{{ ids | pci_slug }}").render(ids='10de:2330,10de:2331') == '10de2330-10de2331'
+    assert env.from_string("{{ (step | node_failure(false)).rollback }}").render(step='activate') == 'False'
+    assert env.from_string("{{ (plan | rollout_node_entry('gpu-02', dra=false, failed_phase=none)).verdict }}").render(
+        plan=PLAN) == 'upgraded'
+
+
+@pytest.mark.parametrize('name,args,kwargs,message', [
+    ('target_key', ({},), {}, 'target: expected a non-empty mapping of tuple components, got {}'),
+    ('target_key', ({'driver': 'a=b'},), {}, 'target.driver: \'a=b\' may not contain "," or "="'),
+    ('pci_slug', ('',), {}, "pci_ids: '' is not a PCI id list (e.g. 10de:2330 or 10de:2330,10de:2331)"),
+    ('pci_slug', (None,), {}, 'pci_ids: None is not a PCI id list (e.g. 10de:2330 or 10de:2330,10de:2331)'),
+    ('snapshot_file', ('/snap', '', TARGET), {}, "node: '' is not a node name"),
+    ('snapshot_file', ('/snap', 'gpu-01', {}), {}, 'target: expected a non-empty mapping of tuple components, got {}'),
+    ('batch_admission', (fleet(), ['gpu-01'], {}), {},
+     'plan.max_unavailable: None is not an integer (is this a reviewed plan?)'),
+    ('batch_admission', ([{'gpus': 8}], ['gpu-01'], PLAN), {}, "nodes[0]: {'gpus': 8} is not a node with a name"),
+    ('node_failure', ('holders',), {}, "step: 'holders' is not one of " + ', '.join(STEP_NAMES)),
+    ('node_failure', ('Install | Step',), {}, "step: 'Install | Step' is not one of " + ', '.join(STEP_NAMES)),
+    ('rollout_node_entry', (PLAN, 'gpu-99'), {}, "host 'gpu-99' is in no combination of the plan"),
+    ('rollout_node_entry', (PLAN, 'gpu-02'), {'failed_phase': 'unknown'},
+     "step: 'unknown' is not one of " + ', '.join(STEP_NAMES)),
+    ('unfinished_nodes', ([{'name': 'gpu-01'}], None), {},
+     'target: expected a non-empty mapping of tuple components, got None'),
+])
+def test_errors_name_the_filter(name, args, kwargs, message):
+    with pytest.raises(AnsibleFilterError) as err:
+        getattr(F, name)(*args, **kwargs)
+    assert err.value.message == 'gpufleet.upgrade.%s: %s' % (name, message)
