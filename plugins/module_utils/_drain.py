@@ -44,6 +44,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._poll import poll
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
 from ._upgrade_state import ANN_SNAPSHOT, ANN_TARGET
@@ -833,21 +834,19 @@ class Drainer:
         wfj = self.opts.wait_for_jobs
         if wfj is None:
             return True
-        deadline = self.clock() + wfj.timeout
-        while True:
-            running = [p for p in self.client.list_pods(name, wfj.selector)
-                       if (p.get('status') or {}).get('phase') not in FINISHED]
-            if not running:
-                return True
-            if self.clock() >= deadline:
-                res['failed'] = True
-                res['waiting_for_jobs'] = [ref(p) for p in running]
-                res['msg'] = ('wait_for_jobs: %d pod(s) matching %r on node %s did not finish within %gs; nothing was '
-                              'evicted, the node stays cordoned: %s' % (
-                                  len(running), wfj.selector, name, wfj.timeout,
-                                  ', '.join('%s/%s' % (r['namespace'], r['name']) for r in res['waiting_for_jobs'])))
-                return False
-            self.sleep(max(0.0, min(self.opts.retry_interval, deadline - self.clock())))
+        polled = poll(lambda: [p for p in self.client.list_pods(name, wfj.selector)
+                               if (p.get('status') or {}).get('phase') not in FINISHED],
+                      wfj.timeout, self.opts.retry_interval, self.clock, self.sleep, done=lambda running: not running)
+        if polled.done:
+            return True
+        running = polled.value
+        res['failed'] = True
+        res['waiting_for_jobs'] = [ref(p) for p in running]
+        res['msg'] = ('wait_for_jobs: %d pod(s) matching %r on node %s did not finish within %gs; nothing was '
+                      'evicted, the node stays cordoned: %s' % (
+                          len(running), wfj.selector, name, wfj.timeout,
+                          ', '.join('%s/%s' % (r['namespace'], r['name']) for r in res['waiting_for_jobs'])))
+        return False
 
     def _attempt(self, it: _Item) -> Tuple[str, str]:
         """One step for one item: ('done'|'wait'|'retry'|'failed', reason)."""
@@ -895,45 +894,44 @@ class Drainer:
         opts = self.opts
         deadline = self.clock() + opts.timeout
         with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool, self.client.bounded(deadline):
-            while True:
-                now = self.clock()
-                due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
-                pod_waits = [it for it in due if it.stage == 'wait' and it.kind == 'Pod']
-                others = [it for it in due if not (it.stage == 'wait' and it.kind == 'Pod')]
-                outcomes: List[Tuple[_Item, Tuple[str, str]]] = list(zip(others, pool.map(self._attempt, others)))
-                if pod_waits:
-                    try:
-                        present = self.client.pod_uids(name, opts.pod_selector)
-                        outcomes += [(it, ('wait', 'evicted, still terminating')
-                                      if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
-                                     for it in pod_waits]
-                    except K8sError as exc:
-                        outcomes += [(it, ('wait', it.last_reason if exc.reason == 'deadline'
-                                           else 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
-                now = self.clock()
-                for it, (outcome, reason) in outcomes:
-                    if outcome == 'done':
-                        it.stage = 'done'
-                    elif outcome == 'failed':
-                        it.stage = 'failed'
-                        it.last_reason = reason
-                    elif outcome == 'retry':
-                        it.last_reason = reason
-                        it.next_at = now + opts.retry_interval
-                    elif it.stage == 'evict':   # accepted: check for the deletion at once, then every poll
-                        it.stage = 'wait'
-                        it.next_at = now
-                        it.last_reason = 'evicted, still terminating'
-                    else:   # still there: check again soon, backing off to poll_interval
-                        it.last_reason = reason or it.last_reason
-                        it.polls += 1
-                        it.next_at = now + min(opts.poll_interval, 0.1 * (2 ** it.polls))
-                active = [it for it in items if it.stage in ('evict', 'wait')]
-                if not active:
-                    return
-                now = self.clock()
-                if now >= deadline:
-                    return
-                nxt = min(it.next_at for it in active)
-                if nxt > now:
-                    self.sleep(min(nxt, deadline) - now)
+            # Until nothing is active or the deadline; each pause lasts until the next item is due.
+            poll(lambda: self._round(name, items, pool), opts.timeout,
+                 lambda: min(it.next_at for it in items if it.stage in ('evict', 'wait')) - self.clock(),
+                 self.clock, self.sleep, done=lambda active: not active)
+
+    def _round(self, name: str, items: List[_Item], pool: ThreadPoolExecutor) -> List[_Item]:
+        """One round of `_run` over the items that are due; returns the items still active."""
+        opts = self.opts
+        now = self.clock()
+        due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
+        pod_waits = [it for it in due if it.stage == 'wait' and it.kind == 'Pod']
+        others = [it for it in due if not (it.stage == 'wait' and it.kind == 'Pod')]
+        outcomes: List[Tuple[_Item, Tuple[str, str]]] = list(zip(others, pool.map(self._attempt, others)))
+        if pod_waits:
+            try:
+                present = self.client.pod_uids(name, opts.pod_selector)
+                outcomes += [(it, ('wait', 'evicted, still terminating')
+                              if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
+                             for it in pod_waits]
+            except K8sError as exc:
+                outcomes += [(it, ('wait', it.last_reason if exc.reason == 'deadline'
+                                   else 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
+        now = self.clock()
+        for it, (outcome, reason) in outcomes:
+            if outcome == 'done':
+                it.stage = 'done'
+            elif outcome == 'failed':
+                it.stage = 'failed'
+                it.last_reason = reason
+            elif outcome == 'retry':
+                it.last_reason = reason
+                it.next_at = now + opts.retry_interval
+            elif it.stage == 'evict':   # accepted: check for the deletion at once, then every poll
+                it.stage = 'wait'
+                it.next_at = now
+                it.last_reason = 'evicted, still terminating'
+            else:   # still there: check again soon, backing off to poll_interval
+                it.last_reason = reason or it.last_reason
+                it.polls += 1
+                it.next_at = now + min(opts.poll_interval, 0.1 * (2 ** it.polls))
+        return [it for it in items if it.stage in ('evict', 'wait')]

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 PLAN_API_VERSION = 'upgrade.cattle.io/v1'
 PLAN_KIND = 'Plan'
@@ -471,17 +472,13 @@ def wait_for_plan(client: Any, plan: Dict[str, Any], node: str, target_rke2: str
     if timeout <= 0 or interval <= 0:
         raise SucPlanError(['wait_timeout (%r) and wait_interval (%r) must be positive' % (timeout, interval)])
     meta = plan['metadata']
-    start = clock()
-    while True:
-        progress = plan_progress(client.get_or_none(plan_path(meta['namespace'], meta['name'])),
-                                 client.get_or_none('/api/v1/nodes/%s' % node), target_rke2)
-        waited = clock() - start
-        if progress.done or progress.failed:
-            return progress, waited
-        if waited >= timeout:
-            progress.failed = ('not complete after %gs (wait_timeout): %s' % (timeout, progress.summary))
-            return progress, waited
-        sleep(min(interval, max(0.0, timeout - waited)))
+    polled = poll(lambda: plan_progress(client.get_or_none(plan_path(meta['namespace'], meta['name'])),
+                                        client.get_or_none('/api/v1/nodes/%s' % node), target_rke2),
+                  timeout, interval, clock, sleep, done=lambda progress: progress.done or progress.failed)
+    progress = polled.value
+    if not polled.done:
+        progress.failed = ('not complete after %gs (wait_timeout): %s' % (timeout, progress.summary))
+    return progress, polled.elapsed
 
 
 def plan_complete(plan: Dict[str, Any]) -> bool:
