@@ -13,6 +13,7 @@ import os
 import shutil
 from typing import Any, Dict, Optional
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 
@@ -48,7 +49,7 @@ def make_node(module: Any) -> kn.AptKernel:
 
 
 def running_kernel(proc_path: str) -> Optional[str]:
-    text = pk.read_text(os.path.join(proc_path, 'sys/kernel/osrelease'))
+    text = _fsio.read_text(os.path.join(proc_path, 'sys/kernel/osrelease'))
     return text.strip() if text else None
 
 

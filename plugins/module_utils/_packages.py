@@ -21,6 +21,8 @@ import shutil
 import tempfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
+
 PIN_FILE = 'gpufleet-nvidia-driver.pref'
 PIN_PRIORITY = 1001
 VERSIONLOCK_FILE = 'etc/dnf/plugins/versionlock.list'
@@ -232,34 +234,6 @@ class Runner:
             detail = ' | '.join(x.strip()[-1500:] for x in (out or '', err or '') if x.strip())
             raise PackageError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), detail))
         return CommandResult(rc, out, err)
-
-
-def read_text(path: str) -> Optional[str]:
-    try:
-        with open(path, 'r', encoding='utf-8') as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def write_text(path: str, text: Optional[str], mode: int = 0o644) -> None:
-    """Atomically write `text` to `path`, or remove it when `text` is None."""
-    if text is None:
-        if os.path.lexists(path):
-            os.unlink(path)
-        return
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.gpufleet-', dir=d)
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,7 +449,7 @@ class AptBackend:
         return parse_dpkg_query(r.stdout)
 
     def read_state(self, names: Sequence[str]) -> PinState:
-        text = read_text(self.pin_path)
+        text = _fsio.read_text(self.pin_path)
         entries = self.dpkg_entries()
         wanted = set(names) | set(parse_preferences(text))
         return PinState(
@@ -517,7 +491,7 @@ class AptBackend:
             self.runner(['apt-mark', 'hold'] + sorted(hold), env=self.env())
 
     def write_pins(self, text: Optional[str]) -> None:
-        write_text(self.pin_path, text)
+        _fsio.write_text(self.pin_path, text, 0o644)
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,7 +611,7 @@ class DnfBackend:
         self.runner = runner
         self.branch = branch
         self.stream_suffix = stream_suffix
-        self.mode = mode or dnf_lock_mode(parse_os_release(read_text(runner.path('etc/os-release'))))
+        self.mode = mode or dnf_lock_mode(parse_os_release(_fsio.read_text(runner.path('etc/os-release'))))
         self.pin_path = runner.path(VERSIONLOCK_FILE)
 
     def env(self) -> Dict[str, str]:
@@ -664,7 +638,7 @@ class DnfBackend:
             stream = parse_module_list(m.stdout)
             return PinState(pin_file='dnf module nvidia-driver', pin_text='nvidia-driver:%s\n' % stream if stream else None,
                             pins={}, holds=[], installed=installed)
-        text = read_text(self.pin_path)
+        text = _fsio.read_text(self.pin_path)
         return PinState(pin_file=self.pin_path, pin_text=text, pins=parse_versionlock(text), holds=[], installed=installed)
 
     def available(self, names: Sequence[str]) -> Dict[str, PolicyEntry]:
@@ -685,7 +659,7 @@ class DnfBackend:
         return None
 
     def write_pins(self, text: Optional[str]) -> None:
-        write_text(self.pin_path, text)
+        _fsio.write_text(self.pin_path, text, 0o644)
 
 
 # --------------------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _boot as bt
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
@@ -215,7 +216,7 @@ def read_files(p):
         raise bt.BootError('cannot read the GRUB environment block %s (%s); expected the 1024-byte block that '
                            'grub-install creates, nothing was changed' % (env_path, e.strerror or e))
     env = gb.parse_grubenv(data, env_path)
-    cfg = pk.read_text(cfg_path)
+    cfg = _fsio.read_text(cfg_path)
     if cfg is None:
         raise bt.BootError('cannot read the GRUB configuration %s; expected the grub.cfg that update-grub generates, '
                            'nothing was changed' % cfg_path)
@@ -224,10 +225,10 @@ def read_files(p):
         raise bt.BootError("%s lists no menu entry with a 'linux /boot/vmlinuz-<release>' line; expected the grub.cfg "
                            "that update-grub generates, nothing was changed" % cfg_path)
     default_path = _under(root, gb.DEFAULT_GRUB)
-    texts = [pk.read_text(default_path)]
+    texts = [_fsio.read_text(default_path)]
     ddir = _under(root, gb.DEFAULT_GRUB_DIR)
     if os.path.isdir(ddir):
-        texts += [pk.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
+        texts += [_fsio.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
     if texts[0] is None:
         raise bt.BootError('cannot read %s; expected the GRUB_DEFAULT settings update-grub reads, nothing was changed' % default_path)
     return bt.BootFiles(env_path, env, cfg_path, menu, default_path, gb.grub_default(texts))
@@ -268,7 +269,7 @@ def gate_module(module, node, kernel):
 
 def do_verify(module, p, running, osrelease):
     nv_path = os.path.join(p['proc_path'], 'driver/nvidia/version')
-    text = pk.read_text(nv_path)
+    text = _fsio.read_text(nv_path)
     nvidia = kn.parse_nvidia_version(text) if text is not None else None
     v = bt.verify(p['kernel'], p['driver_version'], running, osrelease, nvidia, nv_path)
     try:
@@ -312,7 +313,7 @@ def main():
         if p['installroot'] and not os.path.isdir(p['installroot']):
             raise bt.BootError('installroot %r is not a directory' % p['installroot'])
         osrelease = os.path.join(p['proc_path'], 'sys/kernel/osrelease')
-        text = pk.read_text(osrelease)
+        text = _fsio.read_text(osrelease)
         running = text.strip() if text else None
         if p['state'] == 'verify':
             do_verify(module, p, running, osrelease)
