@@ -11,8 +11,8 @@ Checks, each a named verdict with its evidence; all must pass:
 
 * ``ready``: the Node's Ready condition is True;
 * ``allocatable``: allocatable equals the expected count for every expected GPU resource
-  (``nvidia.com/gpu``, MIG resources ``nvidia.com/mig-<profile>``), and no other GPU resource is
-  advertised (a MIG strategy or layout change shows up here);
+  (those of ``_gpu_resources``: ``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, MIG resources
+  ``nvidia.com/mig-<profile>``), and no other GPU resource is advertised (a MIG strategy or layout change shows up here);
 * ``device_plugin``: a device plugin pod runs on the node and is Ready (it registered the
   resources: they are in capacity);
 * ``validator``: the GPU Operator validator pod on the node is Ready, when present (or required);
@@ -28,14 +28,15 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ['ALWAYS_ALLOWED_TAINTS', 'GPU_RESOURCE_PATTERNS', 'NodeGateError', 'evaluate', 'label_selector_matches',
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import is_gpu_resource
+
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'label_selector_matches',
            'parse_label_selector', 'pod_ready']
 
 DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
 DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
 # node.kubernetes.io/unschedulable is the cordon's taint: the gate runs while the node is cordoned.
 ALWAYS_ALLOWED_TAINTS = ('node.kubernetes.io/unschedulable',)
-GPU_RESOURCE_PATTERNS = (re.compile(r'^nvidia\.com/gpu(\.shared)?$'), re.compile(r'^nvidia\.com/mig-[0-9a-z.+-]+$'))
 
 _SEL_RE = re.compile(r'^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9._-]*))?\s*$')
 
@@ -92,10 +93,6 @@ def _quantity(value: Any) -> Optional[int]:
         return int(str(value).strip())
     except (TypeError, ValueError):
         return None
-
-
-def is_gpu_resource(name: str) -> bool:
-    return any(p.match(name) for p in GPU_RESOURCE_PATTERNS)
 
 
 def _pod_evidence(pod: Dict[str, Any]) -> Dict[str, Any]:
