@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.error import URLError
 from urllib.parse import urlencode
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _duration
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time as rfc3339_time
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
 
@@ -51,8 +52,6 @@ DCGM_ECC_DBE_VOL = 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL'
 DCGM_ROW_REMAP_FAILURE = 'DCGM_FI_DEV_ROW_REMAP_FAILURE'
 DCGM_GPU_TEMP = 'DCGM_FI_DEV_GPU_TEMP'
 
-_DURATION_PART = re.compile(r'(\d+(?:\.\d+)?)(ms|s|m|h|d|w)')
-_UNITS = {'ms': 0.001, 's': 1.0, 'm': 60.0, 'h': 3600.0, 'd': 86400.0, 'w': 604800.0}
 _LABEL_NAME = re.compile(r'^[a-zA-Z_][a-zA-Z0-9_]*$')
 
 
@@ -69,20 +68,11 @@ class PrometheusError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 def parse_duration(value: Any, field: str) -> float:
-    """'90s', '15m', '24h', '7d', '1h30m' -> seconds (> 0)."""
-    text = str(value).strip() if value is not None else ''
-    pos = 0
-    total = 0.0
-    for m in _DURATION_PART.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if not text or pos != len(text):
-        raise MetricGateError('%s: %r is not a duration (use e.g. 90s, 15m, 24h, 7d, 1h30m)' % (field, value))
-    if total <= 0:
-        raise MetricGateError('%s: %r must be greater than zero' % (field, value))
-    return total
+    """'90s', '15m', '24h', '7d', '1h30m' -> seconds (> 0): the grammar of _duration."""
+    try:
+        return _duration.parse_seconds(value, field)
+    except ValueError as exc:
+        raise MetricGateError(str(exc))
 
 
 def parse_time(value: Any, field: str) -> float:
