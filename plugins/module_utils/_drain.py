@@ -57,7 +57,6 @@ ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
 # by someone else since has another taint, and is not ours to lift).
 ANN_CORDON_TAINT = 'gpufleet.io/cordon-taint-added'
 UNSCHEDULABLE_TAINT = 'node.kubernetes.io/unschedulable'
-OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS, ANN_CORDON_TAINT)
 VMI_POLICIES = ('refuse', 'stop', 'evict')
 STATES = ('cordon', 'drain', 'uncordon', 'start_vms')
 # Progress recorded by the roles that uncordon keeps: `validated` (every gate passed) stays until
@@ -664,7 +663,7 @@ class Drainer:
         before, after, changed = self._update_node(name, lambda n: with_target(n, cordon_patch(n, state), target))
         # This run made the cordon: its later writes record the controller's taint for it.
         self._cordoned_here = not is_unschedulable(before) and is_unschedulable(after)
-        return {'changed': changed, 'before': node_view(before), 'after': node_view(after), 'node_after': after,
+        return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
                 'initially_unschedulable': initially_unschedulable(before), 'cordoned': not is_unschedulable(before)}
 
     def uncordon(self, name: str, uncordon_preexisting: bool = False) -> Dict[str, Any]:
@@ -730,7 +729,6 @@ class Drainer:
         res['changed'] = bool(res['started_vms']) or node_changed
         res['before'] = {'node': node_view(before), 'vms': vms_before}
         res['after'] = {'node': node_view(after), 'vms': vms_after}
-        res['after_node'] = after
         if errors:
             res['failed'] = True
             res['msg'] = ('starting %d VirtualMachine(s) of node %s failed; their record stays in %s: %s'
@@ -849,7 +847,7 @@ class Drainer:
         return False
 
     def _attempt(self, it: _Item) -> Tuple[str, str]:
-        """One step for one item: ('done'|'wait'|'retry'|'failed', reason)."""
+        """One step for one item (an eviction, or a VMI awaited): ('done'|'wait'|'retry'|'failed', reason)."""
         node_name = self._node
         try:
             if it.stage == 'evict':
@@ -859,8 +857,7 @@ class Drainer:
                 else:
                     self.client.evict(it.obj, self.opts.grace_period)
                 return 'wait', ''
-            if it.kind == 'Pod':
-                return ('done', '') if self.client.pod_gone(it.obj) else ('wait', 'terminating')
+            # Pods awaited for their deletion are checked together in _round, never here.
             return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')
         except NotFoundError:
             return 'done', ''
