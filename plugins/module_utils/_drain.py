@@ -39,6 +39,7 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,31 +78,27 @@ class DrainError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Options
 # ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
 class WaitForJobs:
-    def __init__(self, selector: str, timeout: float) -> None:
-        self.selector = selector
-        self.timeout = timeout
+    selector: str
+    timeout: float
 
 
+@dataclasses.dataclass(frozen=True)
 class DrainOptions:
-    def __init__(self, timeout: float = 300, grace_period: Optional[int] = None, pod_selector: Optional[str] = None,
-                 ignore_daemonsets: bool = True, delete_local_data: bool = False, force: bool = False,
-                 disable_eviction: bool = False, wait_for_jobs: Optional[WaitForJobs] = None,
-                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 2.5,
-                 poll_interval: float = 1.0, record_target: Optional[str] = None) -> None:
-        self.timeout = timeout
-        self.grace_period = grace_period
-        self.pod_selector = pod_selector
-        self.ignore_daemonsets = ignore_daemonsets
-        self.delete_local_data = delete_local_data
-        self.force = force
-        self.disable_eviction = disable_eviction
-        self.wait_for_jobs = wait_for_jobs
-        self.vmi_policy = vmi_policy
-        self.parallel = parallel
-        self.retry_interval = retry_interval
-        self.poll_interval = poll_interval
-        self.record_target = record_target
+    timeout: float = 300
+    grace_period: Optional[int] = None
+    pod_selector: Optional[str] = None
+    ignore_daemonsets: bool = True
+    delete_local_data: bool = False
+    force: bool = False
+    disable_eviction: bool = False
+    wait_for_jobs: Optional[WaitForJobs] = None
+    vmi_policy: str = 'refuse'
+    parallel: int = 10
+    retry_interval: float = 2.5
+    poll_interval: float = 1.0
+    record_target: Optional[str] = None
 
 
 def options_from_params(params: Dict[str, Any]) -> DrainOptions:

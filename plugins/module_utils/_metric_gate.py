@@ -25,6 +25,7 @@ telemetry must not look quiet. The verdict is conjunctive: one failed critical q
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -114,12 +115,10 @@ def _number(value: Any, field: str, minimum: Optional[float] = None) -> float:
     return num
 
 
+@dataclasses.dataclass(frozen=True)
 class Window:
-    __slots__ = ('start', 'end')
-
-    def __init__(self, start: float, end: float) -> None:
-        self.start = start
-        self.end = end
+    start: float
+    end: float
 
     @property
     def length(self) -> float:
@@ -157,25 +156,25 @@ def resolve_step(step: Any, window: Window) -> float:
     return seconds
 
 
+@dataclasses.dataclass(frozen=True)
 class QuerySpec:
     """One declared query, validated."""
 
-    def __init__(self, **kw: Any) -> None:
-        self.name = kw['name']  # type: str
-        self.expr = kw['expr']  # type: str
-        self.compare = kw['compare']  # type: str
-        self.reference_expr = kw.get('reference_expr')  # type: Optional[str]
-        self.reference_window = kw.get('reference_window')  # type: Optional[Window]
-        self.limit = kw.get('limit')  # type: Optional[float]
-        self.tol_abs = kw.get('tol_abs', 0.0)  # type: float
-        self.tol_rel = kw.get('tol_rel', 0.0)  # type: float
-        self.direction = kw.get('direction', 'higher_is_worse')  # type: str
-        self.reduce = kw.get('reduce', 'mean')  # type: str
-        self.min_samples = kw.get('min_samples', 1)  # type: int
-        self.count_expr = kw.get('count_expr')  # type: Optional[str]
-        self.min_count = kw.get('min_count')  # type: Optional[float]
-        self.critical = kw.get('critical', True)  # type: bool
-        self.preset = kw.get('preset')  # type: Optional[str]
+    name: str
+    expr: str
+    compare: str
+    reference_expr: Optional[str] = None
+    reference_window: Optional[Window] = None
+    limit: Optional[float] = None
+    tol_abs: float = 0.0
+    tol_rel: float = 0.0
+    direction: str = 'higher_is_worse'
+    reduce: str = 'mean'
+    min_samples: int = 1
+    count_expr: Optional[str] = None
+    min_count: Optional[float] = None
+    critical: bool = True
+    preset: Optional[str] = None
 
     def allowed(self, reference: float) -> float:
         """The written tolerance: the larger of `abs` and `rel` x |reference|."""

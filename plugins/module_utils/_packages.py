@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 
@@ -139,37 +139,53 @@ class PackageSet:
         return self.required + tuple(n for n in self.optional if n not in self.required)
 
 
-# backend, required templates, optional templates; {b} is the branch (e.g. 580).
-PRESETS: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
+class Preset(NamedTuple):
+    """A named driver package set: its backend and the templates of its members ({b} is the
+    branch, e.g. 580); from branch `unbranched_from` on, the repository names them `unbranched`."""
+    backend: str
+    required: Tuple[str, ...]
+    optional: Tuple[str, ...] = ()
+    unbranched_from: Optional[int] = None
+    unbranched: Optional[PackageSet] = None
+
+    def packages(self, branch: str) -> PackageSet:
+        if self.unbranched is not None and self.unbranched_from is not None and int(branch) >= self.unbranched_from:
+            return self.unbranched
+        return PackageSet(tuple(t.format(b=branch) for t in self.required),
+                          tuple(t.format(b=branch) for t in self.optional))
+
+
+PRESETS: Dict[str, Preset] = {
     # Canonical archive, server (LTSB/PB) flavour.
-    'ubuntu-server': ('apt', (
+    'ubuntu-server': Preset('apt', (
         'nvidia-driver-{b}-server', 'libnvidia-compute-{b}-server', 'nvidia-kernel-common-{b}-server',
         'nvidia-dkms-{b}-server', 'nvidia-utils-{b}-server', 'nvidia-compute-utils-{b}-server'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
     # Canonical archive, server flavour with Canonical's signed prebuilt kernel modules
     # (linux-modules-nvidia-{b}-server-<kernel>, one per kernel ABI, installed with the kernel by
     # kernel_packages): the user space without DKMS.
-    'ubuntu-server-prebuilt': ('apt', (
+    'ubuntu-server-prebuilt': Preset('apt', (
         'nvidia-headless-no-dkms-{b}-server', 'libnvidia-compute-{b}-server', 'nvidia-kernel-common-{b}-server',
         'nvidia-utils-{b}-server', 'nvidia-compute-utils-{b}-server'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
     # Canonical archive, desktop flavour.
-    'ubuntu': ('apt', (
+    'ubuntu': Preset('apt', (
         'nvidia-driver-{b}', 'libnvidia-compute-{b}', 'nvidia-kernel-common-{b}', 'nvidia-dkms-{b}',
         'nvidia-utils-{b}', 'nvidia-compute-utils-{b}'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
-    # NVIDIA CUDA repository for Debian/Ubuntu, branches up to 580 (branch in the names).
-    'cuda-repo': ('apt', ('libnvidia-compute-{b}', 'nvidia-dkms-{b}-open'), (
+    # NVIDIA CUDA repository for Debian/Ubuntu (branch in the names up to 580; from branch 590
+    # NVIDIA's Debian/Ubuntu repository drops the branch from the names).
+    'cuda-repo': Preset('apt', ('libnvidia-compute-{b}', 'nvidia-dkms-{b}-open'), (
         'cuda-drivers-{b}', 'nvidia-driver-{b}-open', 'nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}',
-        'cuda-drivers-fabricmanager-{b}')),
+        'cuda-drivers-fabricmanager-{b}'),
+        unbranched_from=590,
+        unbranched=PackageSet(('libnvidia-compute', 'nvidia-dkms-open'),
+                              ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager', 'libnvidia-nscq'))),
     # NVIDIA CUDA repository for RHEL/Rocky/Fedora (dnf).
-    'rhel-dnf': ('dnf', ('nvidia-driver', 'nvidia-driver-libs', 'nvidia-driver-cuda', 'nvidia-driver-cuda-libs'), (
+    'rhel-dnf': Preset('dnf', ('nvidia-driver', 'nvidia-driver-libs', 'nvidia-driver-cuda', 'nvidia-driver-cuda-libs'), (
         'kmod-nvidia-open-dkms', 'kmod-nvidia-latest-dkms', 'nvidia-persistenced', 'nvidia-fabric-manager',
         'libnvidia-nscq')),
 }
-# From branch 590 NVIDIA's Debian/Ubuntu repository drops the branch from the names.
-_CUDA_REPO_590 = (('libnvidia-compute', 'nvidia-dkms-open'),
-                  ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager', 'libnvidia-nscq'))
 
 
 def check_branch(branch: str) -> str:
@@ -183,19 +199,19 @@ def check_version_in_branch(version: str, branch: Optional[str]) -> None:
         raise PackageError('version %r is not in driver branch %r' % (version, branch))
 
 
-def preset_backend(preset: str) -> str:
+def _preset(preset: str) -> Preset:
     if preset not in PRESETS:
         raise PackageError('unknown preset %r; known presets: %s' % (preset, ', '.join(sorted(PRESETS))))
-    return PRESETS[preset][0]
+    return PRESETS[preset]
+
+
+def preset_backend(preset: str) -> str:
+    return _preset(preset).backend
 
 
 def preset_packages(preset: str, branch: str) -> PackageSet:
-    preset_backend(preset)
-    b = check_branch(branch)
-    req, opt = PRESETS[preset][1], PRESETS[preset][2]
-    if preset == 'cuda-repo' and int(b) >= 590:
-        req, opt = _CUDA_REPO_590
-    return PackageSet(tuple(t.format(b=b) for t in req), tuple(t.format(b=b) for t in opt))
+    record = _preset(preset)
+    return record.packages(check_branch(branch))
 
 
 # --------------------------------------------------------------------------------------------
