@@ -186,18 +186,11 @@ commands:
 """
 
 import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
-
-
-def make_runner(module, installroot):
-    def run(argv, env):
-        rc, out, err = module.run_command(argv, environ_update=env)
-        return rc, out, err
-    return pk.Runner(run, installroot)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
 
 
 def build(module):
@@ -225,7 +218,7 @@ def build(module):
         pk.check_version_in_branch(p['version'], p['branch'])
     if backend == 'auto':
         backend = pk.detect_backend()
-    runner = make_runner(module, p['installroot'])
+    runner = module_runner(module, p['installroot'])
     if backend == 'apt':
         return pk.AptBackend(runner), pkgs
     mode = None if p['dnf_lock'] == 'auto' else p['dnf_lock']
@@ -251,9 +244,9 @@ def main():
         required_if=[('state', 'pinned', ['version'])],
         supports_check_mode=True,
     )
-    backend = None
-    try:
-        backend, pkgs = build(module)
+    with HostTask(module, 'driver_pin', (pk.PackageError,), report_commands=True) as task:
+        task.backend, pkgs = build(module)
+        backend = task.backend
         if module.params['update_cache'] and not module.check_mode:
             backend.update_cache()
         plan = pk.plan_pin(backend, pkgs, module.params['version'], module.params['state'], module.params['install'])
@@ -267,13 +260,6 @@ def main():
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)
-    except pk.PackageError as e:
-        module.fail_json(msg=str(e), commands=backend.runner.commands if backend else [])
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='driver_pin: %s' % e)
-    finally:
-        if backend is not None:
-            backend.close()
 
 
 if __name__ == '__main__':

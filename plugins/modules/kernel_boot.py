@@ -181,7 +181,6 @@ commands:
 """
 
 import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -190,6 +189,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _boot as b
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
 
 
 def _under(root, rel):
@@ -235,9 +235,7 @@ def read_files(p):
 
 
 def make_node(module):
-    def run(argv, env):
-        return module.run_command(argv, environ_update=env)
-    return kn.AptKernel(pk.AptBackend(pk.Runner(run, module.params['installroot'])))
+    return kn.AptKernel(pk.AptBackend(module_runner(module, module.params['installroot'])))
 
 
 def installed_kernels(module, node):
@@ -305,8 +303,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    node = None
-    try:
+    with HostTask(module, 'kernel_boot', (bt.BootError, gb.GrubError, kn.KernelError, pk.PackageError)) as task:
         bt.check_release(p['kernel'])
         if p['fallback_kernel']:
             bt.check_release(p['fallback_kernel'], 'fallback_kernel')
@@ -318,6 +315,7 @@ def main():
         if p['state'] == 'verify':
             do_verify(module, p, running, osrelease)
         node = make_node(module)
+        task.backend = node.backend
         bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/')
         files = read_files(p)
         gate_module(module, node, p['kernel'])
@@ -344,13 +342,6 @@ def main():
             result['diff'] = {'before_header': files.grubenv_path, 'after_header': files.grubenv_path,
                               'before': gb.env_text(plan.before), 'after': gb.env_text(plan.after)}
         module.exit_json(**result)
-    except (bt.BootError, gb.GrubError, kn.KernelError, pk.PackageError) as e:
-        module.fail_json(msg=str(e))
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='kernel_boot: %s' % e)
-    finally:
-        if node is not None:
-            node.backend.close()
 
 
 if __name__ == '__main__':
