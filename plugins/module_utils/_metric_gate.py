@@ -38,7 +38,7 @@ from urllib.parse import urlencode
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _duration
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time as rfc3339_time
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls, text_field
 
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
@@ -197,14 +197,7 @@ def with_window(expr: str, window: Window) -> str:
 
 
 def _str_field(raw: Dict[str, Any], key: str, where: str, required: bool = True) -> Optional[str]:
-    value = raw.get(key)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if required:
-            raise MetricGateError('%s.%s is required' % (where, key))
-        return None
-    if not isinstance(value, str):
-        raise MetricGateError('%s.%s: %r is not a string' % (where, key, value))
-    return value.strip()
+    return text_field(raw, key, where, required, MetricGateError)
 
 
 def parse_query(raw: Any, index: int, window: Window, default_min_samples: int) -> QuerySpec:

@@ -88,6 +88,17 @@ def pod_ready(pod: Dict[str, Any]) -> bool:
     return (pod.get('status') or {}).get('phase') == 'Running' and bool(cond) and cond.get('status') == 'True'
 
 
+def _selected(pods: Sequence[Dict[str, Any]], selector: Sequence[Tuple[str, str, Optional[str]]]) -> List[Dict[str, Any]]:
+    return [p for p in pods if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, selector)]
+
+
+def _not_ready(pods: Sequence[Dict[str, Any]], what: str) -> List[str]:
+    """One problem per pod that is not Ready, naming `what` it is."""
+    return ['%s pod %s/%s is not Ready (phase %s)' % (
+        what, (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
+        (p.get('status') or {}).get('phase')) for p in pods if not pod_ready(p)]
+
+
 def _quantity(value: Any) -> Optional[int]:
     try:
         return int(str(value).strip())
@@ -181,15 +192,9 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
     on_node = [p for p in pods if (p.get('spec') or {}).get('nodeName') == node_name]
 
     # device plugin
-    dps = [p for p in on_node if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, dp_sel)]
-    probs = []
-    if not dps:
-        probs.append('no device plugin pod (%s) on node %s' % (device_plugin_selector, node_name))
-    for p in dps:
-        if not pod_ready(p):
-            probs.append('device plugin pod %s/%s is not Ready (phase %s)' % (
-                (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
-                (p.get('status') or {}).get('phase')))
+    dps = _selected(on_node, dp_sel)
+    probs = [] if dps else ['no device plugin pod (%s) on node %s' % (device_plugin_selector, node_name)]
+    probs += _not_ready(dps, 'device plugin')
     registered = sorted(r for r in expected if r in cap)
     checks['device_plugin'] = {'passed': not probs, 'problems': probs,
                                'evidence': {'selector': device_plugin_selector,
@@ -198,15 +203,10 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
 
     # validator
     if val_sel is not None:
-        vals = [p for p in on_node if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, val_sel)]
-        probs = []
-        if not vals and validator_required:
-            probs.append('no GPU Operator validator pod (%s) on node %s' % (validator_selector, node_name))
-        for p in vals:
-            if not pod_ready(p):
-                probs.append('GPU Operator validator pod %s/%s is not Ready (phase %s)' % (
-                    (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
-                    (p.get('status') or {}).get('phase')))
+        vals = _selected(on_node, val_sel)
+        probs = ([] if vals or not validator_required
+                 else ['no GPU Operator validator pod (%s) on node %s' % (validator_selector, node_name)])
+        probs += _not_ready(vals, 'GPU Operator validator')
         checks['validator'] = {'passed': not probs, 'problems': probs,
                                'evidence': {'selector': validator_selector, 'present': bool(vals),
                                             'required': validator_required,
