@@ -28,16 +28,11 @@ description:
   - If the package transaction fails, the pin file and holds are put back as they were.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - The pin file, the set of held packages and, with O(install=true), the installed versions.
-  idempotent:
-    support: full
-    description: Running the module twice with the same input gives the same result.
 options:
   packages:
     description:

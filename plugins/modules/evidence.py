@@ -26,13 +26,9 @@ description:
     controller do not lose each other's entries.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
   idempotent:
-    support: full
     description: Adding the same entries again changes nothing.
 options:
   path:

@@ -33,16 +33,11 @@ description:
     the installed packages.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - The GRUB environment variables before and after.
-  idempotent:
-    support: full
-    description: Running the module twice with the same input gives the same result.
 options:
   kernel:
     description:

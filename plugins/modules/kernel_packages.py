@@ -34,17 +34,12 @@ description:
   - Does not change what boots; see M(gpufleet.upgrade.kernel_boot).
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
   - gpufleet.upgrade.kernel
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - Both pin files, the held packages, the protection record and the installed versions.
-  idempotent:
-    support: full
-    description: Running the module twice with the same input gives the same result.
 options:
   state:
     description:

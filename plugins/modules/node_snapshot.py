@@ -33,15 +33,12 @@ description:
     runs on the node.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - Captured, the snapshot file; restored, the pin file, holds, installed versions and boot and modprobe files.
   idempotent:
-    support: full
     description: >-
       Capturing again keeps an existing snapshot unless O(force=true); restoring again changes nothing.
 options:

@@ -29,13 +29,9 @@ description:
     C(canary.completedAt) is the latest finish time of a canary gate.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
   idempotent:
-    support: full
     description: The same bundle and revision give the same record, byte for byte.
 options:
   evidence:
