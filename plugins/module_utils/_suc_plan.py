@@ -123,6 +123,18 @@ def _drain_spec(drain: Dict[str, Any]) -> Dict[str, Any]:
     return spec
 
 
+def _optional_version(value: Optional[str], field: str, problems: List[str]) -> Optional[Rke2Version]:
+    """The RKE2 version `value` of `field`, or None when it is not given; a malformed one adds its
+    problems to `problems` (and gives None)."""
+    if value is None:
+        return None
+    try:
+        return parse_rke2_version(value, field)
+    except SucPlanError as exc:
+        problems.extend(exc.problems)
+        return None
+
+
 def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Optional[str] = None,
                  control_plane_rke2: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
                  service_account: str = DEFAULT_SERVICE_ACCOUNT, image: str = DEFAULT_IMAGE,
@@ -142,18 +154,8 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     notes: List[str] = []
 
     target = parse_rke2_version(target_rke2, 'target_rke2')
-    default_current: Optional[Rke2Version] = None
-    if current_rke2 is not None:
-        try:
-            default_current = parse_rke2_version(current_rke2, 'current_rke2')
-        except SucPlanError as exc:
-            problems.extend(exc.problems)
-    control_plane: Optional[Rke2Version] = None
-    if control_plane_rke2 is not None:
-        try:
-            control_plane = parse_rke2_version(control_plane_rke2, 'control_plane_rke2')
-        except SucPlanError as exc:
-            problems.extend(exc.problems)
+    default_current = _optional_version(current_rke2, 'current_rke2', problems)
+    control_plane = _optional_version(control_plane_rke2, 'control_plane_rke2', problems)
 
     for fname, value in (('namespace', namespace), ('name_prefix', name_prefix)):
         if not isinstance(value, str) or not _DNS_LABEL_RE.match(value) or len(value) > 40:
