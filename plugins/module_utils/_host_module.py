@@ -56,7 +56,6 @@ class HostTask:
         return False
 
 
-
 def module_runner(module: Any, installroot: Optional[str] = None) -> pk.Runner:
     """A package Runner whose commands go through the module's run_command (under `installroot`)."""
     def run(argv: Any, env: Any) -> Tuple[int, str, str]:

@@ -224,8 +224,6 @@ def parse_lines(lines: Iterable[str], since: Optional[_dt.datetime] = None, now:
     return events
 
 
-
-
 def parse_since(value: Any, now: Optional[_dt.datetime] = None,
                 boot_time: Optional[_dt.datetime] = None) -> Optional[_dt.datetime]:
     """`xid_since`: `boot`, an RFC 3339 / ISO 8601 time, `@<epoch seconds>`, or a duration back

@@ -114,9 +114,9 @@ def test_presets_are_named_records():
     cuda = pk.PRESETS['cuda-repo']
     assert cuda.unbranched_from == 590
     assert cuda.packages('589').optional[0] == 'cuda-drivers-589'
-    assert cuda.packages('600') == pk.PackageSet(('libnvidia-compute', 'nvidia-dkms-open'),
-                                                  ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager',
-                                                   'libnvidia-nscq'))
+    unbranched = pk.PackageSet(('libnvidia-compute', 'nvidia-dkms-open'),
+                               ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager', 'libnvidia-nscq'))
+    assert cuda.packages('600') == unbranched
     assert pk.PRESETS['rhel-dnf'].packages('580').required[0] == 'nvidia-driver'
 
 
