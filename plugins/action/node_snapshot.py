@@ -12,31 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fsio import read_text, write_text
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._snapshot import (
     SnapshotError, dump_document, kept_snapshot_problem, verify_document)
 
 MODULE = 'gpufleet.upgrade.node_snapshot'
-
-
-def _write(path: str, text: str) -> None:
-    d = os.path.dirname(path) or '.'
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.snapshot-', dir=d)
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class ActionModule(ActionBase):
@@ -71,10 +56,7 @@ class ActionModule(ActionBase):
             return result
 
     def _capture(self, result, args, path, task_vars):
-        existing = None
-        if os.path.exists(path):
-            with open(path, 'r', encoding='utf-8') as f:
-                existing = f.read()
+        existing = read_text(path)
         force = self._task.args.get('force', False)
         if isinstance(force, str):
             force = force.lower() in ('yes', 'true', '1', 'on')
@@ -98,7 +80,7 @@ class ActionModule(ActionBase):
         text = dump_document(mod['document'])
         changed = text != existing
         if changed and not self._play_context.check_mode:
-            _write(path, text)
+            write_text(path, text, 0o600, prefix='.snapshot-')
         result.update(changed=changed, path=path, sha256=mod['sha256'], snapshot=mod['snapshot'],
                       document=mod['document'])
         if self._play_context.diff:

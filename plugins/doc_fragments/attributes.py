@@ -34,3 +34,17 @@ attributes:
     support: full
     description: Running the module twice with the same input gives the same result.
 """
+
+    # Modules that change the node or a file: check mode and diff mode in full, idempotent. A
+    # module adds its own diff_mode details and may say how it is idempotent.
+    MUTATING = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  idempotent:
+    support: full
+    description: Running the module twice with the same input gives the same result.
+"""

@@ -28,6 +28,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _cuda_data as D
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
 
 __all__ = ['CudaCompatError', 'GPU_CLASSES', 'check', 'check_application', 'driver_cuda_version',
            'minimum_drivers', 'parse_driver', 'parse_toolkit']
@@ -116,11 +117,7 @@ def _backward_floor(t: Tuple[int, int, int]) -> Tuple[Optional[Tuple[int, ...]],
 def check_application(app: Any, driver: Any, gpu_class: str = 'other', index: int = 0) -> Dict[str, Any]:
     """One application's verdict against the driver."""
     where = 'applications[%d]' % index
-    if not isinstance(app, dict):
-        raise CudaCompatError('%s: expected a dict with name, toolkit and ptx_jit, got %r' % (where, app))
-    name = app.get('name')
-    if not isinstance(name, str) or not name:
-        raise CudaCompatError('%s.name: %r is not a non-empty string' % (where, name))
+    name = named_entry(app, where, CudaCompatError, 'a dict with name, toolkit and ptx_jit')
     where = '%s (%s)' % (where, name)
     unknown = set(app) - {'name', 'toolkit', 'ptx_jit', 'forward_compat'}
     if unknown:

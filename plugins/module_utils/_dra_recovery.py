@@ -31,7 +31,6 @@ from typing import Any, Dict, List, Optional
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import format_time, parse_time
 
 DEFAULT_MIN_UNREADY_SECONDS = 600
-CONDITIONS = ('node_ready', 'dra_inventory_empty', 'daemonset_degraded', 'stale_driver_pod')
 
 
 class RecoveryInputError(ValueError):

@@ -39,11 +39,13 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._poll import poll
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
 # ANN_CORDON_TAINT: the timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle
@@ -52,7 +54,6 @@ from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequ
 from ._node_record import ANN_CORDON_TAINT, ANN_INITIAL, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET
 
 UNSCHEDULABLE_TAINT = 'node.kubernetes.io/unschedulable'
-OUR_ANNOTATIONS = (ANN_INITIAL, ANN_STATE, ANN_STOPPED_VMS, ANN_CORDON_TAINT)
 VMI_POLICIES = ('refuse', 'stop', 'evict')
 STATES = ('cordon', 'drain', 'uncordon', 'start_vms')
 # Progress recorded by the roles that uncordon keeps: `validated` (every gate passed) stays until
@@ -73,31 +74,27 @@ class DrainError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Options
 # ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
 class WaitForJobs:
-    def __init__(self, selector: str, timeout: float) -> None:
-        self.selector = selector
-        self.timeout = timeout
+    selector: str
+    timeout: float
 
 
+@dataclasses.dataclass(frozen=True)
 class DrainOptions:
-    def __init__(self, timeout: float = 300, grace_period: Optional[int] = None, pod_selector: Optional[str] = None,
-                 ignore_daemonsets: bool = True, delete_local_data: bool = False, force: bool = False,
-                 disable_eviction: bool = False, wait_for_jobs: Optional[WaitForJobs] = None,
-                 vmi_policy: str = 'refuse', parallel: int = 10, retry_interval: float = 2.5,
-                 poll_interval: float = 1.0, record_target: Optional[str] = None) -> None:
-        self.timeout = timeout
-        self.grace_period = grace_period
-        self.pod_selector = pod_selector
-        self.ignore_daemonsets = ignore_daemonsets
-        self.delete_local_data = delete_local_data
-        self.force = force
-        self.disable_eviction = disable_eviction
-        self.wait_for_jobs = wait_for_jobs
-        self.vmi_policy = vmi_policy
-        self.parallel = parallel
-        self.retry_interval = retry_interval
-        self.poll_interval = poll_interval
-        self.record_target = record_target
+    timeout: float = 300
+    grace_period: Optional[int] = None
+    pod_selector: Optional[str] = None
+    ignore_daemonsets: bool = True
+    delete_local_data: bool = False
+    force: bool = False
+    disable_eviction: bool = False
+    wait_for_jobs: Optional[WaitForJobs] = None
+    vmi_policy: str = 'refuse'
+    parallel: int = 10
+    retry_interval: float = 2.5
+    poll_interval: float = 1.0
+    record_target: Optional[str] = None
 
 
 def options_from_params(params: Dict[str, Any]) -> DrainOptions:
@@ -659,7 +656,7 @@ class Drainer:
         before, after, changed = self._update_node(name, lambda n: with_target(n, cordon_patch(n, state), target))
         # This run made the cordon: its later writes record the controller's taint for it.
         self._cordoned_here = not is_unschedulable(before) and is_unschedulable(after)
-        return {'changed': changed, 'before': node_view(before), 'after': node_view(after), 'node_after': after,
+        return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
                 'initially_unschedulable': initially_unschedulable(before), 'cordoned': not is_unschedulable(before)}
 
     def uncordon(self, name: str, uncordon_preexisting: bool = False) -> Dict[str, Any]:
@@ -725,7 +722,6 @@ class Drainer:
         res['changed'] = bool(res['started_vms']) or node_changed
         res['before'] = {'node': node_view(before), 'vms': vms_before}
         res['after'] = {'node': node_view(after), 'vms': vms_after}
-        res['after_node'] = after
         if errors:
             res['failed'] = True
             res['msg'] = ('starting %d VirtualMachine(s) of node %s failed; their record stays in %s: %s'
@@ -829,24 +825,22 @@ class Drainer:
         wfj = self.opts.wait_for_jobs
         if wfj is None:
             return True
-        deadline = self.clock() + wfj.timeout
-        while True:
-            running = [p for p in self.client.list_pods(name, wfj.selector)
-                       if (p.get('status') or {}).get('phase') not in FINISHED]
-            if not running:
-                return True
-            if self.clock() >= deadline:
-                res['failed'] = True
-                res['waiting_for_jobs'] = [ref(p) for p in running]
-                res['msg'] = ('wait_for_jobs: %d pod(s) matching %r on node %s did not finish within %gs; nothing was '
-                              'evicted, the node stays cordoned: %s' % (
-                                  len(running), wfj.selector, name, wfj.timeout,
-                                  ', '.join('%s/%s' % (r['namespace'], r['name']) for r in res['waiting_for_jobs'])))
-                return False
-            self.sleep(max(0.0, min(self.opts.retry_interval, deadline - self.clock())))
+        polled = poll(lambda: [p for p in self.client.list_pods(name, wfj.selector)
+                               if (p.get('status') or {}).get('phase') not in FINISHED],
+                      wfj.timeout, self.opts.retry_interval, self.clock, self.sleep, done=lambda running: not running)
+        if polled.done:
+            return True
+        running = polled.value
+        res['failed'] = True
+        res['waiting_for_jobs'] = [ref(p) for p in running]
+        res['msg'] = ('wait_for_jobs: %d pod(s) matching %r on node %s did not finish within %gs; nothing was '
+                      'evicted, the node stays cordoned: %s' % (
+                          len(running), wfj.selector, name, wfj.timeout,
+                          ', '.join('%s/%s' % (r['namespace'], r['name']) for r in res['waiting_for_jobs'])))
+        return False
 
     def _attempt(self, it: _Item) -> Tuple[str, str]:
-        """One step for one item: ('done'|'wait'|'retry'|'failed', reason)."""
+        """One step for one item (an eviction, or a VMI awaited): ('done'|'wait'|'retry'|'failed', reason)."""
         node_name = self._node
         try:
             if it.stage == 'evict':
@@ -856,8 +850,7 @@ class Drainer:
                 else:
                     self.client.evict(it.obj, self.opts.grace_period)
                 return 'wait', ''
-            if it.kind == 'Pod':
-                return ('done', '') if self.client.pod_gone(it.obj) else ('wait', 'terminating')
+            # Pods awaited for their deletion are checked together in _round, never here.
             return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')
         except NotFoundError:
             return 'done', ''
@@ -891,45 +884,44 @@ class Drainer:
         opts = self.opts
         deadline = self.clock() + opts.timeout
         with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool, self.client.bounded(deadline):
-            while True:
-                now = self.clock()
-                due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
-                pod_waits = [it for it in due if it.stage == 'wait' and it.kind == 'Pod']
-                others = [it for it in due if not (it.stage == 'wait' and it.kind == 'Pod')]
-                outcomes: List[Tuple[_Item, Tuple[str, str]]] = list(zip(others, pool.map(self._attempt, others)))
-                if pod_waits:
-                    try:
-                        present = self.client.pod_uids(name, opts.pod_selector)
-                        outcomes += [(it, ('wait', 'evicted, still terminating')
-                                      if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
-                                     for it in pod_waits]
-                    except K8sError as exc:
-                        outcomes += [(it, ('wait', it.last_reason if exc.reason == 'deadline'
-                                           else 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
-                now = self.clock()
-                for it, (outcome, reason) in outcomes:
-                    if outcome == 'done':
-                        it.stage = 'done'
-                    elif outcome == 'failed':
-                        it.stage = 'failed'
-                        it.last_reason = reason
-                    elif outcome == 'retry':
-                        it.last_reason = reason
-                        it.next_at = now + opts.retry_interval
-                    elif it.stage == 'evict':   # accepted: check for the deletion at once, then every poll
-                        it.stage = 'wait'
-                        it.next_at = now
-                        it.last_reason = 'evicted, still terminating'
-                    else:   # still there: check again soon, backing off to poll_interval
-                        it.last_reason = reason or it.last_reason
-                        it.polls += 1
-                        it.next_at = now + min(opts.poll_interval, 0.1 * (2 ** it.polls))
-                active = [it for it in items if it.stage in ('evict', 'wait')]
-                if not active:
-                    return
-                now = self.clock()
-                if now >= deadline:
-                    return
-                nxt = min(it.next_at for it in active)
-                if nxt > now:
-                    self.sleep(min(nxt, deadline) - now)
+            # Until nothing is active or the deadline; each pause lasts until the next item is due.
+            poll(lambda: self._round(name, items, pool), opts.timeout,
+                 lambda: min(it.next_at for it in items if it.stage in ('evict', 'wait')) - self.clock(),
+                 self.clock, self.sleep, done=lambda active: not active)
+
+    def _round(self, name: str, items: List[_Item], pool: ThreadPoolExecutor) -> List[_Item]:
+        """One round of `_run` over the items that are due; returns the items still active."""
+        opts = self.opts
+        now = self.clock()
+        due = [it for it in items if it.stage in ('evict', 'wait') and it.next_at <= now]
+        pod_waits = [it for it in due if it.stage == 'wait' and it.kind == 'Pod']
+        others = [it for it in due if not (it.stage == 'wait' and it.kind == 'Pod')]
+        outcomes: List[Tuple[_Item, Tuple[str, str]]] = list(zip(others, pool.map(self._attempt, others)))
+        if pod_waits:
+            try:
+                present = self.client.pod_uids(name, opts.pod_selector)
+                outcomes += [(it, ('wait', 'evicted, still terminating')
+                              if (it.obj.get('metadata') or {}).get('uid') in present else ('done', ''))
+                             for it in pod_waits]
+            except K8sError as exc:
+                outcomes += [(it, ('wait', it.last_reason if exc.reason == 'deadline'
+                                   else 'cannot check the deletion: %s' % exc.msg)) for it in pod_waits]
+        now = self.clock()
+        for it, (outcome, reason) in outcomes:
+            if outcome == 'done':
+                it.stage = 'done'
+            elif outcome == 'failed':
+                it.stage = 'failed'
+                it.last_reason = reason
+            elif outcome == 'retry':
+                it.last_reason = reason
+                it.next_at = now + opts.retry_interval
+            elif it.stage == 'evict':   # accepted: check for the deletion at once, then every poll
+                it.stage = 'wait'
+                it.next_at = now
+                it.last_reason = 'evicted, still terminating'
+            else:   # still there: check again soon, backing off to poll_interval
+                it.last_reason = reason or it.last_reason
+                it.polls += 1
+                it.next_at = now + min(opts.poll_interval, 0.1 * (2 ** it.polls))
+        return [it for it in items if it.stage in ('evict', 'wait')]

@@ -35,6 +35,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import text_field
 
 SCHEMA = 'gpufleet.upgrade/evidence/v1'
 TUPLE_KEYS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
@@ -144,14 +145,7 @@ def _tuple(value: Any, field: str) -> Optional[Dict[str, str]]:
 
 
 def _str(entry: Dict[str, Any], key: str, field: str, required: bool = False) -> Optional[str]:
-    v = entry.get(key)
-    if v is None or (isinstance(v, str) and not v.strip()):
-        if required:
-            raise EvidenceError('%s.%s is required' % (field, key))
-        return None
-    if isinstance(v, bool) or not isinstance(v, (str, int)):
-        raise EvidenceError('%s.%s: %r is not a string' % (field, key, v))
-    return str(v).strip()
+    return text_field(entry, key, field, required, EvidenceError, numbers=True)
 
 
 def _bool(entry: Dict[str, Any], key: str, field: str, default: Optional[bool]) -> Optional[bool]:

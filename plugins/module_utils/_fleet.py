@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-GPU_RESOURCE_PREFIXES = ('nvidia.com/gpu', 'nvidia.com/mig-')
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import GPU
 _TAG_RE = re.compile(r':(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127})$')
 
 
@@ -33,7 +33,7 @@ def _int(value: Any) -> int:
 def gpu_capacity(node: Dict[str, Any]) -> int:
     """Whole GPUs the node offers: allocatable `nvidia.com/gpu`, else its GPU count label."""
     alloc = (node.get('status') or {}).get('allocatable') or {}
-    count = _int(alloc.get('nvidia.com/gpu'))
+    count = _int(alloc.get(GPU))
     if count:
         return count
     labels = (node.get('metadata') or {}).get('labels') or {}

@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 __all__ = ['BackendError', 'CommandResult', 'Runner', 'ModuleRunner', 'NullRunner', 'HostError',
            'read_proc_modules', 'nvidia_modules', 'boot_time', 'installed_driver_packages',
-           'read_kernel_log', 'NVIDIA_MODULE_NAMES', 'PACKAGE_PATTERNS']
+           'read_kernel_log', 'empty_gpu', 'NVIDIA_MODULE_NAMES', 'PACKAGE_PATTERNS']
 
 # Kernel modules that belong to the NVIDIA driver stack (names as /proc/modules spells them).
 NVIDIA_MODULE_NAMES = ('nvidia', 'nvidia_modeset', 'nvidia_uvm', 'nvidia_drm', 'nvidia_peermem',
@@ -29,6 +29,18 @@ NVIDIA_MODULE_NAMES = ('nvidia', 'nvidia_modeset', 'nvidia_uvm', 'nvidia_drm', '
 # and CUDA-repository driver, utils, compute and precompiled-module packages, Fabric Manager,
 # libnvidia-nscq, the CUDA-repository meta packages and DCGM.
 PACKAGE_PATTERNS = ('*nvidia*', 'cuda-drivers*', 'datacenter-gpu-manager*')
+
+
+def empty_gpu(index: int) -> dict[str, Any]:
+    """One GPU's facts before any is read: the shape both backends (NVML, nvidia-smi) fill in."""
+    return {
+        'index': index, 'uuid': None, 'name': None, 'bus_id': None, 'pci_id': None,
+        'mig_mode': {'current': None, 'pending': None},
+        'ecc': {'enabled': None, 'volatile_uncorrected': None, 'aggregate_uncorrected': None,
+                'volatile_corrected': None, 'aggregate_corrected': None},
+        'retired_pages_pending': None, 'remapped_rows': None, 'temperature_c': None,
+        'processes': [], 'errors': {},
+    }
 
 
 class HostError(Exception):

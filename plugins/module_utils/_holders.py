@@ -7,8 +7,9 @@
 """Which pods, VirtualMachineInstances and ResourceClaims hold GPUs (pure functions over dicts).
 
 A **Pod** holds GPUs when it is not finished (phase not Succeeded/Failed), is bound to a node, and
-- a container or init container requests or limits a GPU resource (`nvidia.com/gpu`, or a name
-  starting with `nvidia.com/mig-` by default; an entry ending in `*` is a prefix), or
+- a container or init container requests or limits a GPU resource (by default those of
+  `_gpu_resources`: `nvidia.com/gpu`, `nvidia.com/gpu.shared`, or a name starting with
+  `nvidia.com/mig-`; an entry ending in `*` is a prefix), or
 - its `runtimeClassName` is a GPU runtime class (`nvidia` by default), or
 - it uses a ResourceClaim allocated by a GPU DRA driver (`gpu.nvidia.com` by default).
 A **VirtualMachineInstance** holds GPUs when `spec.domain.devices.gpus` or `hostDevices` is not
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-DEFAULT_GPU_RESOURCES = ['nvidia.com/gpu', 'nvidia.com/mig-*']
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import GPU_RESOURCES
+
+DEFAULT_GPU_RESOURCES = list(GPU_RESOURCES)
 DEFAULT_RUNTIME_CLASSES = ['nvidia']
 DEFAULT_DRA_DRIVERS = ['gpu.nvidia.com']
 FINISHED_PHASES = ('Succeeded', 'Failed')

@@ -28,6 +28,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 
 MODULE_SOURCES = ('dkms', 'prebuilt')
@@ -571,7 +572,7 @@ class AptKernel:
         return parse_show(r.stdout)
 
     def read(self, rel: str) -> Optional[str]:
-        return pk.read_text(self.path_of(rel))
+        return _fsio.read_text(self.path_of(rel))
 
 
 def installed_driver(installed: Dict[str, str], branch: str) -> Optional[str]:
@@ -695,21 +696,21 @@ def apply(node: AptKernel, p: KernelPlan) -> Dict[str, str]:
         if p.driver.before.pin_text != p.driver.after.pin_text:
             b.write_pins(p.driver.after.pin_text)
         if p.kernel_pins_before != p.kernel_pins_after:
-            pk.write_text(kpath, p.kernel_pins_after)
+            _fsio.write_text(kpath, p.kernel_pins_after, 0o644)
         if p.install:
             b.install(p.install)
         held = node.holds()
         b.set_holds([h for h in p.holds_after if h not in held], [h for h in held if h not in p.holds_after])
     except pk.PackageError:
         b.write_pins(p.driver.before.pin_text)
-        pk.write_text(kpath, p.kernel_pins_before)
+        _fsio.write_text(kpath, p.kernel_pins_before, 0o644)
         now = node.holds()
         b.set_holds([h for h in holds_now if h not in now], [h for h in now if h not in holds_now])
         raise
     if p.protect:
         node.runner(['apt-mark', 'manual'] + sorted(p.protect), env=b.env())
     if p.protect_after != p.protect_before:
-        pk.write_text(node.path_of(PROTECT_FILE), p.protect_after)
+        _fsio.write_text(node.path_of(PROTECT_FILE), p.protect_after, 0o644)
     installed = node.installed()
     wrong = ['%s is %s, expected %s' % (n, installed.get(n, 'not installed'), v)
              for n, v in p.install.items() if installed.get(n) != v]
@@ -749,7 +750,7 @@ def plan_release(node: AptKernel) -> ReleasePlan:
 def apply_release(node: AptKernel, p: ReleasePlan) -> None:
     if p.unmark:
         node.runner(['apt-mark', 'auto'] + p.unmark, env=node.backend.env())
-    pk.write_text(node.path_of(PROTECT_FILE), None)
+    _fsio.write_text(node.path_of(PROTECT_FILE), None)
 
 
 # --------------------------------------------------------------------------------------------

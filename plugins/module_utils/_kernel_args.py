@@ -13,8 +13,10 @@ import os
 import shutil
 from typing import Any, Dict, Optional
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import module_runner
 
 _SPEC: Dict[str, Dict[str, Any]] = dict(
     kernel=dict(type='str', required=True),
@@ -41,14 +43,11 @@ def make_node(module: Any) -> kn.AptKernel:
     if not (p['installroot'] or (shutil.which('apt-get') and shutil.which('dpkg-query'))):
         raise kn.KernelError('this node has no apt-get/dpkg-query: the RHEL-family kernel set is resolved as data '
                              '(see docs/host.md) but not installed by this module yet')
-
-    def run(argv, env):
-        return module.run_command(argv, environ_update=env)
-    return kn.AptKernel(pk.AptBackend(pk.Runner(run, p['installroot'])))
+    return kn.AptKernel(pk.AptBackend(module_runner(module, p['installroot'])))
 
 
 def running_kernel(proc_path: str) -> Optional[str]:
-    text = pk.read_text(os.path.join(proc_path, 'sys/kernel/osrelease'))
+    text = _fsio.read_text(os.path.join(proc_path, 'sys/kernel/osrelease'))
     return text.strip() if text else None
 
 

@@ -25,6 +25,7 @@ telemetry must not look quiet. The verdict is conjunctive: one failed critical q
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -35,8 +36,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.error import URLError
 from urllib.parse import urlencode
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _duration
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time as rfc3339_time
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls, text_field
 
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
@@ -51,8 +53,6 @@ DCGM_ECC_DBE_VOL = 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL'
 DCGM_ROW_REMAP_FAILURE = 'DCGM_FI_DEV_ROW_REMAP_FAILURE'
 DCGM_GPU_TEMP = 'DCGM_FI_DEV_GPU_TEMP'
 
-_DURATION_PART = re.compile(r'(\d+(?:\.\d+)?)(ms|s|m|h|d|w)')
-_UNITS = {'ms': 0.001, 's': 1.0, 'm': 60.0, 'h': 3600.0, 'd': 86400.0, 'w': 604800.0}
 _LABEL_NAME = re.compile(r'^[a-zA-Z_][a-zA-Z0-9_]*$')
 
 
@@ -69,20 +69,11 @@ class PrometheusError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 def parse_duration(value: Any, field: str) -> float:
-    """'90s', '15m', '24h', '7d', '1h30m' -> seconds (> 0)."""
-    text = str(value).strip() if value is not None else ''
-    pos = 0
-    total = 0.0
-    for m in _DURATION_PART.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if not text or pos != len(text):
-        raise MetricGateError('%s: %r is not a duration (use e.g. 90s, 15m, 24h, 7d, 1h30m)' % (field, value))
-    if total <= 0:
-        raise MetricGateError('%s: %r must be greater than zero' % (field, value))
-    return total
+    """'90s', '15m', '24h', '7d', '1h30m' -> seconds (> 0): the grammar of _duration."""
+    try:
+        return _duration.parse_seconds(value, field)
+    except ValueError as exc:
+        raise MetricGateError(str(exc))
 
 
 def parse_time(value: Any, field: str) -> float:
@@ -124,12 +115,10 @@ def _number(value: Any, field: str, minimum: Optional[float] = None) -> float:
     return num
 
 
+@dataclasses.dataclass(frozen=True)
 class Window:
-    __slots__ = ('start', 'end')
-
-    def __init__(self, start: float, end: float) -> None:
-        self.start = start
-        self.end = end
+    start: float
+    end: float
 
     @property
     def length(self) -> float:
@@ -167,25 +156,25 @@ def resolve_step(step: Any, window: Window) -> float:
     return seconds
 
 
+@dataclasses.dataclass(frozen=True)
 class QuerySpec:
     """One declared query, validated."""
 
-    def __init__(self, **kw: Any) -> None:
-        self.name = kw['name']  # type: str
-        self.expr = kw['expr']  # type: str
-        self.compare = kw['compare']  # type: str
-        self.reference_expr = kw.get('reference_expr')  # type: Optional[str]
-        self.reference_window = kw.get('reference_window')  # type: Optional[Window]
-        self.limit = kw.get('limit')  # type: Optional[float]
-        self.tol_abs = kw.get('tol_abs', 0.0)  # type: float
-        self.tol_rel = kw.get('tol_rel', 0.0)  # type: float
-        self.direction = kw.get('direction', 'higher_is_worse')  # type: str
-        self.reduce = kw.get('reduce', 'mean')  # type: str
-        self.min_samples = kw.get('min_samples', 1)  # type: int
-        self.count_expr = kw.get('count_expr')  # type: Optional[str]
-        self.min_count = kw.get('min_count')  # type: Optional[float]
-        self.critical = kw.get('critical', True)  # type: bool
-        self.preset = kw.get('preset')  # type: Optional[str]
+    name: str
+    expr: str
+    compare: str
+    reference_expr: Optional[str] = None
+    reference_window: Optional[Window] = None
+    limit: Optional[float] = None
+    tol_abs: float = 0.0
+    tol_rel: float = 0.0
+    direction: str = 'higher_is_worse'
+    reduce: str = 'mean'
+    min_samples: int = 1
+    count_expr: Optional[str] = None
+    min_count: Optional[float] = None
+    critical: bool = True
+    preset: Optional[str] = None
 
     def allowed(self, reference: float) -> float:
         """The written tolerance: the larger of `abs` and `rel` x |reference|."""
@@ -208,14 +197,7 @@ def with_window(expr: str, window: Window) -> str:
 
 
 def _str_field(raw: Dict[str, Any], key: str, where: str, required: bool = True) -> Optional[str]:
-    value = raw.get(key)
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if required:
-            raise MetricGateError('%s.%s is required' % (where, key))
-        return None
-    if not isinstance(value, str):
-        raise MetricGateError('%s.%s: %r is not a string' % (where, key, value))
-    return value.strip()
+    return text_field(raw, key, where, required, MetricGateError)
 
 
 def parse_query(raw: Any, index: int, window: Window, default_min_samples: int) -> QuerySpec:

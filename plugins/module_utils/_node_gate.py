@@ -11,8 +11,8 @@ Checks, each a named verdict with its evidence; all must pass:
 
 * ``ready``: the Node's Ready condition is True;
 * ``allocatable``: allocatable equals the expected count for every expected GPU resource
-  (``nvidia.com/gpu``, MIG resources ``nvidia.com/mig-<profile>``), and no other GPU resource is
-  advertised (a MIG strategy or layout change shows up here);
+  (those of ``_gpu_resources``: ``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, MIG resources
+  ``nvidia.com/mig-<profile>``), and no other GPU resource is advertised (a MIG strategy or layout change shows up here);
 * ``device_plugin``: a device plugin pod runs on the node and is Ready (it registered the
   resources: they are in capacity);
 * ``validator``: the GPU Operator validator pod on the node is Ready, when present (or required);
@@ -28,14 +28,15 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ['ALWAYS_ALLOWED_TAINTS', 'GPU_RESOURCE_PATTERNS', 'NodeGateError', 'evaluate', 'label_selector_matches',
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import is_gpu_resource
+
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'label_selector_matches',
            'parse_label_selector', 'pod_ready']
 
 DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
 DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
 # node.kubernetes.io/unschedulable is the cordon's taint: the gate runs while the node is cordoned.
 ALWAYS_ALLOWED_TAINTS = ('node.kubernetes.io/unschedulable',)
-GPU_RESOURCE_PATTERNS = (re.compile(r'^nvidia\.com/gpu(\.shared)?$'), re.compile(r'^nvidia\.com/mig-[0-9a-z.+-]+$'))
 
 _SEL_RE = re.compile(r'^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9._-]*))?\s*$')
 
@@ -87,15 +88,22 @@ def pod_ready(pod: Dict[str, Any]) -> bool:
     return (pod.get('status') or {}).get('phase') == 'Running' and bool(cond) and cond.get('status') == 'True'
 
 
+def _selected(pods: Sequence[Dict[str, Any]], selector: Sequence[Tuple[str, str, Optional[str]]]) -> List[Dict[str, Any]]:
+    return [p for p in pods if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, selector)]
+
+
+def _not_ready(pods: Sequence[Dict[str, Any]], what: str) -> List[str]:
+    """One problem per pod that is not Ready, naming `what` it is."""
+    return ['%s pod %s/%s is not Ready (phase %s)' % (
+        what, (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
+        (p.get('status') or {}).get('phase')) for p in pods if not pod_ready(p)]
+
+
 def _quantity(value: Any) -> Optional[int]:
     try:
         return int(str(value).strip())
     except (TypeError, ValueError):
         return None
-
-
-def is_gpu_resource(name: str) -> bool:
-    return any(p.match(name) for p in GPU_RESOURCE_PATTERNS)
 
 
 def _pod_evidence(pod: Dict[str, Any]) -> Dict[str, Any]:
@@ -184,15 +192,9 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
     on_node = [p for p in pods if (p.get('spec') or {}).get('nodeName') == node_name]
 
     # device plugin
-    dps = [p for p in on_node if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, dp_sel)]
-    probs = []
-    if not dps:
-        probs.append('no device plugin pod (%s) on node %s' % (device_plugin_selector, node_name))
-    for p in dps:
-        if not pod_ready(p):
-            probs.append('device plugin pod %s/%s is not Ready (phase %s)' % (
-                (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
-                (p.get('status') or {}).get('phase')))
+    dps = _selected(on_node, dp_sel)
+    probs = [] if dps else ['no device plugin pod (%s) on node %s' % (device_plugin_selector, node_name)]
+    probs += _not_ready(dps, 'device plugin')
     registered = sorted(r for r in expected if r in cap)
     checks['device_plugin'] = {'passed': not probs, 'problems': probs,
                                'evidence': {'selector': device_plugin_selector,
@@ -201,15 +203,10 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
 
     # validator
     if val_sel is not None:
-        vals = [p for p in on_node if label_selector_matches((p.get('metadata') or {}).get('labels') or {}, val_sel)]
-        probs = []
-        if not vals and validator_required:
-            probs.append('no GPU Operator validator pod (%s) on node %s' % (validator_selector, node_name))
-        for p in vals:
-            if not pod_ready(p):
-                probs.append('GPU Operator validator pod %s/%s is not Ready (phase %s)' % (
-                    (p.get('metadata') or {}).get('namespace'), (p.get('metadata') or {}).get('name'),
-                    (p.get('status') or {}).get('phase')))
+        vals = _selected(on_node, val_sel)
+        probs = ([] if vals or not validator_required
+                 else ['no GPU Operator validator pod (%s) on node %s' % (validator_selector, node_name)])
+        probs += _not_ready(vals, 'GPU Operator validator')
         checks['validator'] = {'passed': not probs, 'problems': probs,
                                'evidence': {'selector': validator_selector, 'present': bool(vals),
                                             'required': validator_required,

@@ -30,18 +30,6 @@ class SmiError(Exception):
     pass
 
 
-def _empty_gpu(index: int) -> dict[str, Any]:
-    # Same shape as _nvml.empty_gpu (kept here to avoid an import cycle).
-    return {
-        'index': index, 'uuid': None, 'name': None, 'bus_id': None, 'pci_id': None,
-        'mig_mode': {'current': None, 'pending': None},
-        'ecc': {'enabled': None, 'volatile_uncorrected': None, 'aggregate_uncorrected': None,
-                'volatile_corrected': None, 'aggregate_corrected': None},
-        'retired_pages_pending': None, 'remapped_rows': None, 'temperature_c': None,
-        'processes': [], 'errors': {},
-    }
-
-
 class _Gpu:
     def __init__(self, node: ET.Element, gpu: dict[str, Any]) -> None:
         self.node = node
@@ -127,7 +115,7 @@ def parse_xml(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {'driver_version': top('driver_version'), 'cuda_driver_version': top('cuda_version'),
                            'gpus': [], 'errors': {}}
     for index, node in enumerate(root.findall('gpu')):
-        gpu = _empty_gpu(index)
+        gpu = _gpuhost.empty_gpu(index)
         g = _Gpu(node, gpu)
         gpu['uuid'] = g.value('uuid', 'uuid')
         gpu['name'] = g.value('name', 'product_name')

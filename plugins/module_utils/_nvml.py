@@ -32,7 +32,7 @@ except ImportError as _e:  # pragma: no cover - depends on the host
     HAS_PYNVML = False
     PYNVML_IMPORT_ERROR = _e
 
-__all__ = ['collect_facts', 'collect_nvml', 'empty_gpu', 'pci_id', 'cuda_version_text',
+__all__ = ['collect_facts', 'collect_nvml', 'pci_id', 'cuda_version_text',
            'BackendError', 'MissingBackend', 'NO_BINDING', 'BACKENDS', 'HAS_PYNVML', 'PYNVML_IMPORT_ERROR']
 
 BACKENDS = ('auto', 'nvml', 'nvidia-smi')
@@ -47,17 +47,6 @@ NO_BINDING = object()
 
 class MissingBackend(Exception):
     """Neither the nvidia-ml-py binding nor nvidia-smi is available (or the chosen one is not)."""
-
-
-def empty_gpu(index: int) -> dict[str, Any]:
-    return {
-        'index': index, 'uuid': None, 'name': None, 'bus_id': None, 'pci_id': None,
-        'mig_mode': {'current': None, 'pending': None},
-        'ecc': {'enabled': None, 'volatile_uncorrected': None, 'aggregate_uncorrected': None,
-                'volatile_corrected': None, 'aggregate_corrected': None},
-        'retired_pages_pending': None, 'remapped_rows': None, 'temperature_c': None,
-        'processes': [], 'errors': {},
-    }
 
 
 def pci_id(device_id: int, subsystem_id: int) -> str:
@@ -112,7 +101,7 @@ def collect_nvml(nvml: Any) -> dict[str, Any]:
 
 def _collect_gpu(nvml: Any, index: int) -> dict[str, Any]:
     NVMLError = nvml.NVMLError
-    gpu = empty_gpu(index)
+    gpu = _gpuhost.empty_gpu(index)
     errors = gpu['errors']
 
     def call(field: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -19,7 +19,9 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 
 PIN_FILE = 'gpufleet-nvidia-driver.pref'
 PIN_PRIORITY = 1001
@@ -137,37 +139,53 @@ class PackageSet:
         return self.required + tuple(n for n in self.optional if n not in self.required)
 
 
-# backend, required templates, optional templates; {b} is the branch (e.g. 580).
-PRESETS: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
+class Preset(NamedTuple):
+    """A named driver package set: its backend and the templates of its members ({b} is the
+    branch, e.g. 580); from branch `unbranched_from` on, the repository names them `unbranched`."""
+    backend: str
+    required: Tuple[str, ...]
+    optional: Tuple[str, ...] = ()
+    unbranched_from: Optional[int] = None
+    unbranched: Optional[PackageSet] = None
+
+    def packages(self, branch: str) -> PackageSet:
+        if self.unbranched is not None and self.unbranched_from is not None and int(branch) >= self.unbranched_from:
+            return self.unbranched
+        return PackageSet(tuple(t.format(b=branch) for t in self.required),
+                          tuple(t.format(b=branch) for t in self.optional))
+
+
+PRESETS: Dict[str, Preset] = {
     # Canonical archive, server (LTSB/PB) flavour.
-    'ubuntu-server': ('apt', (
+    'ubuntu-server': Preset('apt', (
         'nvidia-driver-{b}-server', 'libnvidia-compute-{b}-server', 'nvidia-kernel-common-{b}-server',
         'nvidia-dkms-{b}-server', 'nvidia-utils-{b}-server', 'nvidia-compute-utils-{b}-server'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
     # Canonical archive, server flavour with Canonical's signed prebuilt kernel modules
     # (linux-modules-nvidia-{b}-server-<kernel>, one per kernel ABI, installed with the kernel by
     # kernel_packages): the user space without DKMS.
-    'ubuntu-server-prebuilt': ('apt', (
+    'ubuntu-server-prebuilt': Preset('apt', (
         'nvidia-headless-no-dkms-{b}-server', 'libnvidia-compute-{b}-server', 'nvidia-kernel-common-{b}-server',
         'nvidia-utils-{b}-server', 'nvidia-compute-utils-{b}-server'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
     # Canonical archive, desktop flavour.
-    'ubuntu': ('apt', (
+    'ubuntu': Preset('apt', (
         'nvidia-driver-{b}', 'libnvidia-compute-{b}', 'nvidia-kernel-common-{b}', 'nvidia-dkms-{b}',
         'nvidia-utils-{b}', 'nvidia-compute-utils-{b}'),
         ('nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}')),
-    # NVIDIA CUDA repository for Debian/Ubuntu, branches up to 580 (branch in the names).
-    'cuda-repo': ('apt', ('libnvidia-compute-{b}', 'nvidia-dkms-{b}-open'), (
+    # NVIDIA CUDA repository for Debian/Ubuntu (branch in the names up to 580; from branch 590
+    # NVIDIA's Debian/Ubuntu repository drops the branch from the names).
+    'cuda-repo': Preset('apt', ('libnvidia-compute-{b}', 'nvidia-dkms-{b}-open'), (
         'cuda-drivers-{b}', 'nvidia-driver-{b}-open', 'nvidia-fabricmanager-{b}', 'libnvidia-nscq-{b}',
-        'cuda-drivers-fabricmanager-{b}')),
+        'cuda-drivers-fabricmanager-{b}'),
+        unbranched_from=590,
+        unbranched=PackageSet(('libnvidia-compute', 'nvidia-dkms-open'),
+                              ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager', 'libnvidia-nscq'))),
     # NVIDIA CUDA repository for RHEL/Rocky/Fedora (dnf).
-    'rhel-dnf': ('dnf', ('nvidia-driver', 'nvidia-driver-libs', 'nvidia-driver-cuda', 'nvidia-driver-cuda-libs'), (
+    'rhel-dnf': Preset('dnf', ('nvidia-driver', 'nvidia-driver-libs', 'nvidia-driver-cuda', 'nvidia-driver-cuda-libs'), (
         'kmod-nvidia-open-dkms', 'kmod-nvidia-latest-dkms', 'nvidia-persistenced', 'nvidia-fabric-manager',
         'libnvidia-nscq')),
 }
-# From branch 590 NVIDIA's Debian/Ubuntu repository drops the branch from the names.
-_CUDA_REPO_590 = (('libnvidia-compute', 'nvidia-dkms-open'),
-                  ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager', 'libnvidia-nscq'))
 
 
 def check_branch(branch: str) -> str:
@@ -181,19 +199,19 @@ def check_version_in_branch(version: str, branch: Optional[str]) -> None:
         raise PackageError('version %r is not in driver branch %r' % (version, branch))
 
 
-def preset_backend(preset: str) -> str:
+def _preset(preset: str) -> Preset:
     if preset not in PRESETS:
         raise PackageError('unknown preset %r; known presets: %s' % (preset, ', '.join(sorted(PRESETS))))
-    return PRESETS[preset][0]
+    return PRESETS[preset]
+
+
+def preset_backend(preset: str) -> str:
+    return _preset(preset).backend
 
 
 def preset_packages(preset: str, branch: str) -> PackageSet:
-    preset_backend(preset)
-    b = check_branch(branch)
-    req, opt = PRESETS[preset][1], PRESETS[preset][2]
-    if preset == 'cuda-repo' and int(b) >= 590:
-        req, opt = _CUDA_REPO_590
-    return PackageSet(tuple(t.format(b=b) for t in req), tuple(t.format(b=b) for t in opt))
+    record = _preset(preset)
+    return record.packages(check_branch(branch))
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,34 +250,6 @@ class Runner:
             detail = ' | '.join(x.strip()[-1500:] for x in (out or '', err or '') if x.strip())
             raise PackageError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), detail))
         return CommandResult(rc, out, err)
-
-
-def read_text(path: str) -> Optional[str]:
-    try:
-        with open(path, 'r', encoding='utf-8') as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def write_text(path: str, text: Optional[str], mode: int = 0o644) -> None:
-    """Atomically write `text` to `path`, or remove it when `text` is None."""
-    if text is None:
-        if os.path.lexists(path):
-            os.unlink(path)
-        return
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.gpufleet-', dir=d)
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,7 +465,7 @@ class AptBackend:
         return parse_dpkg_query(r.stdout)
 
     def read_state(self, names: Sequence[str]) -> PinState:
-        text = read_text(self.pin_path)
+        text = _fsio.read_text(self.pin_path)
         entries = self.dpkg_entries()
         wanted = set(names) | set(parse_preferences(text))
         return PinState(
@@ -517,7 +507,7 @@ class AptBackend:
             self.runner(['apt-mark', 'hold'] + sorted(hold), env=self.env())
 
     def write_pins(self, text: Optional[str]) -> None:
-        write_text(self.pin_path, text)
+        _fsio.write_text(self.pin_path, text, 0o644)
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,7 +627,7 @@ class DnfBackend:
         self.runner = runner
         self.branch = branch
         self.stream_suffix = stream_suffix
-        self.mode = mode or dnf_lock_mode(parse_os_release(read_text(runner.path('etc/os-release'))))
+        self.mode = mode or dnf_lock_mode(parse_os_release(_fsio.read_text(runner.path('etc/os-release'))))
         self.pin_path = runner.path(VERSIONLOCK_FILE)
 
     def env(self) -> Dict[str, str]:
@@ -664,7 +654,7 @@ class DnfBackend:
             stream = parse_module_list(m.stdout)
             return PinState(pin_file='dnf module nvidia-driver', pin_text='nvidia-driver:%s\n' % stream if stream else None,
                             pins={}, holds=[], installed=installed)
-        text = read_text(self.pin_path)
+        text = _fsio.read_text(self.pin_path)
         return PinState(pin_file=self.pin_path, pin_text=text, pins=parse_versionlock(text), holds=[], installed=installed)
 
     def available(self, names: Sequence[str]) -> Dict[str, PolicyEntry]:
@@ -685,7 +675,7 @@ class DnfBackend:
         return None
 
     def write_pins(self, text: Optional[str]) -> None:
-        write_text(self.pin_path, text)
+        _fsio.write_text(self.pin_path, text, 0o644)
 
 
 # --------------------------------------------------------------------------------------------

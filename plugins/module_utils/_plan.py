@@ -34,7 +34,8 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._node_record import CANARY_KEY
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 
 __all__ = [
     'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
@@ -168,11 +169,7 @@ class _Node(object):
 
     def __init__(self, raw: Any, index: int) -> None:
         where = 'nodes[%d]' % index
-        if not isinstance(raw, dict):
-            raise PlanInputError('%s: expected a dict, got %r' % (where, raw))
-        name = raw.get('name')
-        if not isinstance(name, str) or not name:
-            raise PlanInputError('%s.name: %r is not a non-empty string' % (where, name))
+        name = named_entry(raw, where, PlanInputError)
         where = 'nodes[%d] (%s)' % (index, name)
         self.name = name
         pci = raw.get('pci_ids')

@@ -21,6 +21,7 @@ import re
 import socket
 from typing import Any, Dict, List, Optional, Sequence
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 
 FORMAT = 'gpufleet.upgrade/node-snapshot/v1'
@@ -223,7 +224,7 @@ def grub_entry_for(kernel: str, grub_cfg: Optional[str]) -> str:
 
 def find_grub_cfg(path_of) -> Optional[str]:
     for rel in GRUB_CFG_PATHS:
-        text = pk.read_text(path_of(rel))
+        text = _fsio.read_text(path_of(rel))
         if text is not None:
             return text
     return None
@@ -234,7 +235,7 @@ def find_grub_cfg(path_of) -> Optional[str]:
 # --------------------------------------------------------------------------------------------
 
 def _read_proc(proc_path: str, rel: str) -> Optional[str]:
-    text = pk.read_text(os.path.join(proc_path, rel))
+    text = _fsio.read_text(os.path.join(proc_path, rel))
     return text.strip() if text is not None else None
 
 
@@ -249,7 +250,7 @@ def modprobe_files(path_of) -> Dict[str, str]:
             p = os.path.join(full, name)
             if not os.path.isfile(p):
                 continue
-            text = pk.read_text(p) or ''
+            text = _fsio.read_text(p) or ''
             if 'nvidia' in name.lower() or 'nvidia' in text.lower() or 'nvreg' in text.lower():
                 res['%s/%s' % (d, name)] = text
     return res
@@ -294,22 +295,22 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
         if os.path.isdir(pref_dir):
             for name in sorted(os.listdir(pref_dir)):
                 if os.path.isfile(os.path.join(pref_dir, name)):
-                    preferences['etc/apt/preferences.d/' + name] = pk.read_text(os.path.join(pref_dir, name)) or ''
+                    preferences['etc/apt/preferences.d/' + name] = _fsio.read_text(os.path.join(pref_dir, name)) or ''
     else:
         r = runner(['rpm'] + (['--root=%s' % runner.installroot] if runner.installroot else [])
                    + ['-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n'], env=backend.env())
         installed = pk.parse_rpm_query(r.stdout)
         held = []
         preferences = {}
-        vl = pk.read_text(backend.pin_path)
+        vl = _fsio.read_text(backend.pin_path)
         if vl is not None:
             preferences[pk.VERSIONLOCK_FILE] = vl
     driver = _matching(list(installed), package_patterns)
     kernel = _matching(list(installed), KERNEL_PACKAGE_PATTERNS)
-    pin_text = pk.read_text(backend.pin_path)
+    pin_text = _fsio.read_text(backend.pin_path)
     grubenv_rel = find_grubenv(path_of)
-    default_grub = pk.read_text(path_of('etc/default/grub'))
-    saved_entry = parse_grubenv(pk.read_text(path_of(grubenv_rel))).get('saved_entry')
+    default_grub = _fsio.read_text(path_of('etc/default/grub'))
+    saved_entry = parse_grubenv(_fsio.read_text(path_of(grubenv_rel))).get('saved_entry')
     grub_default = parse_default_grub(default_grub)
     snap = {
         'captured_at': (now or datetime.datetime.now(datetime.timezone.utc)).strftime('%Y-%m-%dT%H:%M:%SZ'),
@@ -334,7 +335,7 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
         },
         'modprobe': modprobe_files(path_of),
         'mig': {'gpus': mig_from_facts(gpu_facts),
-                'config_files': {rel: pk.read_text(path_of(rel)) for rel in MIG_CONFIG_PATHS
+                'config_files': {rel: _fsio.read_text(path_of(rel)) for rel in MIG_CONFIG_PATHS
                                  if os.path.isfile(path_of(rel))}},
         'gpu_facts': gpu_facts,
     }
@@ -420,7 +421,7 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
     warnings: List[str] = []
     # modprobe.d files as captured (files created since then are reported, not removed).
     for rel, text in sorted((snap.get('modprobe') or {}).items()):
-        cur = pk.read_text(path_of(rel))
+        cur = _fsio.read_text(path_of(rel))
         if cur != text:
             files.append(FileChange(rel, cur, text))
     now_modprobe = modprobe_files(path_of)
@@ -429,8 +430,8 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
     boot = snap.get('boot') or {}
     grub_default, saved_entry = boot.get('grub_default'), boot.get('saved_entry')
     envrel = boot.get('grubenv_path') or find_grubenv(path_of)
-    cur_grub = pk.read_text(path_of('etc/default/grub'))
-    cur_env_text = pk.read_text(path_of(envrel))
+    cur_grub = _fsio.read_text(path_of('etc/default/grub'))
+    cur_env_text = _fsio.read_text(path_of(envrel))
     cur_env = parse_grubenv(cur_env_text)
     boot_kernel = None
     if backend.name == 'apt':
@@ -498,5 +499,5 @@ def apply_restore(backend, plan: RestorePlan) -> pk.PinState:
     if plan.pin_plan.changed:
         now = pk.apply_pin(backend, plan.pin_plan)
     for f in plan.files:
-        pk.write_text(backend.runner.path(f.rel), f.after)
+        _fsio.write_text(backend.runner.path(f.rel), f.after, 0o644)
     return now

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 PLAN_API_VERSION = 'upgrade.cattle.io/v1'
 PLAN_KIND = 'Plan'
@@ -122,6 +123,18 @@ def _drain_spec(drain: Dict[str, Any]) -> Dict[str, Any]:
     return spec
 
 
+def _optional_version(value: Optional[str], field: str, problems: List[str]) -> Optional[Rke2Version]:
+    """The RKE2 version `value` of `field`, or None when it is not given; a malformed one adds its
+    problems to `problems` (and gives None)."""
+    if value is None:
+        return None
+    try:
+        return parse_rke2_version(value, field)
+    except SucPlanError as exc:
+        problems.extend(exc.problems)
+        return None
+
+
 def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Optional[str] = None,
                  control_plane_rke2: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
                  service_account: str = DEFAULT_SERVICE_ACCOUNT, image: str = DEFAULT_IMAGE,
@@ -141,18 +154,8 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     notes: List[str] = []
 
     target = parse_rke2_version(target_rke2, 'target_rke2')
-    default_current: Optional[Rke2Version] = None
-    if current_rke2 is not None:
-        try:
-            default_current = parse_rke2_version(current_rke2, 'current_rke2')
-        except SucPlanError as exc:
-            problems.extend(exc.problems)
-    control_plane: Optional[Rke2Version] = None
-    if control_plane_rke2 is not None:
-        try:
-            control_plane = parse_rke2_version(control_plane_rke2, 'control_plane_rke2')
-        except SucPlanError as exc:
-            problems.extend(exc.problems)
+    default_current = _optional_version(current_rke2, 'current_rke2', problems)
+    control_plane = _optional_version(control_plane_rke2, 'control_plane_rke2', problems)
 
     for fname, value in (('namespace', namespace), ('name_prefix', name_prefix)):
         if not isinstance(value, str) or not _DNS_LABEL_RE.match(value) or len(value) > 40:
@@ -471,17 +474,13 @@ def wait_for_plan(client: Any, plan: Dict[str, Any], node: str, target_rke2: str
     if timeout <= 0 or interval <= 0:
         raise SucPlanError(['wait_timeout (%r) and wait_interval (%r) must be positive' % (timeout, interval)])
     meta = plan['metadata']
-    start = clock()
-    while True:
-        progress = plan_progress(client.get_or_none(plan_path(meta['namespace'], meta['name'])),
-                                 client.get_or_none('/api/v1/nodes/%s' % node), target_rke2)
-        waited = clock() - start
-        if progress.done or progress.failed:
-            return progress, waited
-        if waited >= timeout:
-            progress.failed = ('not complete after %gs (wait_timeout): %s' % (timeout, progress.summary))
-            return progress, waited
-        sleep(min(interval, max(0.0, timeout - waited)))
+    polled = poll(lambda: plan_progress(client.get_or_none(plan_path(meta['namespace'], meta['name'])),
+                                        client.get_or_none('/api/v1/nodes/%s' % node), target_rke2),
+                  timeout, interval, clock, sleep, done=lambda progress: progress.done or progress.failed)
+    progress = polled.value
+    if not polled.done:
+        progress.failed = ('not complete after %gs (wait_timeout): %s' % (timeout, progress.summary))
+    return progress, polled.elapsed
 
 
 def plan_complete(plan: Dict[str, Any]) -> bool:

@@ -35,3 +35,31 @@ def redact_urls(text: t.Any) -> str:
     (``https://user:pass@proxy:3128`` becomes ``https://proxy:3128``): for messages and results,
     which must never carry a proxy's or a server's credentials."""
     return _USERINFO_RE.sub(r'\1', str(text))
+
+
+def text_field(entry: t.Dict[str, t.Any], key: str, where: str, required: bool = False,
+               error: t.Type[Exception] = ValueError, numbers: bool = False) -> t.Optional[str]:
+    """`entry[key]` stripped, or None when it is missing or blank (then `error` '<where>.<key> is
+    required' when `required`); anything but a string is `error` '<where>.<key>: <value> is not a
+    string' (with `numbers`, an int, not a bool, is taken as its digits)."""
+    value = entry.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise error('%s.%s is required' % (where, key))
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int) if numbers else str):
+        raise error('%s.%s: %r is not a string' % (where, key, value))
+    return str(value).strip()
+
+
+def named_entry(raw: t.Any, where: str, error: t.Type[Exception] = ValueError,
+                expected: str = 'a dict') -> str:
+    """The non-empty string `name` of the list entry `raw` (a dict) at `where`; else `error`
+    naming `where`: '<where>: expected <expected>, got <raw>' or '<where>.name: <name> is not a
+    non-empty string'. Later messages say '<where> (<name>)'."""
+    if not isinstance(raw, dict):
+        raise error('%s: expected %s, got %r' % (where, expected, raw))
+    name = raw.get('name')
+    if not isinstance(name, str) or not name:
+        raise error('%s.name: %r is not a non-empty string' % (where, name))
+    return name

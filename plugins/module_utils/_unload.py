@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gpuhost
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 __all__ = ['DEFAULT_SERVICES', 'UNLOAD_ORDER', 'UnloadError', 'find_holders', 'service_states',
            'plan_unload', 'execute', 'unit_of']
@@ -152,12 +153,12 @@ def _loaded_modules(proc_root: str) -> list[str]:
 
 def _wait_gone(pids: Iterable[int], proc_root: str, timeout: float, sleep: Callable[[float], None],
                clock: Callable[[], float]) -> list[int]:
-    deadline = clock() + timeout
-    left = [p for p in pids if os.path.exists(os.path.join(proc_root, str(p)))]
-    while left and clock() < deadline:
-        sleep(0.2)
-        left = [p for p in left if os.path.exists(os.path.join(proc_root, str(p)))]
-    return left
+    left = list(pids)
+
+    def still_there() -> list[int]:   # narrowed each look: a pid once gone is not looked at again
+        left[:] = [p for p in left if os.path.exists(os.path.join(proc_root, str(p)))]
+        return list(left)
+    return poll(still_there, timeout, 0.2, clock, sleep, done=lambda remaining: not remaining).value
 
 
 def send_signal(pid: int, sig: int) -> None:

@@ -29,6 +29,8 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
+
 __all__ = ['DEFAULT_TOLERATION', 'WorkloadGateError', 'build_job', 'compare', 'extract', 'normalize_cases',
            'pod_failure', 'run_gate']
 
@@ -311,39 +313,42 @@ def _watch(k8s: Any, namespace: str, jname: str, node: str, case: Dict[str, Any]
            poll_interval: float, clock: Callable[[], float], sleep: Callable[[float], None],
            log_reader: Callable[..., str], not_found: type) -> Dict[str, Any]:
     from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
-    deadline = clock() + timeout
     job_path = path_for('batch/v1', 'jobs', jname, namespace)
     out: Dict[str, Any] = {}
-    pod: Optional[Dict[str, Any]] = None
-    while True:
+    newest: List[Optional[Dict[str, Any]]] = [None]
+
+    def look() -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], Optional[str]]:
+        """One look: (the Job, the newest pod seen so far or None, the Job's final state or None);
+        a pod on another node or failing to start sets out's outcome, which ends the wait."""
         job = k8s.get(job_path)
         uid = (job.get('metadata') or {}).get('uid')
         pods = [p for p in k8s.list_all(path_for('v1', 'pods', namespace=namespace),
                                         {'labelSelector': '%s=%s' % (LABEL_CASE, case['name'])})
                 if any(r.get('uid') == uid for r in ((p.get('metadata') or {}).get('ownerReferences') or []))]
         pods.sort(key=lambda p: (p.get('metadata') or {}).get('creationTimestamp') or '')
+        pod = newest[0] = pods[-1] if pods else newest[0]
         if pods:
-            pod = pods[-1]
             out['pod'] = (pod.get('metadata') or {}).get('name')
             out['node'] = (pod.get('spec') or {}).get('nodeName')
             if out['node'] and out['node'] != node:
                 out.update(outcome='misplaced', detail='pod %s ran on node %s, not %s' % (out['pod'], out['node'], node))
-                return out
-            failure = pod_failure(pod)
-            if failure:
-                out.update(outcome='init_failure', detail='initialisation failure: ' + failure)
-                return out
-        state = _job_state(job)
-        if state:
-            break
-        if clock() + poll_interval > deadline:
-            sched = ''
-            for c in (((pod or {}).get('status') or {}).get('conditions') or []):
-                if c.get('type') == 'PodScheduled' and c.get('status') == 'False':
-                    sched = ' (pod unschedulable: %s)' % (c.get('message') or c.get('reason'))
-            out.update(outcome='timeout', detail='timeout: the Job did not finish within %ds%s' % (timeout, sched))
-            return out
-        sleep(poll_interval)
+            else:
+                failure = pod_failure(pod)
+                if failure:
+                    out.update(outcome='init_failure', detail='initialisation failure: ' + failure)
+        return job, pod, _job_state(job)
+
+    polled = poll(look, timeout, poll_interval, clock, sleep, done=lambda seen: seen[2] or 'outcome' in out)
+    job, pod, state = polled.value
+    if 'outcome' in out:
+        return out
+    if not polled.done:
+        sched = ''
+        for c in (((pod or {}).get('status') or {}).get('conditions') or []):
+            if c.get('type') == 'PodScheduled' and c.get('status') == 'False':
+                sched = ' (pod unschedulable: %s)' % (c.get('message') or c.get('reason'))
+        out.update(outcome='timeout', detail='timeout: the Job did not finish within %ds%s' % (timeout, sched))
+        return out
     log = ''
     if pod is not None:
         try:

@@ -18,6 +18,8 @@ import datetime as _dt
 import re
 from typing import Any, Iterable, NamedTuple, Optional
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _duration
+
 __all__ = ['CATALOG', 'XidInfo', 'describe', 'parse_line', 'parse_lines', 'parse_since',
            'normalize_pci', 'pci_of_bus_id', 'format_time', 'SinceError']
 
@@ -222,10 +224,6 @@ def parse_lines(lines: Iterable[str], since: Optional[_dt.datetime] = None, now:
     return events
 
 
-_DURATION_RE = re.compile(r'^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h|d|w)$')
-_UNITS = {'s': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 604800}
-
-
 def parse_since(value: Any, now: Optional[_dt.datetime] = None,
                 boot_time: Optional[_dt.datetime] = None) -> Optional[_dt.datetime]:
     """`xid_since`: `boot`, an RFC 3339 / ISO 8601 time, `@<epoch seconds>`, or a duration back
@@ -245,9 +243,9 @@ def parse_since(value: Any, now: Optional[_dt.datetime] = None,
             return _dt.datetime.fromtimestamp(float(text[1:]), _UTC)
         except ValueError:
             raise SinceError('xid_since=%r: not a number of seconds after @' % text)
-    m = _DURATION_RE.match(text)
-    if m:
-        return now - _dt.timedelta(seconds=float(m.group('n')) * _UNITS[m.group('unit')])
+    back = _duration.seconds_of(text)
+    if back is not None:
+        return now - _dt.timedelta(seconds=back)
     if _ISO_RE.match(text + ' '):
         # any fraction length and +0000 / +00:00 / Z, which fromisoformat on Python 3.9 rejects
         return line_time(text + ' ', tz=_UTC)

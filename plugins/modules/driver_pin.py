@@ -28,16 +28,11 @@ description:
   - If the package transaction fails, the pin file and holds are put back as they were.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - The pin file, the set of held packages and, with O(install=true), the installed versions.
-  idempotent:
-    support: full
-    description: Running the module twice with the same input gives the same result.
 options:
   packages:
     description:
@@ -186,18 +181,11 @@ commands:
 """
 
 import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
-
-
-def make_runner(module, installroot):
-    def run(argv, env):
-        rc, out, err = module.run_command(argv, environ_update=env)
-        return rc, out, err
-    return pk.Runner(run, installroot)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
 
 
 def build(module):
@@ -225,7 +213,7 @@ def build(module):
         pk.check_version_in_branch(p['version'], p['branch'])
     if backend == 'auto':
         backend = pk.detect_backend()
-    runner = make_runner(module, p['installroot'])
+    runner = module_runner(module, p['installroot'])
     if backend == 'apt':
         return pk.AptBackend(runner), pkgs
     mode = None if p['dnf_lock'] == 'auto' else p['dnf_lock']
@@ -251,9 +239,9 @@ def main():
         required_if=[('state', 'pinned', ['version'])],
         supports_check_mode=True,
     )
-    backend = None
-    try:
-        backend, pkgs = build(module)
+    with HostTask(module, 'driver_pin', (pk.PackageError,), report_commands=True) as task:
+        task.backend, pkgs = build(module)
+        backend = task.backend
         if module.params['update_cache'] and not module.check_mode:
             backend.update_cache()
         plan = pk.plan_pin(backend, pkgs, module.params['version'], module.params['state'], module.params['install'])
@@ -267,13 +255,6 @@ def main():
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)
-    except pk.PackageError as e:
-        module.fail_json(msg=str(e), commands=backend.runner.commands if backend else [])
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='driver_pin: %s' % e)
-    finally:
-        if backend is not None:
-            backend.close()
 
 
 if __name__ == '__main__':

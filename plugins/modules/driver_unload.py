@@ -25,17 +25,15 @@ description:
     what runs on the host.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
   check_mode:
-    support: full
     details:
       - Reports the plan (RV(plan)) and fails on blocking holders as the real run would.
   diff_mode:
-    support: full
     details:
       - Active client services and loaded NVIDIA modules before and after.
   idempotent:
-    support: full
     description: With the services stopped and no module loaded, a second run changes nothing.
 options:
   services:

@@ -26,13 +26,9 @@ description:
     controller do not lose each other's entries.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
   idempotent:
-    support: full
     description: Adding the same entries again changes nothing.
 options:
   path:
@@ -172,54 +168,13 @@ bundle:
   type: dict
 """
 
-import errno
-import fcntl
 import os
-import tempfile
-import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_bytes, to_text
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import (
     EvidenceError, dumps, loads, merge, new_bundle, render_html, summary)
-
-
-def _read(path):
-    try:
-        with open(path, 'rb') as handle:
-            return to_text(handle.read(), errors='surrogate_or_strict')
-    except IOError as exc:
-        if exc.errno == errno.ENOENT:
-            return None
-        raise
-
-
-def _write_atomic(module, path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix='.evidence-', dir=directory)
-    try:
-        with os.fdopen(fd, 'wb') as handle:
-            handle.write(to_bytes(text))
-        module.atomic_move(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _lock(module, path, timeout):
-    lock_path = path + '.lock'
-    handle = open(lock_path, 'a')
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return handle
-        except (IOError, OSError):
-            if time.monotonic() > deadline:
-                handle.close()
-                module.fail_json(msg='evidence: %s is locked by another task for more than %ss' % (lock_path, timeout))
-            time.sleep(0.1)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fsio import LockTimeout, lock_exclusive, read_text, write_text
 
 
 def main():
@@ -247,10 +202,15 @@ def main():
         module.fail_json(msg='evidence: directory %s of path does not exist' % directory)
     if p['lock_timeout'] < 1 or p['lock_timeout'] > 3600:
         module.fail_json(msg='evidence: lock_timeout %r must be between 1 and 3600 seconds' % p['lock_timeout'])
-    handle = None if module.check_mode else _lock(module, path, p['lock_timeout'])
+    handle = None
+    if not module.check_mode:
+        try:
+            handle = lock_exclusive(path + '.lock', p['lock_timeout'])
+        except LockTimeout as exc:
+            module.fail_json(msg='evidence: %s' % exc)
     try:
         try:
-            text = _read(path)
+            text = read_text(path, 'surrogateescape')
             if text is None:
                 if not p['id']:
                     raise EvidenceError('id is required to create the bundle %s' % path)
@@ -270,16 +230,16 @@ def main():
             module.fail_json(msg='evidence: %s' % exc)
         report_changed = False
         if report_html is not None:
-            old = _read(p['report'])
+            old = read_text(p['report'], 'surrogateescape')
             report_changed = old != report_html
         if not module.check_mode:
             if changed:
-                _write_atomic(module, path, dumps(after))
+                write_text(path, dumps(after), makedirs=False, prefix='.evidence-')
             if report_changed:
                 rdir = os.path.dirname(os.path.abspath(p['report']))
                 if not os.path.isdir(rdir):
                     module.fail_json(msg='evidence: directory %s of report does not exist' % rdir)
-                _write_atomic(module, p['report'], report_html)
+                write_text(p['report'], report_html, makedirs=False, prefix='.evidence-')
     finally:
         if handle is not None:
             handle.close()

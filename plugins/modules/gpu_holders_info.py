@@ -40,7 +40,7 @@ options:
       - Extended resource names that are GPUs. An entry ending in V(*) is a prefix.
     type: list
     elements: str
-    default: [nvidia.com/gpu, nvidia.com/mig-*]
+    default: [nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*]
   runtime_classes:
     description:
       - RuntimeClass names that give a pod the GPUs even without a resource request.

@@ -33,16 +33,11 @@ description:
     the installed packages.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - The GRUB environment variables before and after.
-  idempotent:
-    support: full
-    description: Running the module twice with the same input gives the same result.
 options:
   kernel:
     description:
@@ -181,14 +176,15 @@ commands:
 """
 
 import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _boot as bt
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
 
 
 def _under(root, rel):
@@ -215,7 +211,7 @@ def read_files(p):
         raise bt.BootError('cannot read the GRUB environment block %s (%s); expected the 1024-byte block that '
                            'grub-install creates, nothing was changed' % (env_path, e.strerror or e))
     env = gb.parse_grubenv(data, env_path)
-    cfg = pk.read_text(cfg_path)
+    cfg = _fsio.read_text(cfg_path)
     if cfg is None:
         raise bt.BootError('cannot read the GRUB configuration %s; expected the grub.cfg that update-grub generates, '
                            'nothing was changed' % cfg_path)
@@ -224,19 +220,17 @@ def read_files(p):
         raise bt.BootError("%s lists no menu entry with a 'linux /boot/vmlinuz-<release>' line; expected the grub.cfg "
                            "that update-grub generates, nothing was changed" % cfg_path)
     default_path = _under(root, gb.DEFAULT_GRUB)
-    texts = [pk.read_text(default_path)]
+    texts = [_fsio.read_text(default_path)]
     ddir = _under(root, gb.DEFAULT_GRUB_DIR)
     if os.path.isdir(ddir):
-        texts += [pk.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
+        texts += [_fsio.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
     if texts[0] is None:
         raise bt.BootError('cannot read %s; expected the GRUB_DEFAULT settings update-grub reads, nothing was changed' % default_path)
     return bt.BootFiles(env_path, env, cfg_path, menu, default_path, gb.grub_default(texts))
 
 
 def make_node(module):
-    def run(argv, env):
-        return module.run_command(argv, environ_update=env)
-    return kn.AptKernel(pk.AptBackend(pk.Runner(run, module.params['installroot'])))
+    return kn.AptKernel(pk.AptBackend(module_runner(module, module.params['installroot'])))
 
 
 def installed_kernels(module, node):
@@ -268,7 +262,7 @@ def gate_module(module, node, kernel):
 
 def do_verify(module, p, running, osrelease):
     nv_path = os.path.join(p['proc_path'], 'driver/nvidia/version')
-    text = pk.read_text(nv_path)
+    text = _fsio.read_text(nv_path)
     nvidia = kn.parse_nvidia_version(text) if text is not None else None
     v = bt.verify(p['kernel'], p['driver_version'], running, osrelease, nvidia, nv_path)
     try:
@@ -304,19 +298,19 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    node = None
-    try:
+    with HostTask(module, 'kernel_boot', (bt.BootError, gb.GrubError, kn.KernelError, pk.PackageError)) as task:
         bt.check_release(p['kernel'])
         if p['fallback_kernel']:
             bt.check_release(p['fallback_kernel'], 'fallback_kernel')
         if p['installroot'] and not os.path.isdir(p['installroot']):
             raise bt.BootError('installroot %r is not a directory' % p['installroot'])
         osrelease = os.path.join(p['proc_path'], 'sys/kernel/osrelease')
-        text = pk.read_text(osrelease)
+        text = _fsio.read_text(osrelease)
         running = text.strip() if text else None
         if p['state'] == 'verify':
             do_verify(module, p, running, osrelease)
         node = make_node(module)
+        task.backend = node.backend
         bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/')
         files = read_files(p)
         gate_module(module, node, p['kernel'])
@@ -343,13 +337,6 @@ def main():
             result['diff'] = {'before_header': files.grubenv_path, 'after_header': files.grubenv_path,
                               'before': gb.env_text(plan.before), 'after': gb.env_text(plan.after)}
         module.exit_json(**result)
-    except (bt.BootError, gb.GrubError, kn.KernelError, pk.PackageError) as e:
-        module.fail_json(msg=str(e))
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='kernel_boot: %s' % e)
-    finally:
-        if node is not None:
-            node.backend.close()
 
 
 if __name__ == '__main__':

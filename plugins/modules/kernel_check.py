@@ -101,20 +101,20 @@ installed_module_source:
   type: dict
 """
 
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel_args as ka
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask
 
 
 def main():
     module = AnsibleModule(argument_spec=ka.argument_spec(), supports_check_mode=True)
-    node = None
-    try:
+    with HostTask(module, 'kernel_check', (kn.KernelError, pk.PackageError)) as task:
         node = ka.make_node(module)
+        task.backend = node.backend
         if module.params['update_cache'] and not module.check_mode:
             node.backend.update_cache()
         req, kset, avail, way, installed = kn.inspect(node, ka.request(module), ka.running_kernel(module.params['proc_path']))
@@ -130,13 +130,6 @@ def main():
         if driver:
             module.fail_json(msg='kernel %s with driver %s: %s' % (req.kernel, req.driver_version, driver), **result)
         module.exit_json(**result)
-    except (kn.KernelError, pk.PackageError) as e:
-        module.fail_json(msg=str(e))
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='kernel_check: %s' % e)
-    finally:
-        if node is not None:
-            node.backend.close()
 
 
 if __name__ == '__main__':

@@ -34,17 +34,12 @@ description:
   - Does not change what boots; see M(gpufleet.upgrade.kernel_boot).
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
   - gpufleet.upgrade.kernel
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - Both pin files, the held packages, the protection record and the installed versions.
-  idempotent:
-    support: full
-    description: Running the module twice with the same input gives the same result.
 options:
   state:
     description:
@@ -132,13 +127,13 @@ commands:
   elements: list
 """
 
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel_args as ka
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask
 
 
 def release(module, node):
@@ -156,9 +151,9 @@ def main():
     spec = ka.argument_spec()
     spec['state'] = dict(type='str', default='present', choices=['present', 'released'])
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
-    node = None
-    try:
+    with HostTask(module, 'kernel_packages', (kn.KernelError, pk.PackageError), report_commands=True) as task:
         node = ka.make_node(module)
+        task.backend = node.backend
         if module.params['state'] == 'released':
             release(module, node)
         if module.params['update_cache'] and not module.check_mode:
@@ -175,13 +170,6 @@ def main():
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)
-    except (kn.KernelError, pk.PackageError) as e:
-        module.fail_json(msg=str(e), commands=node.runner.commands if node else [])
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='kernel_packages: %s' % e)
-    finally:
-        if node is not None:
-            node.backend.close()
 
 
 if __name__ == '__main__':

@@ -134,6 +134,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate as G
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
     HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 
 def read_and_evaluate(k8s: K8sClient, params: dict) -> dict:
@@ -178,16 +179,11 @@ def main() -> None:
     except G.NodeGateError as exc:
         module.fail_json(msg=str(exc))
     start = time.monotonic()
-    deadline = start + params['timeout']
-    attempts = 0
     try:
         k8s = K8sClient.from_params(params)
-        while True:
-            attempts += 1
-            result = read_and_evaluate(k8s, params)
-            if result['passed'] or time.monotonic() + params['interval'] > deadline:
-                break
-            time.sleep(params['interval'])
+        polled = poll(lambda: read_and_evaluate(k8s, params), params['timeout'], params['interval'],
+                      done=lambda evaluated: evaluated['passed'])
+        result, attempts = polled.value, polled.attempts
     except (K8sError, G.NodeGateError) as exc:
         module.fail_json(msg=str(exc), passed=False)
     except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv

@@ -33,15 +33,12 @@ description:
     runs on the node.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
   diff_mode:
-    support: full
     details:
       - Captured, the snapshot file; restored, the pin file, holds, installed versions and boot and modprobe files.
   idempotent:
-    support: full
     description: >-
       Capturing again keeps an existing snapshot unless O(force=true); restoring again changes nothing.
 options:
@@ -177,21 +174,18 @@ changed_files:
 """
 
 import shutil
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
 
 
 def backend_for(module):
     p = module.params
 
-    def run(argv, env):
-        return module.run_command(argv, environ_update=env)
-
-    runner = pk.Runner(run, p['installroot'])
+    runner = module_runner(module, p['installroot'])
     name = pk.detect_backend() if p['backend'] == 'auto' else p['backend']
     return pk.AptBackend(runner) if name == 'apt' else pk.DnfBackend(runner)
 
@@ -224,9 +218,8 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    backend = None
-    try:
-        backend = backend_for(module)
+    with HostTask(module, 'node_snapshot', (pk.PackageError, sn.SnapshotError), report_commands=True) as task:
+        backend = task.backend = backend_for(module)
         if p['state'] == 'captured':
             snap = sn.capture(backend, proc_path=p['proc_path'], gpu_facts=p['gpu_facts'],
                               package_patterns=p['package_patterns'])
@@ -251,13 +244,6 @@ def main():
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)
-    except (pk.PackageError, sn.SnapshotError) as e:
-        module.fail_json(msg=str(e), commands=backend.runner.commands if backend else [])
-    except (OSError, subprocess.SubprocessError) as e:
-        module.fail_json(msg='node_snapshot: %s' % e)
-    finally:
-        if backend is not None:
-            backend.close()
 
 
 if __name__ == '__main__':

@@ -29,13 +29,9 @@ description:
     C(canary.completedAt) is the latest finish time of a canary gate.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.mutating
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
   idempotent:
-    support: full
     description: The same bundle and revision give the same record, byte for byte.
 options:
   evidence:
@@ -104,12 +100,12 @@ dest:
 """
 
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.module_utils.common.text.converters import to_text
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import EvidenceError, loads
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fsio import read_text, write_text
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._qualification_record import (
     RecordError, build_record, dump_yaml)
 
@@ -156,23 +152,13 @@ def main():
     except (EvidenceError, RecordError) as exc:
         module.fail_json(msg='qualification_record: %s' % exc)
     content = dump_yaml(record, reasons)
-    old = None
-    if os.path.exists(p['dest']):
-        with open(p['dest'], 'rb') as handle:
-            old = to_text(handle.read(), errors='surrogate_or_strict')
+    old = read_text(p['dest'], 'surrogateescape')
     changed = old != content
     if changed and not module.check_mode:
         directory = os.path.dirname(os.path.abspath(p['dest']))
         if not os.path.isdir(directory):
             module.fail_json(msg='qualification_record: directory %s of dest does not exist' % directory)
-        fd, tmp = tempfile.mkstemp(prefix='.record-', dir=directory)
-        try:
-            with os.fdopen(fd, 'wb') as handle:
-                handle.write(to_bytes(content))
-            module.atomic_move(tmp, p['dest'])
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_text(p['dest'], content, makedirs=False, prefix='.record-')
     result = dict(changed=changed, qualified=record['state'] == 'qualified', reasons=reasons, record=record,
                   content=content, dest=p['dest'])
     if module._diff:

@@ -151,7 +151,6 @@ state:
       type: bool
 """
 
-import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -159,6 +158,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
     HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, NotFoundError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 
 def _gpufleet(node):
@@ -196,14 +196,10 @@ def main() -> None:
     try:
         k8s = K8sClient.from_params(p)
         if p['wait_ready']:
-            deadline = time.monotonic() + p['wait_ready']
-            checks = 1
-            while not S.is_ready(k8s.get(path)):
-                if time.monotonic() + p['interval'] > deadline:
-                    module.fail_json(msg='node %s did not become Ready within %ss (%d checks); nothing recorded'
-                                     % (p['node'], p['wait_ready'], checks), ready=False)
-                time.sleep(p['interval'])
-                checks += 1
+            ready = poll(lambda: S.is_ready(k8s.get(path)), p['wait_ready'], p['interval'])
+            if not ready.done:
+                module.fail_json(msg='node %s did not become Ready within %ss (%d checks); nothing recorded'
+                                 % (p['node'], p['wait_ready'], ready.attempts), ready=False)
         if not p['phase']:
             before = after = k8s.get(path)
         elif module.check_mode:

@@ -129,6 +129,16 @@ def test_node_advertises_gpu():
                                  H.DEFAULT_GPU_RESOURCES)
 
 
+def test_shared_gpus_are_gpu_resources_by_default():
+    # Defect fixed in issue 13: the default list missed nvidia.com/gpu.shared (time-slicing or MPS
+    # with renameByDefault), so such a pod was no GPU holder and such a node no GPU node.
+    p = S.pod('ts', resources={'nvidia.com/gpu.shared': '1'})
+    assert H.pod_gpu_resources(p, H.DEFAULT_GPU_RESOURCES) == ['nvidia.com/gpu.shared']
+    assert [h['reason'] for h in H.classify([p])] == ['resource nvidia.com/gpu.shared']
+    assert H.node_advertises_gpu(S.node('d', gpus=0, extra_resources={'nvidia.com/gpu.shared': '16'}),
+                                 H.DEFAULT_GPU_RESOURCES)
+
+
 def test_slice_nodes():
     slices = [{'spec': {'driver': 'gpu.nvidia.com', 'nodeName': 'n2'}},
               {'spec': {'driver': 'other', 'nodeName': 'n3'}},

@@ -13,7 +13,7 @@ _NONE = _nvml.NO_BINDING  # behave as if nvidia-ml-py were not installed
 
 
 def gpu(index, **over):
-    g = _nvml.empty_gpu(index)
+    g = _gpuhost.empty_gpu(index)
     g.update(over)
     return g
 

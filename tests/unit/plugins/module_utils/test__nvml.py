@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gpuhost, _nvml
 
 H100 = '10de:2330/10de:16c1'
 L40S = '10de:26b9/10de:1851'
@@ -51,7 +51,7 @@ def collect(fake_nvml, state, tmp_path, **kwargs):
 
 
 def gpu(index, **over):
-    g = _nvml.empty_gpu(index)
+    g = _gpuhost.empty_gpu(index)
     g.update(over)
     return g
 

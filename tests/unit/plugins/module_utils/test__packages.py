@@ -109,6 +109,17 @@ def test_presets():
         pk.check_version_in_branch('570.1.2', '580')
 
 
+def test_presets_are_named_records():
+    assert all(isinstance(p, pk.Preset) and p.backend in ('apt', 'dnf') for p in pk.PRESETS.values())
+    cuda = pk.PRESETS['cuda-repo']
+    assert cuda.unbranched_from == 590
+    assert cuda.packages('589').optional[0] == 'cuda-drivers-589'
+    unbranched = pk.PackageSet(('libnvidia-compute', 'nvidia-dkms-open'),
+                               ('cuda-drivers', 'nvidia-open', 'nvidia-fabricmanager', 'libnvidia-nscq'))
+    assert cuda.packages('600') == unbranched
+    assert pk.PRESETS['rhel-dnf'].packages('580').required[0] == 'nvidia-driver'
+
+
 # -- apt preferences, holds, policy -------------------------------------------------------------
 
 def test_render_preferences_exact_text():

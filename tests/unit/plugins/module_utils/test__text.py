@@ -1,0 +1,37 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Unit tests for _text.text_field, the one reader of an optional or required text field."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import text_field
+
+
+class Bad(ValueError):
+    pass
+
+
+def test_text_field_strips_and_treats_blank_as_missing():
+    assert text_field({'a': ' x '}, 'a', 'q') == 'x'
+    assert text_field({'a': '  '}, 'a', 'q') is None
+    assert text_field({}, 'a', 'q') is None
+
+
+@pytest.mark.parametrize('entry,numbers,message', [
+    ({}, False, 'q.a is required'),
+    ({'a': ' '}, False, 'q.a is required'),
+    ({'a': 3}, False, 'q.a: 3 is not a string'),
+    ({'a': True}, True, 'q.a: True is not a string'),
+    ({'a': [1]}, True, 'q.a: [1] is not a string'),
+])
+def test_text_field_errors_name_the_field(entry, numbers, message):
+    with pytest.raises(Bad) as err:
+        text_field(entry, 'a', 'q', required=True, error=Bad, numbers=numbers)
+    assert str(err.value) == message
+
+
+def test_numbers_are_taken_as_their_digits_when_allowed():
+    assert text_field({'a': 42}, 'a', 'q', numbers=True) == '42'
