@@ -34,8 +34,8 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
 
 __all__ = [
     'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
