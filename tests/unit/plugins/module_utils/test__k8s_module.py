@@ -296,3 +296,28 @@ def test_a_module_runs_without_the_kubernetes_library(exits, without_kubernetes)
         api.close()
     assert 'kubernetes' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]
     assert _k8s_module.__name__ in sys.modules
+
+
+def _run_node_isolation(api, **args):
+    from ansible_collections.gpufleet.upgrade.plugins.modules import node_isolation
+    with patch_module_args(dict({'host': api.url, 'api_key': 'sekret-token'}, **args)):
+        with pytest.raises(ModuleExit) as out:
+            node_isolation.main()
+    return out.value.result
+
+
+@pytest.mark.parametrize('check_mode', [True, False])
+def test_check_mode_reports_changed_as_the_real_run(exits, check_mode):
+    # Released by hand but for the owner annotation: the patch drops the annotation, the labels and taints
+    # stay as they are, so neither run reports a change.
+    node = {'metadata': {'name': 'gpu-1', 'resourceVersion': '7', 'labels': {'pool': 'a'},
+                         'annotations': {'gpufleet.io/isolated-by': 'gpufleet.upgrade.canary'}},
+            'spec': {'taints': [{'key': 'other', 'value': 'x', 'effect': 'NoSchedule'}]}}
+    api = Api({'/api/v1/nodes/gpu-1': (200, node)})   # the PATCH answer, too: the view is the same
+    try:
+        result = _run_node_isolation(api, node='gpu-1', state='absent', owner='gpufleet.upgrade.canary',
+                                     _ansible_check_mode=check_mode)
+    finally:
+        api.close()
+    assert result['failed'] is False and result['changed'] is False and result['released'] is True
+    assert [m for m, _p, _b in api.log] == (['GET'] if check_mode else ['GET', 'PATCH'])
