@@ -90,7 +90,7 @@ options:
     type: float
     default: 30
 requirements:
-  - urllib3 and PyYAML (Python libraries) for every request and for reading a kubeconfig file
+  - urllib3 (Python library) for every request, and PyYAML to read a kubeconfig file
   - kubernetes >= 31.0.0 (Python library), only for a kubeconfig whose user has an C(exec) or C(auth-provider) plugin,
     and for the in-cluster service account
 notes:
