@@ -541,7 +541,7 @@ def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str
                            'seconds': round(seconds, 1), 'kubelet_version': progress.kubelet_version,
                            'summary': progress.summary})
         if not progress.done:
-            out.msg = 'RKE2 Plan %s for node %s: %s. %s.' % (plan['metadata']['name'], node, progress.failed,
-                                                              RECOVERY_HINT)
+            out.msg = 'RKE2 Plan %s for node %s: %s. %s.' % (
+                plan['metadata']['name'], node, progress.failed, RECOVERY_HINT)
             return out
     return out
