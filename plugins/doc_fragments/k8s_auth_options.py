@@ -90,7 +90,9 @@ options:
     type: float
     default: 30
 requirements:
-  - kubernetes >= 31.0.0 (Python library; its dependencies urllib3 and PyYAML carry every request)
+  - urllib3 (Python library) for every request, and PyYAML to read a kubeconfig file
+  - kubernetes >= 31.0.0 (Python library), only for a kubeconfig whose user has an C(exec) or C(auth-provider) plugin,
+    and for the in-cluster service account
 notes:
   - All Kubernetes modules of the collection belong to the C(gpufleet.upgrade.k8s) action group, so
     C(module_defaults) with C(group/gpufleet.upgrade.k8s) sets these options once.

@@ -27,21 +27,21 @@ import bisect
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _cuda_data as D
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _cuda_data
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
 
 __all__ = ['CudaCompatError', 'GPU_CLASSES', 'check', 'check_application', 'driver_cuda_version',
            'minimum_drivers', 'parse_driver', 'parse_toolkit']
 
-GPU_CLASSES = D.FORWARD_COMPAT_GPU_CLASSES + ('other',)
+GPU_CLASSES = _cuda_data.FORWARD_COMPAT_GPU_CLASSES + ('other',)
 
 _TOOLKIT_RE = re.compile(r'^\s*(\d+)\.(\d+)(?:\.(\d+)|\s*(?:u|update)\s*(\d+))?\s*$', re.IGNORECASE)
 _DRIVER_RE = re.compile(r'^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*$')
 
-_TABLE = sorted((k, tuple(int(x) for x in v.split('.')), v) for k, v in D.TOOLKIT_DRIVERS)
+_TABLE = sorted((k, tuple(int(x) for x in v.split('.')), v) for k, v in _cuda_data.TOOLKIT_DRIVERS)
 _TABLE_KEYS = [row[0] for row in _TABLE]
-_TABLE_DRIVERS = dict((k, v) for k, v in D.TOOLKIT_DRIVERS)
-_FAMILIES = dict((major, (branch, floor, upper)) for major, branch, floor, upper in D.FAMILIES)
+_TABLE_DRIVERS = dict((k, v) for k, v in _cuda_data.TOOLKIT_DRIVERS)
+_FAMILIES = dict((major, (branch, floor, upper)) for major, branch, floor, upper in _cuda_data.FAMILIES)
 
 
 class CudaCompatError(ValueError):
@@ -159,13 +159,13 @@ def check_application(app: Any, driver: Any, gpu_class: str = 'other', index: in
     if fam and d >= floor:
         reasons.append('driver %s >= %s, the CUDA %d.x family minimum: minor-version compatibility with a limited '
                        'feature set (APIs newer than the driver fail with %s); test it explicitly'
-                       % (dtext, fam[1], t[0], D.ERR_REQUIRES_NEWER_DRIVER))
+                       % (dtext, fam[1], t[0], _cuda_data.ERR_REQUIRES_NEWER_DRIVER))
         flags.append('limited_feature_set')
         out.update(status='minor_version', compatible=True)
         if ptx_jit and t[:2] > dcuda_t:
             flags.append('ptx_newer_than_driver')
             reasons.append('the application JIT-compiles PTX from CUDA %d.%d, newer than the driver\'s CUDA %s: the '
-                           'driver\'s JIT rejects it (%s)' % (t[0], t[1], dcuda, D.ERR_UNSUPPORTED_PTX))
+                           'driver\'s JIT rejects it (%s)' % (t[0], t[1], dcuda, _cuda_data.ERR_UNSUPPORTED_PTX))
             out.update(status='incompatible', compatible=False)
         return out
     if fam is None and t[0] >= 11:
@@ -179,7 +179,7 @@ def check_application(app: Any, driver: Any, gpu_class: str = 'other', index: in
         need.append('no minor-version compatibility before CUDA 11')
     package = 'cuda-compat-%d-%d' % t[:2]
     if fwd:
-        if gpu_class in D.FORWARD_COMPAT_GPU_CLASSES:
+        if gpu_class in _cuda_data.FORWARD_COMPAT_GPU_CLASSES:
             out.update(status='forward', compatible=True)
             flags.append('forward_compat_package')
             reasons.append('driver %s is too old for CUDA %s (%s); the image carries %s, and forward compatibility '
@@ -218,5 +218,5 @@ def check(applications: Sequence[Any], driver: Any, gpu_class: str = 'other') ->
         'minor_version': [r['name'] for r in results if r['status'] == 'minor_version'],
         'forward': [r['name'] for r in results if r['status'] == 'forward'],
         'flagged': [r['name'] for r in results if 'ptx_newer_than_driver' in r['flags']],
-        'source': D.SOURCE,
+        'source': _cuda_data.SOURCE,
     }

@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ._poll import poll
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
+from ._k8s_module import apply_merge_patch
 # ANN_CORDON_TAINT: the timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle
 # controller put on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted
 # and set again by someone else since has another taint, and is not ours to lift).
@@ -279,21 +280,6 @@ def uncordon_patch(node: Dict[str, Any], uncordon_preexisting: bool = False) -> 
     if remove:
         patch['metadata'] = {'annotations': remove}
     return (patch or None), kept
-
-
-def apply_merge_patch(obj: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """RFC 7386 merge patch applied to a copy (for check-mode predictions and diffs)."""
-    if patch is None:
-        return json.loads(json.dumps(obj))
-    if not isinstance(patch, dict):
-        return patch
-    out = json.loads(json.dumps(obj)) if isinstance(obj, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = apply_merge_patch(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
 
 
 def merge_stopped_vms(existing: Optional[str], new: List[Dict[str, Any]]) -> str:

@@ -50,7 +50,6 @@ try:
     HAS_KUBERNETES = importlib.util.find_spec('kubernetes') is not None
 except (ImportError, ValueError):  # pragma: no cover
     HAS_KUBERNETES = False
-KUBERNETES_IMPORT_ERROR = None if HAS_KUBERNETES else ImportError("No module named 'kubernetes'")
 
 try:
     import urllib3

@@ -29,7 +29,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import show
 
 COMPONENTS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
@@ -112,19 +112,19 @@ def _tuple(value: Any, what: str) -> Dict[str, Optional[str]]:
     return out
 
 
-def load_record(qualification: Any) -> Tuple[Optional[q.Record], List[str]]:
+def load_record(qualification: Any) -> Tuple[Optional[_qualification.Record], List[str]]:
     """(record, problems loading it): the record's text (str or bytes) is read by the gate's strict
     loader; an already loaded ``_qualification.Record`` is taken as it is. A mapping is refused: a
     lax YAML reader may have turned what the gate refuses (``yes``, a duplicate key, an unquoted
     timestamp) into valid-looking values."""
     if qualification is None:
         return None, ['no qualification record given: the rollback is not proven']
-    if isinstance(qualification, q.Record):
+    if isinstance(qualification, _qualification.Record):
         return qualification, []
     if isinstance(qualification, (str, bytes)):
         try:
-            return q.parse_record(qualification), []
-        except q.QualificationError as exc:
+            return _qualification.parse_record(qualification), []
+        except _qualification.QualificationError as exc:
             return None, exc.problems
     return None, ['qualification: a %s is not accepted; give the record as read from its file (the upgrade '
                   'gate\'s strict loader must see its text)' % type(qualification).__name__]
@@ -140,12 +140,12 @@ def _proof_problems(qualification: Any, current: Dict[str, Optional[str]], comps
             return problems
         return ['the qualification record does not load (the upgrade gate refuses it): %s' % '; '.join(problems)]
     rid = show(record.id)
-    gate = q.record_problems(record)
+    gate = _qualification.record_problems(record)
     if pci_ids is None:
         gate.append('the node\'s PCI ids were not given, so the record\'s hardware cannot be checked')
     else:
-        gate.extend(p for p in q.hardware_problems(record, pci_ids) if p not in gate)
-    gate.extend(q.age_problems(record, max_canary_age, now))
+        gate.extend(p for p in _qualification.hardware_problems(record, pci_ids) if p not in gate)
+    gate.extend(_qualification.age_problems(record, max_canary_age, now))
     problems = []
     if record.rollback_passed is not True:
         problems.append('the qualification record %s has canary.rollbackPassed = false, not true: the rollback was '
@@ -163,7 +163,7 @@ def _proof_problems(qualification: Any, current: Dict[str, Optional[str]], comps
 def decide_rollback(node: str, previous: Any, current: Any, qualification: Any = None,
                     holders: Any = None, was_cordoned_before: bool = False,
                     platform_recovery: str = DEFAULT_PLATFORM_RECOVERY, pci_ids: Any = None,
-                    max_canary_age: Any = q.DEFAULT_MAX_CANARY_AGE,
+                    max_canary_age: Any = _qualification.DEFAULT_MAX_CANARY_AGE,
                     now: Optional[datetime.datetime] = None) -> RollbackDecision:
     """Decide the rollback of ``node`` from ``current`` back to ``previous`` (tuples, snake_case keys).
 

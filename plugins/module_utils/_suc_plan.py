@@ -309,19 +309,6 @@ def merge_patch(current: Any, desired: Any) -> Any:
     return None if current == desired else desired
 
 
-class PlanClient:
-    """What apply_plans needs from a Kubernetes client (``_k8s.K8sClient`` provides it)."""
-
-    def get_or_none(self, path: str) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def post(self, path: str, body: Dict[str, Any]) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def update(self, path: str, compute: Any) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
 @dataclass
 class ApplyResult:
     changed: bool
@@ -503,4 +490,57 @@ def unfinished_plans(existing: List[Dict[str, Any]], writing: List[str]) -> List
         out.append('Plan %s/%s (node %s) is not complete (Complete=%s%s)' % (
             meta.get('namespace'), meta.get('name'), (meta.get('annotations') or {}).get('gpufleet.io/node', '?'),
             cond.get('status', 'Unknown'), ', ' + cond['reason'] if cond.get('reason') else ''))
+    return out
+
+
+@dataclass
+class SequenceResult:
+    """What ``apply_one_at_a_time`` did. ``applied``: the Plans written so far (merged over the
+    steps); ``waited``: one entry a Plan waited for (name, node, done, seconds, kubelet_version,
+    summary); ``msg``: why it stopped before every Plan was done (None: all done); ``refused``: it
+    stopped before writing anything, ``problems`` saying why."""
+    applied: ApplyResult
+    waited: List[Dict[str, Any]] = field(default_factory=list)
+    msg: Optional[str] = None
+    refused: bool = False
+    problems: List[str] = field(default_factory=list)
+
+
+def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str, target_rke2: str,
+                        timeout: float, interval: float, clock: Any = None, sleep: Any = None) -> SequenceResult:
+    """Write the Plans one at a time, each after the previous one's node runs ``target_rke2``.
+
+    Never two RKE2 upgrades at once: while a gpufleet-managed Plan in ``namespace`` other than
+    these is unfinished, nothing is written (``refused``). Then for each Plan in order: create or
+    update it (``apply_plans``, which raises SucPlanError for a Plan someone else owns), and wait for
+    its node (``wait_for_plan``, ``timeout`` and ``interval`` seconds); the first that does not
+    finish stops the sequence (``msg``) and no later Plan is written."""
+    applied = ApplyResult(changed=False, applied=[], before={}, after={})
+    out = SequenceResult(applied=applied)
+    if not plans:
+        return out
+    busy = unfinished_plans(client.list_all('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % namespace,
+                                            {'labelSelector': 'app.kubernetes.io/managed-by=%s' % MANAGED_BY}),
+                            [pl['metadata']['name'] for pl in plans])
+    if busy:
+        out.refused, out.problems = True, busy
+        out.msg = ('refusing to write the RKE2 Plan of %s while another RKE2 upgrade is unfinished: %s. %s.'
+                   % (', '.join(pl['metadata']['annotations']['gpufleet.io/node'] for pl in plans), '; '.join(busy),
+                      RECOVERY_HINT))
+        return out
+    for plan in plans:
+        step = apply_plans(client, [plan], check_mode=False)
+        applied.changed = applied.changed or step.changed
+        applied.applied += step.applied
+        applied.before.update(step.before)
+        applied.after.update(step.after)
+        node = plan['metadata']['annotations']['gpufleet.io/node']
+        progress, seconds = wait_for_plan(client, plan, node, target_rke2, timeout, interval, clock=clock, sleep=sleep)
+        out.waited.append({'name': plan['metadata']['name'], 'node': node, 'done': progress.done,
+                           'seconds': round(seconds, 1), 'kubelet_version': progress.kubelet_version,
+                           'summary': progress.summary})
+        if not progress.done:
+            out.msg = 'RKE2 Plan %s for node %s: %s. %s.' % (
+                plan['metadata']['name'], node, progress.failed, RECOVERY_HINT)
+            return out
     return out

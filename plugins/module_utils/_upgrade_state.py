@@ -136,23 +136,6 @@ def set_patch(node: Dict[str, Any], phase: str, key: str,
     return {'metadata': {'annotations': patch}} if patch else None
 
 
-def apply_patch(node: Dict[str, Any], patch: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The node as it will be after the merge patch (check mode's prediction)."""
-    if not patch:
-        return node
-    out = dict(node)
-    meta = dict(out.get('metadata') or {})
-    ann = dict(meta.get('annotations') or {})
-    for k, v in patch['metadata']['annotations'].items():
-        if v is None:
-            ann.pop(k, None)
-        else:
-            ann[k] = v
-    meta['annotations'] = ann
-    out['metadata'] = meta
-    return out
-
-
 def isolation_patch(node: Dict[str, Any], present: bool, key: str = CANARY_KEY,
                     effect: str = 'NoSchedule', owner: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """Merge patch that adds (or removes) the canary label `key=true` and taint `key=true:effect`,

@@ -115,17 +115,13 @@ resources:
   elements: list
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fleet as F
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fleet
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
 def _read(k8s, spec):
-    plural = spec.get('plural') or F.plural_of(spec['kind'])
+    plural = spec.get('plural') or _fleet.plural_of(spec['kind'])
     if spec.get('name'):
         obj = k8s.get_or_none(path_for(spec['api_version'], plural, spec['name'], spec.get('namespace')))
         return [obj] if obj else []
@@ -138,8 +134,7 @@ def _read(k8s, spec):
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('fleet_info', dict(
         node_selector={'type': 'str', 'default': ''},
         names={'type': 'list', 'elements': 'str', 'default': []},
         gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
@@ -147,19 +142,16 @@ def main() -> None:
         dcgm_exporter={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'DaemonSet',
                                                    'namespace': 'gpu-operator', 'name': 'nvidia-dcgm-exporter'}},
         resources={'type': 'list', 'elements': 'dict', 'default': []},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    ))
     p = module.params
-    try:
-        specs = [F.validate_resource(i, r) for i, r in enumerate(p['resources'])]
+    with module.errors(expected=(_fleet.FleetError,)):
+        specs = [_fleet.validate_resource(i, r) for i, r in enumerate(p['resources'])]
         for field in ('gpu_operator', 'dcgm_exporter'):
             if p[field]:  # {} skips it (a null cannot be told from the default)
-                F.validate_resource(0, p[field])
-        k8s = K8sClient.from_params(p)
+                _fleet.validate_resource(0, p[field])
+        k8s = module.client
         query = {'labelSelector': p['node_selector']} if p['node_selector'] else None
-        nodes = [F.node_facts(n) for n in k8s.list_all(path_for('v1', 'nodes'), query)]
+        nodes = [_fleet.node_facts(n) for n in k8s.list_all(path_for('v1', 'nodes'), query)]
         if p['names']:
             wanted = set(p['names'])
             missing = sorted(wanted - {n['name'] for n in nodes})
@@ -170,14 +162,8 @@ def main() -> None:
         cluster = {}
         for field in ('gpu_operator', 'dcgm_exporter'):
             objs = _read(k8s, p[field]) if p[field] else []
-            cluster[field] = F.image_version(objs[0]) if objs else None
+            cluster[field] = _fleet.image_version(objs[0]) if objs else None
         resources = [_read(k8s, s) for s in specs]
-    except F.FleetError as exc:
-        module.fail_json(msg=str(exc))
-    except K8sError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='unexpected error: %s' % exc, exception=traceback.format_exc())
     module.exit_json(changed=False, nodes=nodes, cluster=cluster, resources=resources)
 
 

@@ -150,13 +150,9 @@ api_requests:
   type: int
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _holders as H
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, NotFoundError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _holders
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sClient, K8sError, NotFoundError, path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
 def collect(k8s: K8sClient, params: dict) -> dict:
@@ -167,7 +163,7 @@ def collect(k8s: K8sClient, params: dict) -> dict:
     not_finished = 'status.phase!=Succeeded,status.phase!=Failed'
     claims = k8s.list_optional(path_for('resource.k8s.io/v1', 'resourceclaims'))
     vmis = k8s.list_optional(path_for('kubevirt.io/v1', 'virtualmachineinstances'))
-    classifier = H.Classifier(vmis, claims, gpu_resources, params['runtime_classes'], dra_drivers)
+    classifier = _holders.Classifier(vmis, claims, gpu_resources, params['runtime_classes'], dra_drivers)
     if params.get('nodes'):
         nodes = list(dict.fromkeys(params['nodes']))
         for name in nodes:
@@ -183,47 +179,39 @@ def collect(k8s: K8sClient, params: dict) -> dict:
     else:
         nodes = []
         for page in k8s.list_pages(path_for('v1', 'nodes'), None, limit):
-            nodes.extend((n.get('metadata') or {}).get('name') for n in page if H.node_advertises_gpu(n, gpu_resources))
-        nodes.extend(H.slice_nodes(k8s.list_optional(path_for('resource.k8s.io/v1', 'resourceslices')), dra_drivers))
+            nodes.extend((n.get('metadata') or {}).get('name') for n in page
+                         if _holders.node_advertises_gpu(n, gpu_resources))
+        nodes.extend(_holders.slice_nodes(k8s.list_optional(path_for('resource.k8s.io/v1', 'resourceslices')),
+                                          dra_drivers))
         # One cluster-wide list, classified page by page: only the holders stay in memory.
         for page in k8s.list_pages(path_for('v1', 'pods'), {'fieldSelector': not_finished}, limit):
             classifier.add_pods(page)
         holders = classifier.holders()
         nodes = sorted(set(nodes) | {h['node'] for h in holders if h['node']})
-    return {'holders': holders, 'by_node': H.by_node(holders, nodes), 'nodes': nodes}
+    return {'holders': holders, 'by_node': _holders.by_node(holders, nodes), 'nodes': nodes}
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('gpu_holders_info', dict(
         nodes={'type': 'list', 'elements': 'str'},
-        gpu_resources={'type': 'list', 'elements': 'str', 'default': list(H.DEFAULT_GPU_RESOURCES)},
-        runtime_classes={'type': 'list', 'elements': 'str', 'default': list(H.DEFAULT_RUNTIME_CLASSES)},
-        dra_drivers={'type': 'list', 'elements': 'str', 'default': list(H.DEFAULT_DRA_DRIVERS)},
+        gpu_resources={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_GPU_RESOURCES)},
+        runtime_classes={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_RUNTIME_CLASSES)},
+        dra_drivers={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_DRA_DRIVERS)},
         page_size={'type': 'int', 'default': 500},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    ), count_requests=True)
     params = module.params
     try:
-        H.validate_options(params['gpu_resources'], params['runtime_classes'], params['dra_drivers'])
+        _holders.validate_options(params['gpu_resources'], params['runtime_classes'], params['dra_drivers'])
         if params['page_size'] < 1:
-            raise H.HolderOptionError('page_size must be >= 1, got %r' % params['page_size'])
+            raise _holders.HolderOptionError('page_size must be >= 1, got %r' % params['page_size'])
         for n in params.get('nodes') or []:
             if not n or not n.strip():
-                raise H.HolderOptionError('nodes: %r is not a node name' % n)
-    except H.HolderOptionError as exc:
+                raise _holders.HolderOptionError('nodes: %r is not a node name' % n)
+    except _holders.HolderOptionError as exc:
         module.fail_json(msg=str(exc))
-    k8s = None
-    try:
-        k8s = K8sClient.from_params(params)
-        result = collect(k8s, params)
-    except K8sError as exc:
-        module.fail_json(msg=str(exc), api_requests=k8s.requests_made if k8s else 0)
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='gpu_holders_info failed: %s' % exc, exception=traceback.format_exc())
-    module.exit_json(changed=False, api_requests=k8s.requests_made, **result)
+    with module.errors():
+        result = collect(module.client, params)
+    module.exit_json(changed=False, api_requests=module.api_requests, **result)
 
 
 if __name__ == '__main__':

@@ -275,62 +275,47 @@ api_requests:
   type: int
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, NotFoundError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
-def run(module: AnsibleModule, k8s: K8sClient) -> dict:
+def run(module: K8sModule) -> dict:
     params = module.params
     name = params['name']
-    opts = D.options_from_params(params)
-    drainer = D.Drainer(D.KubeDrainClient(k8s), opts, check_mode=module.check_mode)
+    opts = _drain.options_from_params(params)
+    drainer = _drain.Drainer(_drain.KubeDrainClient(module.client), opts, check_mode=module.check_mode)
     base = {'evicted': [], 'remaining': [], 'blocked': [], 'skipped_pods': [], 'stopped_vms': []}
-    try:
-        if params['state'] == 'start_vms':
-            r = drainer.start_vms(name)
-            for k in ('started_vms', 'unchanged_vms', 'left_vms', 'failed', 'msg'):
-                base[k] = r[k]
-            base.update(changed=r['changed'],
-                        upgrade_state=r['after']['node']['annotations'].get(D.ANN_STATE))
-            if module._diff:
-                base['diff'] = {'before': r['before'], 'after': r['after'],
-                                'before_header': 'node/%s' % name, 'after_header': 'node/%s' % name}
-            return base
-        if params['state'] == 'cordon':
-            r = drainer.cordon(name)
-        elif params['state'] == 'uncordon':
-            r = drainer.uncordon(name, uncordon_preexisting=params['uncordon_preexisting'])
-            base['kept_cordon'] = r['kept_cordon']
-        else:
-            r = drainer.drain(name)
-    except NotFoundError as exc:
-        if exc.path == path_for('v1', 'nodes', name):
-            raise K8sError('name: node %r does not exist' % name)
-        raise
-    if params['state'] == 'drain':
+    if params['state'] == 'start_vms':
+        r = drainer.start_vms(name)
+        for k in ('started_vms', 'unchanged_vms', 'left_vms', 'failed', 'msg'):
+            base[k] = r[k]
+        base.update(changed=r['changed'],
+                    upgrade_state=r['after']['node']['annotations'].get(_drain.ANN_STATE))
+        base.update(module.diff(r['before'], r['after'], 'node/%s' % name))
+        return base
+    if params['state'] == 'cordon':
+        r = drainer.cordon(name)
+    elif params['state'] == 'uncordon':
+        r = drainer.uncordon(name, uncordon_preexisting=params['uncordon_preexisting'])
+        base['kept_cordon'] = r['kept_cordon']
+    else:
+        r = drainer.drain(name)
         for k in ('evicted', 'remaining', 'blocked', 'stopped_vms', 'waiting_for_jobs', 'failed', 'msg'):
             if k in r:
                 base[k] = r[k]
         base['skipped_pods'] = r['skipped']
         r['before'], r['after'] = r['diff']['before'], r['diff']['after']
     base.update(changed=r['changed'], initially_unschedulable=r['initially_unschedulable'],
-                upgrade_state=r['after']['annotations'].get(D.ANN_STATE))
-    if module._diff:
-        base['diff'] = {'before': r['before'], 'after': r['after'],
-                        'before_header': 'node/%s' % name, 'after_header': 'node/%s' % name}
+                upgrade_state=r['after']['annotations'].get(_drain.ANN_STATE))
+    base.update(module.diff(r['before'], r['after'], 'node/%s' % name))
     return base
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('node_drain', dict(
         name={'type': 'str', 'required': True},
-        state={'type': 'str', 'choices': list(D.STATES), 'default': 'drain'},
+        state={'type': 'str', 'choices': list(_drain.STATES), 'default': 'drain'},
         timeout={'type': 'float', 'default': 300},
         grace_period={'type': 'int'},
         pod_selector={'type': 'str'},
@@ -344,29 +329,22 @@ def main() -> None:
             'selector': {'type': 'str', 'required': True},
             'timeout': {'type': 'float', 'default': 3600},
         }},
-        vmi_policy={'type': 'str', 'choices': list(D.VMI_POLICIES), 'default': 'refuse'},
+        vmi_policy={'type': 'str', 'choices': list(_drain.VMI_POLICIES), 'default': 'refuse'},
         parallel={'type': 'int', 'default': 10},
         retry_interval={'type': 'float', 'default': 2.5},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
-    if not module.params['name'].strip():
-        module.fail_json(msg='name: %r is not a node name' % module.params['name'])
+    ), count_requests=True)
+    name, state = module.params['name'], module.params['state']
+    if not name.strip():
+        module.fail_json(msg='name: %r is not a node name' % name)
     try:
-        D.options_from_params(module.params)
-    except D.DrainError as exc:
+        _drain.options_from_params(module.params)
+    except _drain.DrainError as exc:
         module.fail_json(msg=str(exc))
-    k8s = None
-    try:
-        k8s = K8sClient.from_params(module.params)
-        result = run(module, k8s)
-    except (K8sError, D.DrainError) as exc:
-        module.fail_json(msg='%s (node %s, state %s)' % (exc, module.params['name'], module.params['state']),
-                         api_requests=k8s.requests_made if k8s else 0)
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='node_drain failed: %s' % exc, exception=traceback.format_exc())
-    result['api_requests'] = k8s.requests_made
+    context = 'node %s, state %s' % (name, state)
+    with module.errors(expected=(_drain.DrainError,), context=context,
+                       not_found={path_for('v1', 'nodes', name): 'name: node %r does not exist (%s)' % (name, context)}):
+        result = run(module)
+    result['api_requests'] = module.api_requests
     if result.pop('failed', False):
         module.fail_json(**result)
     result.pop('msg', None)

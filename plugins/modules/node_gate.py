@@ -127,13 +127,10 @@ elapsed:
 """
 
 import time
-import traceback
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate as G
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sClient, path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 
@@ -142,27 +139,24 @@ def read_and_evaluate(k8s: K8sClient, params: dict) -> dict:
     pods = []
     if node is not None:
         pods = k8s.list_all(path_for('v1', 'pods'), {'fieldSelector': 'spec.nodeName=%s' % params['node']})
-    return G.evaluate(params['node'], node, pods, params['expected_gpus'],
-                      device_plugin_selector=params['device_plugin_selector'],
-                      validator_selector=params['validator_selector'] or None,
-                      validator_required=params['validator_required'], allowed_taints=params['allowed_taints'])
+    return _node_gate.evaluate(params['node'], node, pods, params['expected_gpus'],
+                               device_plugin_selector=params['device_plugin_selector'],
+                               validator_selector=params['validator_selector'] or None,
+                               validator_required=params['validator_required'],
+                               allowed_taints=params['allowed_taints'])
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('node_gate', dict(
         node={'type': 'str', 'required': True},
         expected_gpus={'type': 'dict', 'required': True},
-        device_plugin_selector={'type': 'str', 'default': G.DEFAULT_DEVICE_PLUGIN_SELECTOR},
-        validator_selector={'type': 'str', 'default': G.DEFAULT_VALIDATOR_SELECTOR},
+        device_plugin_selector={'type': 'str', 'default': _node_gate.DEFAULT_DEVICE_PLUGIN_SELECTOR},
+        validator_selector={'type': 'str', 'default': _node_gate.DEFAULT_VALIDATOR_SELECTOR},
         validator_required={'type': 'bool', 'default': False},
         allowed_taints={'type': 'list', 'elements': 'str', 'default': []},
         timeout={'type': 'int', 'default': 0},
         interval={'type': 'float', 'default': 5},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    ))
     params = module.params
     if not params['node'].strip():
         module.fail_json(msg='node: %r is not a node name' % params['node'])
@@ -172,22 +166,17 @@ def main() -> None:
         module.fail_json(msg='interval: %r must be more than 0 seconds' % params['interval'])
     try:
         # Bad options fail before any request.
-        G.validate_expected(params['expected_gpus'])
-        G.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')
+        _node_gate.validate_expected(params['expected_gpus'])
+        _node_gate.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')
         if params['validator_selector']:
-            G.parse_label_selector(params['validator_selector'], 'validator_selector')
-    except G.NodeGateError as exc:
+            _node_gate.parse_label_selector(params['validator_selector'], 'validator_selector')
+    except _node_gate.NodeGateError as exc:
         module.fail_json(msg=str(exc))
     start = time.monotonic()
-    try:
-        k8s = K8sClient.from_params(params)
-        polled = poll(lambda: read_and_evaluate(k8s, params), params['timeout'], params['interval'],
+    with module.errors(expected=(_node_gate.NodeGateError,), passed=False):
+        polled = poll(lambda: read_and_evaluate(module.client, params), params['timeout'], params['interval'],
                       done=lambda evaluated: evaluated['passed'])
         result, attempts = polled.value, polled.attempts
-    except (K8sError, G.NodeGateError) as exc:
-        module.fail_json(msg=str(exc), passed=False)
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='node_gate failed: %s' % exc, exception=traceback.format_exc())
     result.update(attempts=attempts, elapsed=round(time.monotonic() - start, 3), changed=False)
     if not result['passed']:
         if params['timeout']:

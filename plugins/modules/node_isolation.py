@@ -91,13 +91,9 @@ released:
   type: bool
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, NotFoundError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
 def _view(node):
@@ -105,57 +101,24 @@ def _view(node):
             'taints': list((node.get('spec') or {}).get('taints') or [])}
 
 
-def _predict(node, patch):
-    if not patch:
-        return node
-    view = _view(node)
-    for k, v in ((patch.get('metadata') or {}).get('labels') or {}).items():
-        if v is None:
-            view['labels'].pop(k, None)
-        else:
-            view['labels'][k] = v
-    if 'spec' in patch:
-        view['taints'] = list(patch['spec']['taints'] or [])
-    return {'metadata': {'labels': view['labels']}, 'spec': {'taints': view['taints']}}
-
-
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('node_isolation', dict(
         node={'type': 'str', 'required': True},
         state={'type': 'str', 'choices': ['present', 'absent'], 'default': 'present'},
-        key={'type': 'str', 'default': S.CANARY_KEY, 'no_log': False},
+        key={'type': 'str', 'default': _upgrade_state.CANARY_KEY, 'no_log': False},
         owner={'type': 'str'},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    ))
     p = module.params
     present = p['state'] == 'present'
     path = path_for('v1', 'nodes', p['node'])
-    try:
-        k8s = K8sClient.from_params(p)
-        if module.check_mode:
-            before = k8s.get(path)
-            patch = S.isolation_patch(before, present, p['key'], owner=p['owner'])
-            after = _predict(before, patch)
-            changed = patch is not None
-        else:
-            before, after = k8s.update(path, lambda n: S.isolation_patch(n, present, p['key'], owner=p['owner']))
-            changed = _view(before) != _view(after)
-    except NotFoundError:
-        module.fail_json(msg='node: %r does not exist' % p['node'])
-    except K8sError as exc:
-        module.fail_json(msg='%s (node %s)' % (exc, p['node']))
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='unexpected error: %s' % exc, exception=traceback.format_exc())
-    result = dict(changed=changed, **_view(after))
+    with module.errors(context='node %s' % p['node'], not_found={path: 'node: %r does not exist' % p['node']}):
+        before, after = module.update(
+            path, lambda n: _upgrade_state.isolation_patch(n, present, p['key'], owner=p['owner']))
+    result = dict(changed=_view(before) != _view(after), **_view(after))
     if not present:
         result['released'] = p['key'] not in result['labels'] and not any(
             t.get('key') == p['key'] for t in result['taints'])
-    if module._diff:
-        result['diff'] = {'before': _view(before), 'after': _view(after),
-                          'before_header': 'node/%s' % p['node'], 'after_header': 'node/%s' % p['node']}
+    result.update(module.diff(_view(before), _view(after), 'node/%s' % p['node']))
     module.exit_json(**result)
 
 

@@ -131,7 +131,7 @@ changed_components:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rollback_policy import (
     DEFAULT_PLATFORM_RECOVERY, RollbackPolicyError, decide_rollback)
 
@@ -144,7 +144,7 @@ def main() -> None:
             current=dict(type='dict', required=True),
             qualification=dict(type='path'),
             pci_ids=dict(type='list', elements='str'),
-            max_canary_age=dict(type='str', default=q.DEFAULT_MAX_CANARY_AGE),
+            max_canary_age=dict(type='str', default=_qualification.DEFAULT_MAX_CANARY_AGE),
             holders=dict(type='list', elements='raw', default=[]),
             was_cordoned_before=dict(type='bool', default=False),
             platform_recovery=dict(type='str'),
@@ -155,8 +155,8 @@ def main() -> None:
     record = None
     if p['qualification']:
         try:
-            record = q.read_record_file(p['qualification'])
-        except q.QualificationError as exc:
+            record = _qualification.read_record_file(p['qualification'])
+        except _qualification.QualificationError as exc:
             module.fail_json(msg='qualification: %s' % '; '.join(exc.problems))
     try:
         decision = decide_rollback(node=p['node'], previous=p['previous'], current=p['current'],

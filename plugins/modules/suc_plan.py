@@ -260,20 +260,15 @@ problems:
   elements: str
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
-    DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, RECOVERY_HINT, SucPlanError,
-    apply_plans, render_plans, unfinished_plans, wait_for_plan)
+    DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, apply_one_at_a_time,
+    apply_plans, render_plans)
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('suc_plan', dict(
         state=dict(type='str', choices=['rendered', 'present'], default='rendered'),
         nodes=dict(type='list', elements='dict', required=True, options=dict(
             name=dict(type='str', required=True),
@@ -301,72 +296,38 @@ def main() -> None:
         wait=dict(type='bool', default=False),
         wait_timeout=dict(type='int', default=1800),
         wait_interval=dict(type='float', default=10.0),
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    ))
     p = module.params
-    try:
+    with module.errors(expected=(SucPlanError,), prefixes={SucPlanError: 'refusing to render RKE2 Plans: '}):
         result = render_plans(
             nodes=p['nodes'], target_rke2=p['target_rke2'], current_rke2=p['current_rke2'],
             control_plane_rke2=p['control_plane_rke2'], namespace=p['namespace'],
             service_account=p['service_account'], image=p['image'], name_prefix=p['name_prefix'],
             drain=p['drain'], server_plan=p['server_plan'], cordon=p['cordon'])
-    except SucPlanError as exc:
-        module.fail_json(msg='refusing to render RKE2 Plans: %s' % '; '.join(exc.problems),
-                         problems=exc.problems)
     out = dict(changed=False, plans=result.plans, nodes=[n.as_dict() for n in result.nodes], notes=result.notes)
     if p['state'] == 'present':
-        if not HAS_KUBERNETES:
-            module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
         waiting = p['wait'] and not module.check_mode
         if p['wait'] and (p['wait_timeout'] <= 0 or p['wait_interval'] <= 0):
             module.fail_json(msg='wait_timeout (%r) and wait_interval (%r) must be positive'
                              % (p['wait_timeout'], p['wait_interval']))
-        waited = []
-        try:
-            client = K8sClient.from_params(p)
+        with module.errors(expected=(SucPlanError,), prefixes={SucPlanError: 'refusing to apply RKE2 Plans: ',
+                                                               K8sError: 'applying RKE2 Plans failed: '}, **out):
             if waiting and result.plans:
-                # Never two RKE2 upgrades at once: no Plan is written while another of ours is unfinished.
-                busy = unfinished_plans(client.list_all('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % p['namespace'],
-                                                        {'labelSelector': 'app.kubernetes.io/managed-by=gpufleet.upgrade'}),
-                                        [pl['metadata']['name'] for pl in result.plans])
-                if busy:
-                    module.fail_json(msg='refusing to write the RKE2 Plan of %s while another RKE2 upgrade is unfinished: '
-                                     '%s. %s.' % (', '.join(pl['metadata']['annotations']['gpufleet.io/node']
-                                                            for pl in result.plans), '; '.join(busy), RECOVERY_HINT),
-                                     problems=busy, **out)
                 # One Plan at a time: write it, wait for its node, then the next.
-                applied = apply_plans(client, result.plans[:1], check_mode=False)
-                for i, plan in enumerate(result.plans):
-                    if i:
-                        step = apply_plans(client, [plan], check_mode=False)
-                        applied.changed = applied.changed or step.changed
-                        applied.applied += step.applied
-                        applied.before.update(step.before)
-                        applied.after.update(step.after)
-                    node = plan['metadata']['annotations']['gpufleet.io/node']
-                    progress, seconds = wait_for_plan(client, plan, node, p['target_rke2'], p['wait_timeout'],
-                                                      p['wait_interval'])
-                    waited.append({'name': plan['metadata']['name'], 'node': node, 'done': progress.done,
-                                   'seconds': round(seconds, 1), 'kubelet_version': progress.kubelet_version,
-                                   'summary': progress.summary})
-                    if not progress.done:
-                        out.update(changed=applied.changed, applied=applied.applied, waited=waited)
-                        module.fail_json(msg='RKE2 Plan %s for node %s: %s. %s.' % (
-                            plan['metadata']['name'], node, progress.failed, RECOVERY_HINT), **out)
+                sequence = apply_one_at_a_time(module.client, result.plans, p['namespace'], p['target_rke2'],
+                                               p['wait_timeout'], p['wait_interval'])
+                if sequence.refused:
+                    module.fail_json(msg=sequence.msg, problems=sequence.problems, **out)
+                applied = sequence.applied
+                if sequence.msg:
+                    out.update(changed=applied.changed, applied=applied.applied, waited=sequence.waited)
+                    module.fail_json(msg=sequence.msg, **out)
+                out['waited'] = sequence.waited
             else:  # not waiting, or nothing to write (every node already runs the target)
-                applied = apply_plans(client, result.plans, check_mode=module.check_mode)
-        except SucPlanError as exc:
-            module.fail_json(msg='refusing to apply RKE2 Plans: %s' % '; '.join(exc.problems),
-                             problems=exc.problems, **out)
-        except K8sError as exc:
-            module.fail_json(msg='applying RKE2 Plans failed: %s' % exc, **out)
-        except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-            module.fail_json(msg='suc_plan failed: %s' % exc, exception=traceback.format_exc())
-        out.update(changed=applied.changed, applied=applied.applied)
-        if waiting:
-            out['waited'] = waited
-        if module._diff:
-            out['diff'] = {'before': applied.before, 'after': applied.after}
+                applied = apply_plans(module.client, result.plans, check_mode=module.check_mode)
+                if waiting:
+                    out['waited'] = []
+        out.update(changed=applied.changed, applied=applied.applied, **module.diff(applied.before, applied.after))
     module.exit_json(**out)
 
 

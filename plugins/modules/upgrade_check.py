@@ -182,9 +182,9 @@ msg:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _duration
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification
 
-_TUPLE_OPTIONS = {name: {'type': 'str', 'required': True} for name in q.MODULE_COMPONENTS}
+_TUPLE_OPTIONS = {name: {'type': 'str', 'required': True} for name in _qualification.MODULE_COMPONENTS}
 
 
 def main() -> None:
@@ -194,13 +194,14 @@ def main() -> None:
             'pci_ids': {'type': 'list', 'elements': 'str', 'required': True},
             'current': {'type': 'dict', 'required': True, 'options': dict(_TUPLE_OPTIONS)},
             'target': {'type': 'dict', 'required': True, 'options': dict(_TUPLE_OPTIONS)},
-            'max_canary_age': {'type': 'str', 'default': q.DEFAULT_MAX_CANARY_AGE},
+            'max_canary_age': {'type': 'str', 'default': _qualification.DEFAULT_MAX_CANARY_AGE},
         },
         supports_check_mode=True,
     )
-    if q.yaml is None:
+    if _qualification.yaml is None:
         message = missing_required_lib('PyYAML')
-        module.fail_json(msg=message, exception=q.YAML_IMPORT_ERROR, changed=False, passed=False, problems=[message])
+        module.fail_json(msg=message, exception=_qualification.YAML_IMPORT_ERROR, changed=False, passed=False,
+                         problems=[message])
 
     p = module.params
     try:
@@ -208,16 +209,16 @@ def main() -> None:
     except ValueError:
         pass  # the gate reports it as a problem
     else:
-        if seconds > _duration.parse(q.DEFAULT_MAX_CANARY_AGE):
+        if seconds > _duration.parse(_qualification.DEFAULT_MAX_CANARY_AGE):
             module.warn('max_canary_age %s is longer than the default %s: never extend stale evidence for convenience; '
                         'rerun the canary when the tuple or the environment has changed.'
-                        % (p['max_canary_age'], q.DEFAULT_MAX_CANARY_AGE))
+                        % (p['max_canary_age'], _qualification.DEFAULT_MAX_CANARY_AGE))
     try:
-        record_text = q.read_record_file(p['qualification'])
-    except q.QualificationError as exc:
-        result = q.GateResult(False, exc.problems)
+        record_text = _qualification.read_record_file(p['qualification'])
+    except _qualification.QualificationError as exc:
+        result = _qualification.GateResult(False, exc.problems)
     else:
-        result = q.check_gate(record_text, p['pci_ids'], p['current'], p['target'], p['max_canary_age'])
+        result = _qualification.check_gate(record_text, p['pci_ids'], p['current'], p['target'], p['max_canary_age'])
 
     if result.passed:
         module.exit_json(changed=False, passed=True, problems=[], qualification=result.qualification, msg=result.msg)

@@ -151,13 +151,9 @@ state:
       type: bool
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, NotFoundError, auth_argument_spec, path_for)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
 
@@ -167,57 +163,37 @@ def _gpufleet(node):
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('upgrade_state', dict(
         node={'type': 'str', 'required': True},
         target={'type': 'dict', 'required': True},
-        phase={'type': 'str', 'choices': list(S.SETTABLE)},
+        phase={'type': 'str', 'choices': list(_upgrade_state.SETTABLE)},
         snapshot_sha256={'type': 'str'},
         wait_ready={'type': 'float', 'default': 0},
         interval={'type': 'float', 'default': 5},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    ))
     p = module.params
-    try:
-        key = S.target_key(p['target'])
-    except S.StateError as exc:
-        module.fail_json(msg=str(exc))
-    if p['snapshot_sha256'] is not None:
-        try:
-            S.set_patch({}, p['phase'] or '(none)', key, p['snapshot_sha256'])
-        except S.StateError as exc:
-            module.fail_json(msg=str(exc))
+    with module.errors(expected=(_upgrade_state.StateError,)):
+        key = _upgrade_state.target_key(p['target'])
+        if p['snapshot_sha256'] is not None:
+            _upgrade_state.set_patch({}, p['phase'] or '(none)', key, p['snapshot_sha256'])
     if p['wait_ready'] < 0 or p['interval'] <= 0:
         module.fail_json(msg='wait_ready: %r must be 0 or more and interval: %r more than 0 seconds'
                          % (p['wait_ready'], p['interval']))
     path = path_for('v1', 'nodes', p['node'])
-    try:
-        k8s = K8sClient.from_params(p)
+    with module.errors(expected=(_upgrade_state.StateError,), context='node %s' % p['node'],
+                       not_found={path: 'node: %r does not exist' % p['node']}):
         if p['wait_ready']:
-            ready = poll(lambda: S.is_ready(k8s.get(path)), p['wait_ready'], p['interval'])
+            ready = poll(lambda: _upgrade_state.is_ready(module.client.get(path)), p['wait_ready'], p['interval'])
             if not ready.done:
                 module.fail_json(msg='node %s did not become Ready within %ss (%d checks); nothing recorded'
                                  % (p['node'], p['wait_ready'], ready.attempts), ready=False)
-        if not p['phase']:
-            before = after = k8s.get(path)
-        elif module.check_mode:
-            before = k8s.get(path)
-            after = S.apply_patch(before, S.set_patch(before, p['phase'], key, p['snapshot_sha256']))
+        if p['phase']:
+            before, after = module.update(
+                path, lambda n: _upgrade_state.set_patch(n, p['phase'], key, p['snapshot_sha256']))
         else:
-            before, after = k8s.update(path, lambda n: S.set_patch(n, p['phase'], key, p['snapshot_sha256']))
-    except NotFoundError:
-        module.fail_json(msg='node: %r does not exist' % p['node'])
-    except (K8sError, S.StateError) as exc:
-        module.fail_json(msg='%s (node %s)' % (exc, p['node']))
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='unexpected error: %s' % exc, exception=traceback.format_exc())
-    changed = _gpufleet(before) != _gpufleet(after)
-    result = {'changed': changed, 'state': S.view(after, key)}
-    if module._diff:
-        result['diff'] = {'before': _gpufleet(before), 'after': _gpufleet(after),
-                          'before_header': 'node/%s' % p['node'], 'after_header': 'node/%s' % p['node']}
+            before = after = module.client.get(path)
+    result = {'changed': _gpufleet(before) != _gpufleet(after), 'state': _upgrade_state.view(after, key)}
+    result.update(module.diff(_gpufleet(before), _gpufleet(after), 'node/%s' % p['node']))
     module.exit_json(**result)
 
 

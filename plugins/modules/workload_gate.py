@@ -185,18 +185,12 @@ node:
   type: str
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _workload_gate as W
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
-    HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, K8sClient, K8sError, auth_argument_spec)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _workload_gate
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
 def main() -> None:
-    argument_spec = auth_argument_spec()
-    argument_spec.update(
+    module = K8sModule('workload_gate', dict(
         node={'type': 'str', 'required': True},
         namespace={'type': 'str', 'default': 'default'},
         cases={'type': 'list', 'elements': 'dict', 'required': True, 'options': {
@@ -214,10 +208,7 @@ def main() -> None:
         poll_interval={'type': 'float', 'default': 2},
         cleanup={'type': 'bool', 'default': True},
         tolerate_cordon={'type': 'bool', 'default': True},
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib('kubernetes'), exception=str(KUBERNETES_IMPORT_ERROR))
+    ))
     p = module.params
     if not p['node'].strip():
         module.fail_json(msg='node: %r is not a node name' % p['node'])
@@ -227,23 +218,18 @@ def main() -> None:
     if p['poll_interval'] <= 0:
         module.fail_json(msg='poll_interval: %r must be more than 0 seconds' % p['poll_interval'])
     try:
-        cases = W.normalize_cases(p['cases'])
-    except W.WorkloadGateError as exc:
+        cases = _workload_gate.normalize_cases(p['cases'])
+    except _workload_gate.WorkloadGateError as exc:
         module.fail_json(msg=str(exc))
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, passed=None, node=p['node'], problems=[], checks={},
                          jobs={'created': [], 'deleted': [], 'left': []}, run_id='',
                          msg='check mode: would run %d case(s) x %d on %s' % (len(cases), p['repeat'], p['node']))
-    try:
-        k8s = K8sClient.from_params(p)
-        result = W.run_gate(k8s, p['node'], cases, namespace=p['namespace'], repeat=p['repeat'],
-                            node_selector=p['node_selector'], toleration=p['toleration'], timeout=p['timeout'],
-                            poll_interval=p['poll_interval'], cleanup=p['cleanup'],
-                            tolerate_cordon=p['tolerate_cordon'])
-    except K8sError as exc:
-        module.fail_json(msg=str(exc), passed=False)
-    except Exception as exc:  # pragma: no cover - a bug: keep the traceback for -vvv
-        module.fail_json(msg='workload_gate failed: %s' % exc, exception=traceback.format_exc())
+    with module.errors(passed=False):
+        result = _workload_gate.run_gate(
+            module.client, p['node'], cases, namespace=p['namespace'], repeat=p['repeat'],
+            node_selector=p['node_selector'], toleration=p['toleration'], timeout=p['timeout'],
+            poll_interval=p['poll_interval'], cleanup=p['cleanup'], tolerate_cordon=p['tolerate_cordon'])
     result.update(changed=bool(result['jobs']['left']), skipped=False)
     if not result['passed']:
         module.fail_json(**result)

@@ -410,3 +410,104 @@ def test_unfinished_plans_block_the_next_one():
     # Complete for an older version is not complete for the new one.
     done['spec']['version'] = 'v1.36.2+rke2r1'
     assert len(S.unfinished_plans([done], [])) == 1
+
+
+# ------------------------------------------------------------ one Plan at a time, each waited for
+class _SequenceClient(FakePlanClient):
+    """FakePlanClient plus the Plan list and Nodes, with a stand-in controller: a written Plan
+    completes at once and upgrades its node, unless the node is in `fail` (its Job fails)."""
+
+    def __init__(self, objs=(), fail=()):
+        super().__init__(objs)
+        self.fail = set(fail)
+        self.events = []
+
+    def list_all(self, path, query=None):
+        self.events.append(('LIST', path, (query or {}).get('labelSelector')))
+        return [copy.deepcopy(o) for p, o in sorted(self.store.items()) if p.startswith(path + '/')]
+
+    def post(self, path, body):
+        self.events.append(('POST', body['metadata']['name']))
+        super().post(path, body)
+        node = body['metadata']['annotations']['gpufleet.io/node']
+        obj = self.store[plan_path(body['metadata']['namespace'], body['metadata']['name'])]
+        if node in self.fail:
+            obj['status'] = {'latestVersion': TGT.replace('+', '-'), 'latestHash': 'h1', 'conditions': [
+                {'type': 'Complete', 'status': 'False', 'reason': 'JobFailed', 'message': 'Job failed on %s' % node}]}
+        else:
+            obj['status'] = {'latestVersion': TGT.replace('+', '-'), 'latestHash': 'h1',
+                             'conditions': [{'type': 'Complete', 'status': 'True', 'reason': 'Complete'}]}
+
+    def get_or_none(self, path):
+        if path.startswith('/api/v1/nodes/'):
+            name = path.rsplit('/', 1)[1]
+            self.events.append(('GET node', name))
+            upgraded = any(o['metadata']['annotations']['gpufleet.io/node'] == name and
+                           (o.get('status') or {}).get('conditions', [{}])[0].get('status') == 'True'
+                           for o in self.store.values())
+            labels = {'plan.upgrade.cattle.io/%s' % o['metadata']['name']: 'h1' for o in self.store.values()
+                      if o['metadata']['annotations']['gpufleet.io/node'] == name} if upgraded else {}
+            return {'metadata': {'name': name, 'labels': labels},
+                    'status': {'nodeInfo': {'kubeletVersion': TGT if upgraded else CUR}}}
+        return super().get_or_none(path)
+
+
+def _sequence(client, plans, **kw):
+    return S.apply_one_at_a_time(client, plans, 'system-upgrade', TGT, timeout=kw.pop('timeout', 30),
+                                 interval=kw.pop('interval', 5), clock=lambda: 0.0, sleep=lambda s: None)
+
+
+def test_sequence_writes_each_plan_after_the_previous_node_is_done():
+    client = _SequenceClient()
+    out = _sequence(client, _two_plans())
+    assert out.msg is None and not out.refused and out.problems == []
+    assert client.events[0] == ('LIST', '/apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans',
+                                'app.kubernetes.io/managed-by=gpufleet.upgrade')
+    # The agent's Plan is written only once the server's node runs the target.
+    assert [e for e in client.events if e[0] != 'LIST'] == [
+        ('POST', 'gpufleet-rke2-server-cp-1'), ('GET node', 'cp-1'),
+        ('POST', 'gpufleet-rke2-agent-g-1'), ('GET node', 'g-1')]
+    assert out.applied.changed and [a['action'] for a in out.applied.applied] == ['created', 'created']
+    assert sorted(out.applied.after) == ['system-upgrade/gpufleet-rke2-agent-g-1',
+                                         'system-upgrade/gpufleet-rke2-server-cp-1']
+    assert [(w['name'], w['node'], w['done'], w['kubelet_version']) for w in out.waited] == [
+        ('gpufleet-rke2-server-cp-1', 'cp-1', True, TGT), ('gpufleet-rke2-agent-g-1', 'g-1', True, TGT)]
+
+
+def test_sequence_stops_at_the_first_plan_that_fails():
+    client = _SequenceClient(fail=['cp-1'])
+    out = _sequence(client, _two_plans())
+    assert out.msg == ('RKE2 Plan gpufleet-rke2-server-cp-1 for node cp-1: the upgrade Job failed: Job failed on '
+                       'cp-1. %s.' % S.RECOVERY_HINT)
+    assert not out.refused
+    assert ('POST', 'gpufleet-rke2-agent-g-1') not in client.events          # the next Plan is not written
+    assert [a['name'] for a in out.applied.applied] == ['gpufleet-rke2-server-cp-1']
+    assert [(w['node'], w['done']) for w in out.waited] == [('cp-1', False)]
+
+
+def test_sequence_refuses_while_another_upgrade_is_unfinished():
+    other = S.render_plans([{'name': 'g-9', 'role': 'agent'}], TGT, CUR).plans[0]
+    other['status'] = {'latestVersion': TGT.replace('+', '-'),
+                       'conditions': [{'type': 'Complete', 'status': 'False', 'reason': 'SyncJob'}]}
+    client = _SequenceClient([other])
+    out = _sequence(client, _two_plans())
+    busy = 'Plan system-upgrade/gpufleet-rke2-agent-g-9 (node g-9) is not complete (Complete=False, SyncJob)'
+    assert out.refused and out.problems == [busy]
+    assert out.msg == ('refusing to write the RKE2 Plan of cp-1, g-1 while another RKE2 upgrade is unfinished: '
+                       '%s. %s.' % (busy, S.RECOVERY_HINT))
+    assert client.writes == [] and out.waited == [] and not out.applied.changed
+
+
+def test_sequence_refuses_a_foreign_plan_before_writing_it():
+    foreign = copy.deepcopy(_two_plans()[1])
+    del foreign['metadata']['labels']['app.kubernetes.io/managed-by']
+    client = _SequenceClient([foreign])
+    with pytest.raises(SucPlanError, match='gpufleet-rke2-agent-g-1 exists and is not managed by'):
+        _sequence(client, _two_plans())
+    assert [w[0] for w in client.writes] == ['POST']                          # only the server's Plan
+
+
+def test_sequence_of_nothing_reads_nothing():
+    client = _SequenceClient()
+    out = _sequence(client, [])
+    assert client.events == [] and out.msg is None and out.waited == [] and not out.applied.changed

@@ -5,6 +5,7 @@ import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import apply_merge_patch
 
 KEY = 'driver=580.130.00,kernel=6.8.0-134-generic'
 TARGET = {'kernel': '6.8.0-134-generic', 'driver': '580.130.00'}
@@ -64,13 +65,13 @@ def test_phases_of_another_target_do_not_count():
 def test_set_patch_records_phase_and_target_and_is_idempotent():
     patch = S.set_patch(node(), 'snapshotted', KEY)
     assert patch == {'metadata': {'annotations': {S.ANN_STATE: 'snapshotted', S.ANN_TARGET: KEY}}}
-    after = S.apply_patch(node(), patch)
+    after = apply_merge_patch(node(), patch)
     assert S.set_patch(after, 'snapshotted', KEY) is None
 
 
 def test_done_replaces_progress_with_the_finished_target():
     n = node({S.ANN_STATE: 'validated', S.ANN_TARGET: KEY})
-    after = S.apply_patch(n, S.set_patch(n, 'done', KEY))
+    after = apply_merge_patch(n, S.set_patch(n, 'done', KEY))
     assert after['metadata']['annotations'] == {S.ANN_DONE: KEY}
     assert S.view(after, KEY)['completed'] is True
     assert S.view(after, 'driver=9')['completed'] is False
@@ -128,7 +129,7 @@ def test_validated_survives_the_uncordon_so_a_rerun_resumes_after_the_gates(cord
     assert v['was_cordoned'] is cordoned_before and v['unschedulable'] is cordoned_before
     # the rerun's uncordon changes nothing (an earlier cordon stays), then `done` clears the record
     assert D.uncordon_patch(after) == (None, cordoned_before)
-    done = S.apply_patch(after, S.set_patch(after, 'done', KEY))
+    done = apply_merge_patch(after, S.set_patch(after, 'done', KEY))
     assert done['metadata']['annotations'] == {S.ANN_DONE: KEY}
     assert S.view(done, KEY)['completed'] is True
 
@@ -161,7 +162,7 @@ def test_snapshotted_records_the_snapshot_digest_for_its_target():
     patch = S.set_patch(node(), 'snapshotted', KEY, snapshot_sha256='ab' * 32)
     assert patch == {'metadata': {'annotations': {S.ANN_STATE: 'snapshotted', S.ANN_TARGET: KEY,
                                                   S.ANN_SNAPSHOT: 'ab' * 32}}}
-    after = S.apply_patch(node(unschedulable=True), patch)
+    after = apply_merge_patch(node(unschedulable=True), patch)
     assert S.view(after, KEY)['snapshot_sha256'] == 'ab' * 32
     assert S.view(after, 'driver=other')['snapshot_sha256'] is None      # another target's
     assert S.set_patch(after, 'installed', KEY) == {'metadata': {'annotations': {S.ANN_STATE: 'installed'}}}
