@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import NotFoundError, path_for
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
@@ -544,3 +545,27 @@ def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str
                 plan['metadata']['name'], node, progress.failed, RECOVERY_HINT)
             return out
     return out
+
+
+CONTROL_PLANE_SELECTOR = 'node-role.kubernetes.io/control-plane=true'
+
+
+def read_versions(client: Any, names: List[str],
+                  control_plane_selector: str = CONTROL_PLANE_SELECTOR) -> Tuple[Dict[str, str], Optional[str]]:
+    """What the cluster runs: each named node's RKE2 (its kubeletVersion) and the control plane's one
+    version (None without control plane nodes). Raises SucPlanError naming what is wrong when a node
+    does not exist or the control plane nodes run different versions (finish the control plane
+    upgrade first)."""
+    currents: Dict[str, str] = {}
+    for name in names:
+        try:
+            node = client.get(path_for('v1', 'nodes', name))
+        except NotFoundError:
+            raise SucPlanError(['node %s: not found in the API' % name])
+        currents[name] = ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion') or ''
+    servers = client.list_all(path_for('v1', 'nodes'), {'labelSelector': control_plane_selector})
+    versions = sorted(set(((n.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion') or '' for n in servers))
+    if len(versions) > 1:
+        raise SucPlanError(['the control plane nodes run different RKE2 versions (%s): finish the control plane upgrade '
+                            'before upgrading agents' % ', '.join(versions)])
+    return currents, (versions[0] or None) if versions else None

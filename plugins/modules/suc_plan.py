@@ -167,6 +167,15 @@ options:
     description: Seconds between reads of the Plan and the Node while waiting.
     type: float
     default: 10
+  read_cluster:
+    description:
+      - Read from the API what the cluster runs before rendering (read-only requests): each node's current RKE2
+        (its C(kubeletVersion)) where O(nodes[].current_rke2) is not given, and the control plane's version
+        (nodes labelled C(node-role.kubernetes.io/control-plane=true)) where O(control_plane_rke2) is not given.
+      - Refuses, writing nothing, when a node does not exist or the control plane nodes run different versions
+        (finish the control plane upgrade before upgrading agents).
+    type: bool
+    default: false
 seealso:
   - module: kubernetes.core.k8s
 notes:
@@ -264,7 +273,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sEr
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
     DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, apply_one_at_a_time,
-    apply_plans, render_plans)
+    apply_plans, read_versions, render_plans)
 
 
 def main() -> None:
@@ -296,12 +305,21 @@ def main() -> None:
         wait=dict(type='bool', default=False),
         wait_timeout=dict(type='int', default=1800),
         wait_interval=dict(type='float', default=10.0),
+        read_cluster=dict(type='bool', default=False),
     ))
     p = module.params
+    control_plane_rke2 = p['control_plane_rke2']
+    if p['read_cluster']:
+        with module.errors(expected=(SucPlanError,), prefixes={SucPlanError: 'refusing to render RKE2 Plans: '}):
+            currents, running = read_versions(module.client, [n['name'] for n in p['nodes']])
+        for node in p['nodes']:
+            if node.get('current_rke2') is None and currents.get(node['name']):
+                node['current_rke2'] = currents[node['name']]
+        control_plane_rke2 = control_plane_rke2 or running
     with module.errors(expected=(SucPlanError,), prefixes={SucPlanError: 'refusing to render RKE2 Plans: '}):
         result = render_plans(
             nodes=p['nodes'], target_rke2=p['target_rke2'], current_rke2=p['current_rke2'],
-            control_plane_rke2=p['control_plane_rke2'], namespace=p['namespace'],
+            control_plane_rke2=control_plane_rke2, namespace=p['namespace'],
             service_account=p['service_account'], image=p['image'], name_prefix=p['name_prefix'],
             drain=p['drain'], server_plan=p['server_plan'], cordon=p['cordon'])
     out = dict(changed=False, plans=result.plans, nodes=[n.as_dict() for n in result.nodes], notes=result.notes)

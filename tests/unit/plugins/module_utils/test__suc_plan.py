@@ -511,3 +511,53 @@ def test_sequence_of_nothing_reads_nothing():
     client = _SequenceClient()
     out = _sequence(client, [])
     assert client.events == [] and out.msg is None and out.waited == [] and not out.applied.changed
+
+
+# ---- read_versions: what the cluster runs, read before rendering (suc_plan read_cluster)
+
+class FakeNodes:
+    def __init__(self, nodes):
+        self.nodes = {n['metadata']['name']: n for n in nodes}
+        self.queries = []
+
+    def get(self, path, query=None):
+        from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import NotFoundError
+        name = path.rsplit('/', 1)[1]
+        if name not in self.nodes:
+            raise NotFoundError('nodes %s not found' % name)
+        return self.nodes[name]
+
+    def list_all(self, path, query=None):
+        self.queries.append((path, query))
+        key, _, value = query['labelSelector'].partition('=')
+        return [n for n in self.nodes.values() if n['metadata'].get('labels', {}).get(key) == value]
+
+
+def _node(name, version, server=False):
+    labels = {'node-role.kubernetes.io/control-plane': 'true'} if server else {}
+    return {'metadata': {'name': name, 'labels': labels}, 'status': {'nodeInfo': {'kubeletVersion': version}}}
+
+
+def test_read_versions_reads_each_node_and_the_one_control_plane_version():
+    client = FakeNodes([_node('cp-1', 'v1.36.1+rke2r1', True), _node('cp-2', 'v1.36.1+rke2r1', True),
+                        _node('gpu-1', 'v1.35.3+rke2r3')])
+    currents, running = S.read_versions(client, ['gpu-1'])
+    assert currents == {'gpu-1': 'v1.35.3+rke2r3'} and running == 'v1.36.1+rke2r1'
+    assert client.queries == [('/api/v1/nodes', {'labelSelector': 'node-role.kubernetes.io/control-plane=true'})]
+
+
+def test_read_versions_without_control_plane_nodes_says_none():
+    assert S.read_versions(FakeNodes([_node('gpu-1', 'v1.35.3+rke2r3')]), ['gpu-1']) == ({'gpu-1': 'v1.35.3+rke2r3'}, None)
+
+
+def test_read_versions_refuses_a_control_plane_on_mixed_versions():
+    client = FakeNodes([_node('cp-1', 'v1.36.1+rke2r1', True), _node('cp-2', 'v1.35.3+rke2r3', True),
+                        _node('gpu-1', 'v1.35.3+rke2r3')])
+    with pytest.raises(S.SucPlanError, match=r'control plane nodes run different RKE2 versions '
+                                             r'\(v1\.35\.3\+rke2r3, v1\.36\.1\+rke2r1\): finish the control plane'):
+        S.read_versions(client, ['gpu-1'])
+
+
+def test_read_versions_refuses_a_missing_node_by_name():
+    with pytest.raises(S.SucPlanError, match='node gpu-9: not found in the API'):
+        S.read_versions(FakeNodes([_node('gpu-1', 'v1.35.3+rke2r3')]), ['gpu-9'])
