@@ -169,7 +169,7 @@ options:
     default: 10
   read_cluster:
     description:
-      - Read from the API what the cluster runs before rendering (read-only requests): each node's current RKE2
+      - Read from the API what the cluster runs before rendering, with read-only requests. Each node's current RKE2
         (its C(kubeletVersion)) where O(nodes[].current_rke2) is not given, and the control plane's version
         (nodes labelled C(node-role.kubernetes.io/control-plane=true)) where O(control_plane_rke2) is not given.
       - Refuses, writing nothing, when a node does not exist or the control plane nodes run different versions
@@ -180,7 +180,7 @@ seealso:
   - module: kubernetes.core.k8s
 notes:
   - Apply Plan N+1 only after Plan N reports C(Complete) and its node passed its gates.
-  - The Kubernetes auth options are used only with O(state=present).
+  - The Kubernetes auth options are used only with O(state=present) or O(read_cluster=true).
   - Waiting reads the Node (C(get nodes), cluster-scoped), so bind the collection's reader role cluster-wide
     as well (docs/rbac).
 """
