@@ -529,7 +529,7 @@ class FakeNodes:
 
     def list_all(self, path, query=None):
         self.queries.append((path, query))
-        key, _, value = query['labelSelector'].partition('=')
+        key, value = query['labelSelector'].split('=', 1)
         return [n for n in self.nodes.values() if n['metadata'].get('labels', {}).get(key) == value]
 
 
