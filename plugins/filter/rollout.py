@@ -57,8 +57,15 @@ def unfinished_nodes(nodes: t.List[t.Dict[str, t.Any]], target: t.Dict[str, t.An
     return _call('unfinished_nodes', _rollout.unfinished_nodes, nodes, target)
 
 
+def rollback_result(node: str, decision: t.Dict[str, t.Any], restored: bool, gpu_after: t.Dict[str, t.Any],
+                    gates: t.Dict[str, t.Any], driver_before_upgrade: str) -> t.Dict[str, t.Any]:
+    return _call('rollback_result', _rollout.rollback_result, node, decision, restored, gpu_after, gates,
+                 driver_before_upgrade)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
-                'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes}
+                'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
+                'rollback_result': rollback_result}

@@ -114,3 +114,24 @@ def unfinished_nodes(nodes: Sequence[Dict[str, Any]], target: Dict[str, Any]) ->
     """The names of the nodes (fleet_info's node views) that did not finish `target`."""
     key = target_key(target)
     return [n['name'] for n in nodes if not finished(n.get('annotations') or {}, key)]
+
+
+def rollback_result(node: str, decision: Dict[str, Any], restored: bool, gpu_after: Dict[str, Any],
+                    gates: Dict[str, Any], driver_before_upgrade: str) -> Dict[str, Any]:
+    """The rollback role's public result (rollback_result): what rollback_decision allowed, whether the
+    snapshot was restored, the driver the node runs now, and the verdict of the GPU and node gates
+    (`gates`: name -> registered result; both must have passed)."""
+    ran = [gates.get(name) or {} for name in ('gpu', 'node')]
+    passed = all(r.get('passed') is True for r in ran)
+    problems: List[str] = []
+    for r in ran:
+        problems.extend(r.get('problems') or [])
+    driver_now = (gpu_after or {}).get('driver_version') or ''
+    outcome = (decision or {}).get('outcome', '')
+    return {
+        'node': node, 'outcome': outcome, 'restored': bool(restored), 'driver_now': driver_now,
+        'driver_before_upgrade': driver_before_upgrade, 'gates_passed': passed, 'gate_problems': problems,
+        'refusals': list((decision or {}).get('refusals') or []),
+        'summary': '%s; driver %s (before the upgrade %s); gates %s' % (
+            outcome, driver_now, driver_before_upgrade, 'passed' if passed else 'FAILED'),
+    }

@@ -19,7 +19,7 @@ PLAN = {
     'batches': [['gpu-01'], ['gpu-02', 'gpu-03']],
 }
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
-         'rollout_node_entry', 'unfinished_nodes']
+         'rollout_node_entry', 'unfinished_nodes', 'rollback_result']
 
 
 def fleet():

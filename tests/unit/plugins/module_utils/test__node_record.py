@@ -3,61 +3,61 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record as R
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record
 
 ROLLED_BACK = ('install', 'activate', 'gates')
 NOT_ROLLED_BACK = ('preflight', 'progress', 'drain', 'snapshot', 'rke2', 'ready', 'vms', 'postflight', 'uncordon')
 
 
 def test_every_step_is_classified_once():
-    assert sorted(ROLLED_BACK + NOT_ROLLED_BACK) == sorted(R.STEP_NAMES)
-    assert len(set(R.STEP_NAMES)) == len(R.STEP_NAMES)
+    assert sorted(ROLLED_BACK + NOT_ROLLED_BACK) == sorted(_node_record.STEP_NAMES)
+    assert len(set(_node_record.STEP_NAMES)) == len(_node_record.STEP_NAMES)
 
 
 def test_keys_are_gpufleet_keys():
-    keys = [v for k, v in vars(R).items() if k.startswith('ANN_')] + [R.CANARY_KEY]
+    keys = [v for k, v in vars(R).items() if k.startswith('ANN_')] + [_node_record.CANARY_KEY]
     assert len(keys) == len(set(keys)) == 9
-    assert all(k.startswith(R.PREFIX) for k in keys)
+    assert all(k.startswith(_node_record.PREFIX) for k in keys)
 
 
 def test_phase_vocabulary():
-    assert R.SETTABLE == R.PHASES + R.TERMINAL + ('done',)
-    assert R.ALIASES == {'draining': 'cordoned'}
+    assert _node_record.SETTABLE == _node_record.PHASES + _node_record.TERMINAL + ('done',)
+    assert _node_record.ALIASES == {'draining': 'cordoned'}
     # every phase a step records is settable, and each is recorded by one step only
-    recorded = [s.records for s in R.STEPS if s.records]
+    recorded = [s.records for s in _node_record.STEPS if s.records]
     assert len(recorded) == len(set(recorded))
-    assert set(recorded) <= set(R.SETTABLE)
+    assert set(recorded) <= set(_node_record.SETTABLE)
 
 
 @pytest.mark.parametrize('name', ROLLED_BACK)
 def test_a_failure_after_the_packages_changed_is_rolled_back(name):
-    assert R.step(name).rolls_back is True
-    assert R.failure(name) == {'phase': name, 'rollback': True, 'hint': ''}
-    assert R.failure(name, rollback_on_failure=True)['rollback'] is True
+    assert _node_record.step(name).rolls_back is True
+    assert _node_record.failure(name) == {'phase': name, 'rollback': True, 'hint': ''}
+    assert _node_record.failure(name, rollback_on_failure=True)['rollback'] is True
 
 
 @pytest.mark.parametrize('name', NOT_ROLLED_BACK)
 def test_other_failures_are_not_rolled_back(name):
-    assert R.step(name).rolls_back is False
-    assert R.failure(name)['rollback'] is False
-    assert R.failure(name)['phase'] == name
+    assert _node_record.step(name).rolls_back is False
+    assert _node_record.failure(name)['rollback'] is False
+    assert _node_record.failure(name)['phase'] == name
 
 
-@pytest.mark.parametrize('name', R.STEP_NAMES)
+@pytest.mark.parametrize('name', _node_record.STEP_NAMES)
 def test_rollback_on_failure_false_never_rolls_back(name):
-    assert R.failure(name, rollback_on_failure=False)['rollback'] is False
-    assert R.failure(name, False)['rollback'] is False
+    assert _node_record.failure(name, rollback_on_failure=False)['rollback'] is False
+    assert _node_record.failure(name, False)['rollback'] is False
 
 
 def test_failure_hints():
-    assert R.failure('rke2')['hint'] == 'RKE2 cannot be rolled back: follow the platform recovery procedure'
-    assert R.failure('ready')['hint'].startswith('it did not come back Ready within node_upgrade_reboot_timeout')
-    assert 'gpufleet.upgrade.rollback' in R.failure('ready')['hint']
-    assert R.failure('drain')['hint'] == ''
+    assert _node_record.failure('rke2')['hint'] == 'RKE2 cannot be rolled back: follow the platform recovery procedure'
+    assert _node_record.failure('ready')['hint'].startswith('it did not come back Ready within node_upgrade_reboot_timeout')
+    assert 'gpufleet.upgrade.rollback' in _node_record.failure('ready')['hint']
+    assert _node_record.failure('drain')['hint'] == ''
 
 
 def test_step_records():
-    assert dict((s.name, s.records) for s in R.STEPS) == {
+    assert dict((s.name, s.records) for s in _node_record.STEPS) == {
         'preflight': None, 'progress': None, 'drain': 'drained', 'snapshot': 'snapshotted', 'rke2': None,
         'install': 'installed', 'activate': None, 'ready': 'activated', 'gates': 'validated', 'vms': None,
         'postflight': None, 'uncordon': 'done'}
@@ -65,42 +65,42 @@ def test_step_records():
 
 @pytest.mark.parametrize('name', ['holders', 'Install', '', None, 'gates '])
 def test_unknown_step_is_rejected_naming_the_value(name):
-    message = '%r is not one of %s' % (name, ', '.join(R.STEP_NAMES))
-    with pytest.raises(R.RecordError) as err:
-        R.step(name)
+    message = '%r is not one of %s' % (name, ', '.join(_node_record.STEP_NAMES))
+    with pytest.raises(_node_record.RecordError) as err:
+        _node_record.step(name)
     assert str(err.value) == 'step: ' + message
-    with pytest.raises(R.RecordError) as err:
-        R.failure(name)
+    with pytest.raises(_node_record.RecordError) as err:
+        _node_record.failure(name)
     assert str(err.value) == 'step: ' + message
 
 
 def test_record_error_is_a_value_error():
-    assert issubclass(R.RecordError, ValueError)
+    assert issubclass(_node_record.RecordError, ValueError)
 
 
 def test_steps_through():
-    assert R.steps_through(None, ['gates', 'drain', 'install']) == ['drain', 'install', 'gates']
-    assert R.steps_through('install', ['gates', 'drain', 'install']) == ['drain']
-    assert R.steps_through('drain', ['drain', 'install']) == []
+    assert _node_record.steps_through(None, ['gates', 'drain', 'install']) == ['drain', 'install', 'gates']
+    assert _node_record.steps_through('install', ['gates', 'drain', 'install']) == ['drain']
+    assert _node_record.steps_through('drain', ['drain', 'install']) == []
     # a failed step outside the applicable ones: nothing is claimed
-    assert R.steps_through('rke2', ['drain', 'install']) == []
-    assert R.steps_through(None, []) == []
-    with pytest.raises(R.RecordError, match="step: 'holders' is not one of"):
-        R.steps_through(None, ['drain', 'holders'])
-    with pytest.raises(R.RecordError, match="step: 'holders' is not one of"):
-        R.steps_through('holders', ['drain', 'install'])
+    assert _node_record.steps_through('rke2', ['drain', 'install']) == []
+    assert _node_record.steps_through(None, []) == []
+    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of"):
+        _node_record.steps_through(None, ['drain', 'holders'])
+    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of"):
+        _node_record.steps_through('holders', ['drain', 'install'])
 
 
 UPGRADED = ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates', 'uncordon']
 
 
 def test_evidence_phases_upgraded():
-    assert R.evidence_phases(None, rke2_applied=False, dra=False) == UPGRADED
-    assert R.evidence_phases(None, rke2_applied=True, dra=False) == [
+    assert _node_record.evidence_phases(None, rke2_applied=False, dra=False) == UPGRADED
+    assert _node_record.evidence_phases(None, rke2_applied=True, dra=False) == [
         'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'uncordon']
-    assert R.evidence_phases(None, rke2_applied=False, dra=True) == [
+    assert _node_record.evidence_phases(None, rke2_applied=False, dra=True) == [
         'drain', 'snapshot', 'install', 'activate', 'ready', 'gates', 'postflight', 'uncordon']
-    assert R.evidence_phases(None, rke2_applied=True, dra=True) == [
+    assert _node_record.evidence_phases(None, rke2_applied=True, dra=True) == [
         'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'postflight', 'uncordon']
 
 
@@ -127,33 +127,33 @@ def test_evidence_phases_upgraded():
     ('uncordon', True, True, ['drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'postflight']),
 ])
 def test_evidence_phases_failed(failed, rke2, dra, phases):
-    assert R.evidence_phases(failed, rke2_applied=rke2, dra=dra) == phases
+    assert _node_record.evidence_phases(failed, rke2_applied=rke2, dra=dra) == phases
 
 
 def test_evidence_phases_never_list_bookkeeping_steps():
-    for failed in (None,) + R.STEP_NAMES:
-        phases = R.evidence_phases(failed, True, True)
-        assert not set(phases) & set(R.EVIDENCE_EXCLUDED)
+    for failed in (None,) + _node_record.STEP_NAMES:
+        phases = _node_record.evidence_phases(failed, True, True)
+        assert not set(phases) & set(_node_record.EVIDENCE_EXCLUDED)
 
 
 def test_evidence_phases_unknown_failed_step():
-    with pytest.raises(R.RecordError, match="step: 'holders' is not one of"):
-        R.evidence_phases('holders', False, False)
+    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of"):
+        _node_record.evidence_phases('holders', False, False)
 
 
 KEY = 'driver=580.126.20,kernel=6.8.0-134-generic'
 
 
 @pytest.mark.parametrize('annotations,expected', [
-    ({R.ANN_DONE: KEY}, True),
-    ({R.ANN_DONE: KEY, 'other': 'x'}, True),
+    ({_node_record.ANN_DONE: KEY}, True),
+    ({_node_record.ANN_DONE: KEY, 'other': 'x'}, True),
     # a node recording a phase is in a rollout, even a later one
-    ({R.ANN_DONE: KEY, R.ANN_STATE: 'cordoned'}, False),
-    ({R.ANN_DONE: KEY, R.ANN_STATE: 'failed'}, False),
-    ({R.ANN_DONE: 'driver=570.172.08,kernel=6.8.0-134-generic'}, False),
-    ({R.ANN_STATE: 'validated'}, False),
+    ({_node_record.ANN_DONE: KEY, _node_record.ANN_STATE: 'cordoned'}, False),
+    ({_node_record.ANN_DONE: KEY, _node_record.ANN_STATE: 'failed'}, False),
+    ({_node_record.ANN_DONE: 'driver=570.172.08,kernel=6.8.0-134-generic'}, False),
+    ({_node_record.ANN_STATE: 'validated'}, False),
     ({}, False),
     (None, False),
 ])
 def test_finished(annotations, expected):
-    assert R.finished(annotations, KEY) is expected
+    assert _node_record.finished(annotations, KEY) is expected

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _plan as P
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _plan
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 
 H100 = '10de:2330/10de:16c1'
@@ -48,17 +48,17 @@ def reviewed(max_unavailable, nodes=None, gpus=None):
     (True, False, CANARY, ['cordoned', 'NotReady', 'canary still isolated']),
 ])
 def test_out_of_service_reasons(unschedulable, ready, labels, reasons):
-    assert P.out_of_service_reasons(unschedulable, ready, labels) == reasons
+    assert _plan.out_of_service_reasons(unschedulable, ready, labels) == reasons
 
 
 def test_out_of_service_reasons_is_public():
-    assert 'out_of_service_reasons' in P.__all__ and 'batch_admission' in P.__all__
+    assert 'out_of_service_reasons' in _plan.__all__ and 'batch_admission' in _plan.__all__
 
 
 # ---------------------------------------------------------------------------- batch_admission
 
 def test_admitted_with_nothing_out():
-    a = P.batch_admission(pool(10), ['gpu-01', 'gpu-02'], reviewed(2))
+    a = _plan.batch_admission(pool(10), ['gpu-01', 'gpu-02'], reviewed(2))
     assert a == {'admitted': True, 'out': [], 'batch_in': ['gpu-01', 'gpu-02'], 'unavailable': 2,
                  'max_unavailable': 2, 'nodes_in_service': 8, 'gpus_in_service': 64,
                  'msg': "batch ['gpu-01', 'gpu-02']: 2 node(s) out of service during the batch (max 2)"}
@@ -69,12 +69,12 @@ def test_admitted_with_nothing_out():
 def test_an_out_of_service_node_counts(kw):
     nodes = pool(10)
     nodes[9].update(kw)     # gpu-10
-    a = P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(2))
+    a = _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(2))
     assert (a['admitted'], a['out'], a['batch_in'], a['unavailable']) == (False, ['gpu-10'], ['gpu-01', 'gpu-02'], 3)
     assert a['msg'] == ("batch ['gpu-01', 'gpu-02'] refused: 1 node(s) out of service now (gpu-10) plus 2 of this "
                         "batch = 3 > max_unavailable 2, or capacity in service (7 nodes, 56 GPUs) below the failure "
                         "allowance (nodes None, GPUs None)")
-    assert P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(3))['admitted'] is True
+    assert _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(3))['admitted'] is True
 
 
 def test_batch_nodes_already_out_are_not_counted_twice():
@@ -82,7 +82,7 @@ def test_batch_nodes_already_out_are_not_counted_twice():
     nodes[0]['unschedulable'] = True         # gpu-01: cordoned by a previous run (a rerun)
     nodes[1]['ready'] = False                # gpu-02: NotReady
     nodes[5]['labels'] = dict(CANARY)        # gpu-06: an isolated canary
-    a = P.batch_admission(nodes, ['gpu-01', 'gpu-02', 'gpu-03'], reviewed(4))
+    a = _plan.batch_admission(nodes, ['gpu-01', 'gpu-02', 'gpu-03'], reviewed(4))
     assert a['out'] == ['gpu-01', 'gpu-02', 'gpu-06']
     assert a['batch_in'] == ['gpu-03']
     assert (a['admitted'], a['unavailable'], a['nodes_in_service'], a['gpus_in_service']) == (True, 4, 6, 48)
@@ -93,7 +93,7 @@ def test_a_node_listed_twice_is_one_node():
     nodes = pool(4)
     nodes.append(dict(nodes[3]))                       # gpu-04 twice
     nodes.append(pool_node('gpu-01', unschedulable=True))  # gpu-01 twice: the first view counts
-    a = P.batch_admission(nodes, ['gpu-02'], reviewed(1, gpus=24))
+    a = _plan.batch_admission(nodes, ['gpu-02'], reviewed(1, gpus=24))
     assert (a['out'], a['unavailable'], a['nodes_in_service'], a['gpus_in_service']) == ([], 1, 3, 24)
     assert a['admitted'] is True
 
@@ -102,7 +102,7 @@ def test_max_unavailable_refuses():
     nodes = pool(6)
     nodes[4]['unschedulable'] = True
     nodes[5]['labels'] = dict(CANARY)
-    a = P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(3))
+    a = _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(3))
     assert (a['admitted'], a['unavailable'], a['max_unavailable']) == (False, 4, 3)
     assert a['msg'] == ("batch ['gpu-01', 'gpu-02'] refused: 2 node(s) out of service now (gpu-05, gpu-06) plus 2 of "
                         "this batch = 4 > max_unavailable 3, or capacity in service (2 nodes, 16 GPUs) below the "
@@ -113,8 +113,8 @@ def test_failure_allowance_gpus_refuses():
     nodes = pool(6)
     nodes[0]['gpus'] = 4
     # in service during the batch: gpu-03..06, 32 GPUs
-    assert P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, gpus=32))['admitted'] is True
-    a = P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, gpus=33))
+    assert _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, gpus=32))['admitted'] is True
+    a = _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, gpus=33))
     assert (a['admitted'], a['unavailable'], a['gpus_in_service']) == (False, 2, 32)
     assert a['msg'] == ("batch ['gpu-01', 'gpu-02'] refused: 0 node(s) out of service now () plus 2 of this batch = "
                         "2 > max_unavailable 6, or capacity in service (4 nodes, 32 GPUs) below the failure allowance "
@@ -125,8 +125,8 @@ def test_failure_allowance_nodes_refuses():
     nodes = pool(6)
     nodes[5]['ready'] = False
     # in service during the batch: gpu-03..05
-    assert P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, nodes=3))['admitted'] is True
-    a = P.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, nodes=4, gpus=8))
+    assert _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, nodes=3))['admitted'] is True
+    a = _plan.batch_admission(nodes, ['gpu-01', 'gpu-02'], reviewed(6, nodes=4, gpus=8))
     assert (a['admitted'], a['nodes_in_service'], a['gpus_in_service']) == (False, 3, 24)
     assert a['msg'].endswith('capacity in service (3 nodes, 24 GPUs) below the failure allowance (nodes 4, GPUs 8)')
 
@@ -134,19 +134,19 @@ def test_failure_allowance_nodes_refuses():
 def test_out_of_service_gpus_are_not_in_service():
     nodes = pool(4)
     nodes[3]['labels'] = dict(CANARY)
-    a = P.batch_admission(nodes, [], reviewed(1, gpus=24))
+    a = _plan.batch_admission(nodes, [], reviewed(1, gpus=24))
     assert (a['admitted'], a['out'], a['batch_in'], a['unavailable'], a['gpus_in_service']) == (
         True, ['gpu-04'], [], 1, 24)
 
 
 def test_missing_gpus_count_as_zero():
     nodes = [pool_node('gpu-01', gpus=None), {'name': 'gpu-02', 'ready': True}]
-    a = P.batch_admission(nodes, ['gpu-01'], reviewed(1))
+    a = _plan.batch_admission(nodes, ['gpu-01'], reviewed(1))
     assert (a['admitted'], a['out'], a['gpus_in_service'], a['nodes_in_service']) == (True, [], 0, 1)
 
 
 def test_absent_ready_is_not_ready():
-    a = P.batch_admission([{'name': 'gpu-01'}, pool_node('gpu-02')], ['gpu-02'], reviewed(2))
+    a = _plan.batch_admission([{'name': 'gpu-01'}, pool_node('gpu-02')], ['gpu-02'], reviewed(2))
     assert a['out'] == ['gpu-01'] and a['unavailable'] == 2
 
 
@@ -155,15 +155,15 @@ def test_absent_ready_is_not_ready():
     (None, 'None'), ('plan.json', "'plan.json'"),
 ])
 def test_the_plan_must_be_reviewed(plan, shown):
-    with pytest.raises(P.PlanInputError) as err:
-        P.batch_admission(pool(2), ['gpu-01'], plan)
+    with pytest.raises(_plan.PlanInputError) as err:
+        _plan.batch_admission(pool(2), ['gpu-01'], plan)
     assert str(err.value) == 'plan.max_unavailable: %s is not an integer (is this a reviewed plan?)' % shown
 
 
 @pytest.mark.parametrize('bad,shown', [({'gpus': 8}, "{'gpus': 8}"), ('gpu-02', "'gpu-02'"), ({'name': 2}, "{'name': 2}")])
 def test_nodes_need_a_name(bad, shown):
-    with pytest.raises(P.PlanInputError) as err:
-        P.batch_admission([pool_node('gpu-01'), bad], ['gpu-01'], reviewed(2))
+    with pytest.raises(_plan.PlanInputError) as err:
+        _plan.batch_admission([pool_node('gpu-01'), bad], ['gpu-01'], reviewed(2))
     assert str(err.value) == 'nodes[1]: %s is not a node with a name' % shown
 
 
@@ -182,7 +182,7 @@ def test_planner_counts_a_canary_labelled_node_as_out_of_service():
     nodes[4]['labels'] = dict(CANARY)                            # gpu-05: a canary of an earlier run, still isolated
     nodes[6]['labels'] = dict(CANARY)
     nodes[6]['unschedulable'] = True                             # gpu-07: and cordoned
-    plan = P.build_plan(nodes, target=TARGET, batch_size=2, max_unavailable=4)
+    plan = _plan.build_plan(nodes, target=TARGET, batch_size=2, max_unavailable=4)
     assert plan['budget']['out_of_service_now'] == [
         {'name': 'gpu-05', 'reason': 'canary still isolated', 'gpus': 8},
         {'name': 'gpu-07', 'reason': 'cordoned, canary still isolated', 'gpus': 8}]
@@ -195,8 +195,8 @@ def test_planner_refuses_when_isolated_canaries_fill_the_budget():
     nodes = [plan_node('gpu-%02d' % i) for i in range(1, 7)]
     for n in nodes[3:5]:
         n['labels'] = dict(CANARY)
-    with pytest.raises(P.PlanRefused) as exc:
-        P.build_plan(nodes, target=TARGET, max_unavailable=2)
+    with pytest.raises(_plan.PlanRefused) as exc:
+        _plan.build_plan(nodes, target=TARGET, max_unavailable=2)
     assert exc.value.problems == [
         'cannot proceed at node gpu-01: 2 node(s) already out of service (gpu-04: canary still isolated, '
         'gpu-05: canary still isolated) + 1 = 3 > max_unavailable 2 (2 (a count)); raise max_unavailable to at '
@@ -210,20 +210,20 @@ def test_every_planned_batch_is_admitted_as_the_planner_computed_it():
     nodes[9]['unschedulable'] = True
     nodes[13]['ready'] = False
     nodes[16]['labels'] = dict(CANARY)
-    plan = P.build_plan(nodes, target=TARGET, canaries_per_combination=2, batch_size=4, max_unavailable=6,
+    plan = _plan.build_plan(nodes, target=TARGET, canaries_per_combination=2, batch_size=4, max_unavailable=6,
                         failure_allowance={'gpus': 80, 'nodes': 12})
     view = dict((n['name'], {'name': n['name'], 'unschedulable': n['unschedulable'], 'ready': n['ready'],
                              'labels': dict(n.get('labels') or {}), 'gpus': n['gpus']}) for n in nodes)
     refused = 0
     for i, (batch, step) in enumerate(zip(plan['batches'], plan['budget']['steps'])):
-        a = P.batch_admission(list(view.values()), batch, plan)
+        a = _plan.batch_admission(list(view.values()), batch, plan)
         assert a['admitted'], a['msg']
         assert (a['unavailable'], a['nodes_in_service'], a['gpus_in_service']) == (
             step['unavailable_during'], step['in_service_nodes_during'], step['in_service_gpus_during']), batch
         # a batch the budget shrank, with the next node in service added, is refused
         nxt = view[plan['batches'][i + 1][0]] if i + 1 < len(plan['batches']) else None
-        if step['shrunk'] and nxt and not P.out_of_service_reasons(nxt['unschedulable'], nxt['ready'], nxt['labels']):
-            assert not P.batch_admission(list(view.values()), batch + [nxt['name']], plan)['admitted']
+        if step['shrunk'] and nxt and not _plan.out_of_service_reasons(nxt['unschedulable'], nxt['ready'], nxt['labels']):
+            assert not _plan.batch_admission(list(view.values()), batch + [nxt['name']], plan)['admitted']
             refused += 1
         for name in batch:
             if name in plan['canaries']:

@@ -8,9 +8,9 @@ import jinja2
 import pytest
 from ansible.plugins.filter.core import regex_replace
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _evidence as ev
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record as R
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rollout as RO
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _evidence
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rollout
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._upgrade_state import StateError, target_key
 
 BEFORE = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '570.172.08',
@@ -31,7 +31,7 @@ NOW = '2026-12-01T12:00:00Z'
     (['10de:2330/10de:16c1', '10de:20b5/10de:1533'], '10de2330-10de16c1-10de20b5-10de1533'),
 ])
 def test_pci_slug(pci_ids, slug):
-    assert RO.pci_slug(pci_ids) == slug
+    assert _rollout.pci_slug(pci_ids) == slug
 
 
 @pytest.mark.parametrize('pci_ids', ['10de:2330', '10de:2330,10de:2331', '10de:20b0/10de:1463',
@@ -40,7 +40,7 @@ def test_pci_slug_is_the_old_jinja(pci_ids):
     old = jinja2.Environment(autoescape=False)
     old.filters['regex_replace'] = regex_replace
     rendered = old.from_string("{{ v | regex_replace(':', '') | regex_replace('[/,]', '-') }}").render(v=pci_ids)
-    assert RO.pci_slug(pci_ids) == rendered
+    assert _rollout.pci_slug(pci_ids) == rendered
 
 
 @pytest.mark.parametrize('pci_ids,shown', [
@@ -48,8 +48,8 @@ def test_pci_slug_is_the_old_jinja(pci_ids):
     ([], "''"),
 ])
 def test_pci_slug_rejects_what_is_not_a_pci_id_list(pci_ids, shown):
-    with pytest.raises(RO.RolloutError) as err:
-        RO.pci_slug(pci_ids)
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.pci_slug(pci_ids)
     assert str(err.value) == 'pci_ids: %s is not a PCI id list (e.g. 10de:2330 or 10de:2330,10de:2331)' % shown
 
 
@@ -71,27 +71,27 @@ def old_snapshot_file(directory, node, target):
     {'rke2': 'v1.36.1+rke2r1', 'kernel': '6.8.0-135-generic', 'driver': '580.126.20'},
 ])
 def test_snapshot_file_is_the_old_jinja(target):
-    assert RO.snapshot_file('/var/lib/gpufleet/snapshots', 'gpu-01', target) == \
+    assert _rollout.snapshot_file('/var/lib/gpufleet/snapshots', 'gpu-01', target) == \
         old_snapshot_file('/var/lib/gpufleet/snapshots', 'gpu-01', target)
 
 
 def test_snapshot_file():
-    assert RO.snapshot_file('snaps', 'gpu-01', {'driver': '580.126.20', 'rke2': 'v1.35.3+rke2r3'}) == \
+    assert _rollout.snapshot_file('snaps', 'gpu-01', {'driver': '580.126.20', 'rke2': 'v1.35.3+rke2r3'}) == \
         'snaps/gpu-01--driver_580.126.20_rke2_v1.35.3_rke2r3.json'
     # one trailing slash or several: the same file
-    assert RO.snapshot_file('snaps/', 'gpu-01', {'driver': '580'}) == 'snaps/gpu-01--driver_580.json'
-    assert RO.snapshot_file('snaps//', 'gpu-01', {'driver': '580'}) == 'snaps/gpu-01--driver_580.json'
+    assert _rollout.snapshot_file('snaps/', 'gpu-01', {'driver': '580'}) == 'snaps/gpu-01--driver_580.json'
+    assert _rollout.snapshot_file('snaps//', 'gpu-01', {'driver': '580'}) == 'snaps/gpu-01--driver_580.json'
     # the key order of the target does not matter
-    assert RO.snapshot_file('s', 'n', {'b': '1', 'a': '2'}) == RO.snapshot_file('s', 'n', {'a': '2', 'b': '1'})
+    assert _rollout.snapshot_file('s', 'n', {'b': '1', 'a': '2'}) == _rollout.snapshot_file('s', 'n', {'a': '2', 'b': '1'})
     # one file per node and target
-    assert RO.snapshot_file('s', 'n', TARGET) != RO.snapshot_file('s', 'n', BEFORE)
-    assert re.fullmatch(r'[A-Za-z0-9._-]+', RO.snapshot_file('s', 'gpu-01', TARGET)[2:]) is not None
+    assert _rollout.snapshot_file('s', 'n', TARGET) != _rollout.snapshot_file('s', 'n', BEFORE)
+    assert re.fullmatch(r'[A-Za-z0-9._-]+', _rollout.snapshot_file('s', 'gpu-01', TARGET)[2:]) is not None
 
 
 @pytest.mark.parametrize('node', ['', None, 7])
 def test_snapshot_file_needs_a_node_name(node):
-    with pytest.raises(RO.RolloutError) as err:
-        RO.snapshot_file('s', node, TARGET)
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.snapshot_file('s', node, TARGET)
     assert str(err.value) == 'node: %r is not a node name' % (node,)
 
 
@@ -103,7 +103,7 @@ def test_snapshot_file_needs_a_node_name(node):
 ])
 def test_snapshot_file_rejects_a_bad_target(target, message):
     with pytest.raises(StateError) as err:
-        RO.snapshot_file('s', 'gpu-01', target)
+        _rollout.snapshot_file('s', 'gpu-01', target)
     assert str(err.value) == message
 
 
@@ -116,7 +116,7 @@ def passed(**kw):
 
 
 def test_gate_results_every_gate_passed():
-    out = RO.gate_results({'gpu': passed(msg='GPU gate: passed'), 'node': passed(msg='node gate: passed'),
+    out = _rollout.gate_results({'gpu': passed(msg='GPU gate: passed'), 'node': passed(msg='node gate: passed'),
                            'metric': passed(), 'workload': passed()}, 'gpu-01', finished=NOW)
     assert out['passed'] is True
     assert out['msg'] == 'every gate passed on gpu-01'
@@ -126,10 +126,10 @@ def test_gate_results_every_gate_passed():
 
 
 def test_gate_results_entries_are_evidence_gates():
-    out = RO.gate_results({'gpu': passed(), 'node': {'passed': False, 'msg': 'node gate: NotReady',
+    out = _rollout.gate_results({'gpu': passed(), 'node': {'passed': False, 'msg': 'node gate: NotReady',
                                                      'problems': ['Ready is False']},
                            'metric': {'failed': True, 'msg': 'boom'}}, 'gpu-01', finished=NOW)
-    gates = [ev.gate_entry(e, i) for i, e in enumerate(out['evidence'])]
+    gates = [_evidence.gate_entry(e, i) for i, e in enumerate(out['evidence'])]
     assert [(g['id'], g['category'], g['critical'], g['passed'], g['problems']) for g in gates] == [
         ('gpu@gpu-01#-', 'monitoring', True, True, []),
         ('node@gpu-01#-', 'allocation', True, False, ['Ready is False']),
@@ -146,13 +146,13 @@ def test_gate_results_skipped_or_absent_gates_are_not_counted(absent):
     results = {'gpu': passed(), 'node': passed(), 'metric': absent}
     if absent is not None:
         results['workload'] = absent
-    out = RO.gate_results(results, 'gpu-01', finished=NOW)
+    out = _rollout.gate_results(results, 'gpu-01', finished=NOW)
     assert [e['name'] for e in out['evidence']] == ['gpu', 'node']
     assert out['passed'] is True
 
 
 def test_gate_results_unknown_names_are_not_gates():
-    out = RO.gate_results({'gpu': passed(), 'dra': {'passed': False, 'msg': 'no'}}, 'gpu-01', finished=NOW)
+    out = _rollout.gate_results({'gpu': passed(), 'dra': {'passed': False, 'msg': 'no'}}, 'gpu-01', finished=NOW)
     assert [e['name'] for e in out['evidence']] == ['gpu'] and out['passed'] is True
 
 
@@ -163,7 +163,7 @@ def test_gate_results_unknown_names_are_not_gates():
     {'passed': False, 'msg': 'GPU gate: exception'},
 ])
 def test_gate_results_a_result_without_passed_true_fails(result):
-    out = RO.gate_results({'gpu': result, 'node': passed()}, 'gpu-01', finished=NOW)
+    out = _rollout.gate_results({'gpu': result, 'node': passed()}, 'gpu-01', finished=NOW)
     assert out['passed'] is False
     assert out['msg'] == 'critical gate failed on gpu-01: GPU gate: exception'
     assert out['evidence'][0]['passed'] is False
@@ -171,7 +171,7 @@ def test_gate_results_a_result_without_passed_true_fails(result):
 
 
 def test_gate_results_message_names_every_failed_gate():
-    out = RO.gate_results({'gpu': {'passed': False, 'msg': 'GPU gate: Xid 79 on GPU 3'}, 'node': passed(),
+    out = _rollout.gate_results({'gpu': {'passed': False, 'msg': 'GPU gate: Xid 79 on GPU 3'}, 'node': passed(),
                            'metric': {'passed': False, 'problems': ['no samples']},
                            'workload': {'passed': False, 'msg': 'workload gate: nccl bandwidth 12 GB/s'}},
                           'gpu-07', finished=NOW)
@@ -183,13 +183,13 @@ def test_gate_results_message_names_every_failed_gate():
 
 
 def test_gate_results_no_gate_ran():
-    out = RO.gate_results({'gpu': {'skipped': True}}, 'gpu-01', finished=NOW)
+    out = _rollout.gate_results({'gpu': {'skipped': True}}, 'gpu-01', finished=NOW)
     assert out == {'evidence': [], 'passed': False, 'msg': 'no gate ran on gpu-01'}
 
 
 def test_gate_results_finished_defaults_to_now():
-    out = RO.gate_results({'gpu': passed()}, 'gpu-01')
-    ev.parse_rfc3339(out['evidence'][0]['finished'], 'finished')
+    out = _rollout.gate_results({'gpu': passed()}, 'gpu-01')
+    _evidence.parse_rfc3339(out['evidence'][0]['finished'], 'finished')
     assert out['evidence'][0]['finished'].endswith('Z')
 
 
@@ -213,7 +213,7 @@ def plan():
 def test_node_entry_upgraded_canary():
     result = {'node': 'gpu-01', 'driver_now': '580.126.20', 'rke2_applied': False, 'rolled_back': False}
     kubelet = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3'}
-    e = RO.node_entry(plan(), 'gpu-01', result=result, kubelet=kubelet, started='2026-12-01T11:50:00Z',
+    e = _rollout.node_entry(plan(), 'gpu-01', result=result, kubelet=kubelet, started='2026-12-01T11:50:00Z',
                       finished=NOW)
     assert e == {
         'name': 'gpu-01', 'role': 'canary', 'batch': 0,
@@ -225,27 +225,27 @@ def test_node_entry_upgraded_canary():
     }
     assert 'failed_phase' not in e and 'message' not in e
     # the entry is one the evidence bundle accepts
-    assert ev.node_entry(e, 0)['duration_s'] == 600
+    assert _evidence.node_entry(e, 0)['duration_s'] == 600
 
 
 def test_node_entry_batch_node_index_and_options():
-    e = RO.node_entry(plan(), 'gpu-03', result={'rke2_applied': True}, dra=True, finished=NOW)
+    e = _rollout.node_entry(plan(), 'gpu-03', result={'rke2_applied': True}, dra=True, finished=NOW)
     assert (e['name'], e['role'], e['batch']) == ('gpu-03', 'batch', 2)
     assert e['phases'] == ['drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'postflight',
                            'uncordon']
     assert 'started' not in e
-    assert RO.node_entry(plan(), 'a-02', finished=NOW)['batch'] == 1
+    assert _rollout.node_entry(plan(), 'a-02', finished=NOW)['batch'] == 1
 
 
 def test_node_entry_tuple_after_from_kubelet_and_driver_now():
     before = dict(BEFORE, kernel='6.8.0-120-generic')
     # nothing read: the tuple before
-    assert RO.node_entry(plan(), 'gpu-02', finished=NOW)['tuple_after'] == before
+    assert _rollout.node_entry(plan(), 'gpu-02', finished=NOW)['tuple_after'] == before
     # empty values read do not erase what was before
-    e = RO.node_entry(plan(), 'gpu-02', result={'driver_now': ''}, kubelet={'kernel': '', 'rke2': None},
+    e = _rollout.node_entry(plan(), 'gpu-02', result={'driver_now': ''}, kubelet={'kernel': '', 'rke2': None},
                       finished=NOW)
     assert e['tuple_after'] == before
-    e = RO.node_entry(plan(), 'gpu-02', result={'driver_now': '580.126.20'},
+    e = _rollout.node_entry(plan(), 'gpu-02', result={'driver_now': '580.126.20'},
                       kubelet={'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'os': 'ignored'},
                       finished=NOW)
     assert e['tuple_after'] == dict(before, kernel='6.8.0-135-generic', rke2='v1.36.1+rke2r1', driver='580.126.20')
@@ -254,54 +254,54 @@ def test_node_entry_tuple_after_from_kubelet_and_driver_now():
 
 
 def test_node_entry_the_result_names_the_node():
-    e = RO.node_entry(plan(), 'gpu-02', result={'node': 'gpu-02.k8s'}, finished=NOW)
+    e = _rollout.node_entry(plan(), 'gpu-02', result={'node': 'gpu-02.k8s'}, finished=NOW)
     assert e['name'] == 'gpu-02.k8s' and e['batch'] == 2
 
 
 def test_node_entry_failed():
     result = {'node': 'gpu-02', 'driver_now': '570.172.08', 'rolled_back': True, 'rke2_applied': False}
-    e = RO.node_entry(plan(), 'gpu-02', result=result, failed_phase='gates', message='critical gate failed',
+    e = _rollout.node_entry(plan(), 'gpu-02', result=result, failed_phase='gates', message='critical gate failed',
                       finished=NOW)
     assert (e['verdict'], e['failed_phase'], e['message'], e['rolled_back']) == (
         'failed', 'gates', 'critical gate failed', True)
     assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready']
     assert e['tuple_after']['driver'] == '570.172.08'
-    ev.node_entry(e, 0)
+    _evidence.node_entry(e, 0)
     # a failure without a message still records one (empty)
-    e = RO.node_entry(plan(), 'gpu-02', failed_phase='preflight', finished=NOW)
+    e = _rollout.node_entry(plan(), 'gpu-02', failed_phase='preflight', finished=NOW)
     assert (e['verdict'], e['failed_phase'], e['message'], e['phases'], e['rolled_back']) == (
         'failed', 'preflight', '', [], False)
 
 
 def test_node_entry_message_only_when_failed():
-    e = RO.node_entry(plan(), 'gpu-02', message='ignored', finished=NOW)
+    e = _rollout.node_entry(plan(), 'gpu-02', message='ignored', finished=NOW)
     assert e['verdict'] == 'upgraded' and 'message' not in e and 'failed_phase' not in e
 
 
 def test_node_entry_finished_defaults_to_now():
-    ev.parse_rfc3339(RO.node_entry(plan(), 'gpu-02')['finished'], 'finished')
+    _evidence.parse_rfc3339(_rollout.node_entry(plan(), 'gpu-02')['finished'], 'finished')
 
 
 def test_node_entry_unknown_failed_step():
-    with pytest.raises(R.RecordError, match="step: 'holders' is not one of preflight, progress, drain"):
-        RO.node_entry(plan(), 'gpu-02', failed_phase='holders')
+    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of preflight, progress, drain"):
+        _rollout.node_entry(plan(), 'gpu-02', failed_phase='holders')
 
 
 def test_node_entry_unknown_host():
-    with pytest.raises(RO.RolloutError) as err:
-        RO.node_entry(plan(), 'gpu-99')
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.node_entry(plan(), 'gpu-99')
     assert str(err.value) == "host 'gpu-99' is in no combination of the plan"
     p = plan()
     p['batches'] = [b for b in p['batches'] if 'a-02' not in b]
-    with pytest.raises(RO.RolloutError) as err:
-        RO.node_entry(p, 'a-02')
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.node_entry(p, 'a-02')
     assert str(err.value) == "host 'a-02' is in no batch of the plan"
 
 
 def test_node_entry_does_not_change_the_plan():
     p = plan()
     kept = copy.deepcopy(p)
-    RO.node_entry(p, 'gpu-01', result={'driver_now': '580.126.20'}, kubelet={'kernel': 'k'}, finished=NOW)
+    _rollout.node_entry(p, 'gpu-01', result={'driver_now': '580.126.20'}, kubelet={'kernel': 'k'}, finished=NOW)
     assert p == kept
 
 
@@ -313,19 +313,52 @@ KEY = 'dcgm_exporter=4.4.1-4.6.0-ubuntu22.04,driver=580.126.20,gpu_operator=v26.
 
 def test_unfinished_nodes():
     nodes = [
-        {'name': 'gpu-01', 'annotations': {R.ANN_DONE: KEY}},
-        {'name': 'gpu-02', 'annotations': {R.ANN_DONE: KEY, R.ANN_STATE: 'failed', R.ANN_TARGET: KEY}},
+        {'name': 'gpu-01', 'annotations': {_node_record.ANN_DONE: KEY}},
+        {'name': 'gpu-02', 'annotations': {_node_record.ANN_DONE: KEY, _node_record.ANN_STATE: 'failed', _node_record.ANN_TARGET: KEY}},
         {'name': 'gpu-03', 'annotations': {}},
         {'name': 'gpu-04'},
         {'name': 'gpu-05', 'annotations': None},
-        {'name': 'gpu-06', 'annotations': {R.ANN_DONE: KEY.replace('580.126.20', '570.172.08')}},
-        {'name': 'gpu-07', 'annotations': {R.ANN_DONE: KEY, 'other': 'x'}},
+        {'name': 'gpu-06', 'annotations': {_node_record.ANN_DONE: KEY.replace('580.126.20', '570.172.08')}},
+        {'name': 'gpu-07', 'annotations': {_node_record.ANN_DONE: KEY, 'other': 'x'}},
     ]
-    assert RO.unfinished_nodes(nodes, TARGET) == ['gpu-02', 'gpu-03', 'gpu-04', 'gpu-05', 'gpu-06']
-    assert RO.unfinished_nodes([], TARGET) == []
+    assert _rollout.unfinished_nodes(nodes, TARGET) == ['gpu-02', 'gpu-03', 'gpu-04', 'gpu-05', 'gpu-06']
+    assert _rollout.unfinished_nodes([], TARGET) == []
 
 
 def test_unfinished_nodes_key_is_target_key():
     assert target_key(TARGET) == KEY
     with pytest.raises(StateError):
-        RO.unfinished_nodes([{'name': 'gpu-01'}], {})
+        _rollout.unfinished_nodes([{'name': 'gpu-01'}], {})
+
+
+# ---- rollback_result: the rollback role's public result
+
+DECISION = {'outcome': 'restore driver 580.126.20', 'refusals': ['kernel: not proven'], 'steps': []}
+
+
+def test_rollback_result_passes_only_when_the_gpu_and_the_node_gate_both_passed():
+    ok = {'passed': True, 'problems': []}
+    res = _rollout.rollback_result('gpu-04', DECISION, True, {'driver_version': '580.126.20'},
+                                   {'gpu': ok, 'node': ok}, '580.126.20')
+    assert res == {'node': 'gpu-04', 'outcome': 'restore driver 580.126.20', 'restored': True,
+                   'driver_now': '580.126.20', 'driver_before_upgrade': '580.126.20', 'gates_passed': True,
+                   'gate_problems': [], 'refusals': ['kernel: not proven'],
+                   'summary': 'restore driver 580.126.20; driver 580.126.20 (before the upgrade 580.126.20); gates passed'}
+
+
+@pytest.mark.parametrize('gpu, node', [
+    ({'passed': False, 'problems': ['xid: new Xid 79']}, {'passed': True}),
+    ({'passed': True}, {'passed': False, 'problems': ['not Ready']}),
+    ({'passed': True}, {'skipped': True}),          # a gate that did not run did not pass
+    ({'failed': True, 'msg': 'boom'}, {'passed': True}),
+])
+def test_rollback_result_fails_when_either_gate_did_not_pass(gpu, node):
+    res = _rollout.rollback_result('gpu-04', DECISION, True, {'driver_version': '580.130.00'},
+                                   {'gpu': gpu, 'node': node}, '580.126.20')
+    assert res['gates_passed'] is False and res['summary'].endswith('; gates FAILED')
+    assert res['gate_problems'] == (gpu.get('problems') or []) + (node.get('problems') or [])
+
+
+def test_rollback_result_without_a_restore_says_so():
+    res = _rollout.rollback_result('gpu-04', {'outcome': 'nothing to roll back'}, False, {}, {}, '580.126.20')
+    assert res['restored'] is False and res['driver_now'] == '' and res['refusals'] == [] and not res['gates_passed']
