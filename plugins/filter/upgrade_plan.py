@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import (
-    DEFAULT_COMBINATION_KEYS, PlanInputError, PlanRefused, build_plan, kernel_line,
+    DEFAULT_COMBINATION_KEYS, PlanInputError, PlanRefused, build_plan, kernel_line, planner_nodes,
 )
 
 
@@ -42,6 +42,20 @@ def kernel_line_filter(kernel: str) -> str:
         raise AnsibleFilterError('gpufleet.upgrade.kernel_line: %s' % exc)
 
 
+def planner_nodes_filter(fleet: Dict[str, Any], hostvars: Any, holders: Optional[Dict[str, Any]] = None,
+                         install_method: str = 'apt') -> List[Dict[str, Any]]:
+    """The planner's input from fleet_info's result, the hosts' NVML facts and the holders count."""
+    facts = {}
+    for node in (fleet or {}).get('nodes') or []:
+        name = node.get('name') if isinstance(node, dict) else None
+        if name and name in hostvars:
+            facts[name] = hostvars[name].get('gpufleet_gpu_facts')
+    try:
+        return planner_nodes(fleet, facts, holders, install_method)
+    except PlanInputError as exc:
+        raise AnsibleFilterError('gpufleet.upgrade.planner_nodes: %s' % exc)
+
+
 class FilterModule(object):
     def filters(self) -> Dict[str, Any]:
-        return {'upgrade_plan': upgrade_plan, 'kernel_line': kernel_line_filter}
+        return {'upgrade_plan': upgrade_plan, 'kernel_line': kernel_line_filter, 'planner_nodes': planner_nodes_filter}

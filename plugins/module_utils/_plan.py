@@ -630,3 +630,35 @@ def render_summary(plan: Dict[str, Any]) -> str:
         lines += ['', '## Refused', ''] + ['- ' + p for p in plan['problems']]
     lines += ['', 'Stop rule: one failed critical gate stops expansion, whatever the aggregate metrics say.', '']
     return '\n'.join(lines)
+
+
+def planner_nodes(fleet: Dict[str, Any], gpu_facts: Dict[str, Any], holders: Optional[Dict[str, Any]] = None,
+                  install_method: str = 'apt') -> List[Dict[str, Any]]:
+    """The planner's input (build_plan's `nodes`): fleet_info's view of each node (kernel, RKE2, readiness,
+    cordon, allocatable GPUs, labels) joined with the host's NVML facts (`gpu_facts`: node name ->
+    gpu_info's result; PCI identities, driver, MIG) and gpu_holders_info's count (`holders`: by_node).
+
+    A node without NVML facts (no inventory host, or gpu_info not run) gets the PCI identity
+    ``unknown`` and no driver: it forms its own combination, which the plan then shows. (A Node label
+    cannot carry a PCI id: ':' is not valid in a label value.)"""
+    if not isinstance(fleet, dict) or not isinstance(fleet.get('nodes'), list):
+        raise PlanInputError('fleet: %r is not fleet_info\'s result (no nodes list)' % (fleet,))
+    cluster = fleet.get('cluster') or {}
+    holders = holders or {}
+    out: List[Dict[str, Any]] = []
+    for i, n in enumerate(fleet['nodes']):
+        if not isinstance(n, dict) or not isinstance(n.get('name'), str):
+            raise PlanInputError('fleet.nodes[%d]: %r is not a node with a name' % (i, n))
+        facts = gpu_facts.get(n['name']) if hasattr(gpu_facts, 'get') else None
+        facts = facts if isinstance(facts, dict) else {}
+        mig = any(((g or {}).get('mig_mode') or {}).get('current') for g in facts.get('gpus') or [])
+        out.append({
+            'name': n['name'], 'pci_ids': list(facts.get('pci_ids') or ['unknown']),
+            'platform': n.get('platform'), 'kernel': n.get('kernel'),
+            'partition_mode': 'mig' if mig else 'none', 'install_method': install_method,
+            'current': {'kernel': n.get('kernel'), 'rke2': n.get('rke2'), 'driver': facts.get('driver_version'),
+                        'gpu_operator': cluster.get('gpu_operator'), 'dcgm_exporter': cluster.get('dcgm_exporter')},
+            'ready': n.get('ready'), 'unschedulable': n.get('unschedulable'), 'gpus': n.get('gpus'),
+            'holders': int(((holders.get(n['name']) or {}).get('total')) or 0), 'labels': n.get('labels') or {},
+        })
+    return out

@@ -229,3 +229,41 @@ def test_every_planned_batch_is_admitted_as_the_planner_computed_it():
             if name in plan['canaries']:
                 view[name]['labels'][CANARY_KEY] = 'true'
     assert refused
+
+
+# ---- planner_nodes: the planner's input from fleet_info, the hosts' NVML facts and the holders
+
+FLEET = {'cluster': {'gpu_operator': 'v25.3.0', 'dcgm_exporter': '4.2.3-4.1.3'},
+         'nodes': [{'name': 'gpu-1', 'platform': 'dgx-h100', 'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3',
+                    'ready': True, 'unschedulable': False, 'gpus': 8, 'labels': {'a': 'b'}},
+                   {'name': 'gpu-2', 'platform': 'dgx-h100', 'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3',
+                    'ready': False, 'unschedulable': True, 'gpus': 8, 'labels': {}}]}
+FACTS = {'gpu-1': {'pci_ids': ['10de:2330/10de:16c1'], 'driver_version': '580.126.20',
+                   'gpus': [{'mig_mode': {'current': False}}, {'mig_mode': {'current': True}}]}}
+
+
+def test_planner_nodes_joins_the_api_view_the_nvml_facts_and_the_holders():
+    nodes = _plan.planner_nodes(FLEET, FACTS, {'gpu-1': {'total': 3}}, 'apt')
+    assert nodes[0] == {
+        'name': 'gpu-1', 'pci_ids': ['10de:2330/10de:16c1'], 'platform': 'dgx-h100', 'kernel': '6.8.0-134-generic',
+        'partition_mode': 'mig', 'install_method': 'apt',
+        'current': {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.126.20',
+                    'gpu_operator': 'v25.3.0', 'dcgm_exporter': '4.2.3-4.1.3'},
+        'ready': True, 'unschedulable': False, 'gpus': 8, 'holders': 3, 'labels': {'a': 'b'}}
+    # No NVML facts: PCI identity unknown (its own combination), no driver, no MIG, no holders counted.
+    assert nodes[1]['pci_ids'] == ['unknown'] and nodes[1]['current']['driver'] is None
+    assert nodes[1]['partition_mode'] == 'none' and nodes[1]['holders'] == 0
+
+
+def test_planner_nodes_feed_the_planner():
+    plan = _plan.build_plan(_plan.planner_nodes(FLEET, dict(FACTS, **{'gpu-2': FACTS['gpu-1']}), {}),
+                            target={'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.130.00',
+                                    'gpu_operator': 'v25.3.0', 'dcgm_exporter': '4.2.3-4.1.3'},
+                            max_unavailable=2, single_node_pool_acknowledged=True)
+    assert plan['canaries'] == ['gpu-1']
+
+
+@pytest.mark.parametrize('fleet', [None, {}, {'nodes': 'gpu-1'}, {'nodes': [{'platform': 'x'}]}])
+def test_planner_nodes_refuses_what_is_not_fleet_info_output(fleet):
+    with pytest.raises(_plan.PlanInputError, match='fleet'):
+        _plan.planner_nodes(fleet, {}, {})
