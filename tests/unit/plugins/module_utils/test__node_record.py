@@ -15,7 +15,7 @@ def test_every_step_is_classified_once():
 
 
 def test_keys_are_gpufleet_keys():
-    keys = [v for k, v in vars(R).items() if k.startswith('ANN_')] + [_node_record.CANARY_KEY]
+    keys = [v for k, v in vars(_node_record).items() if k.startswith('ANN_')] + [_node_record.CANARY_KEY]
     assert len(keys) == len(set(keys)) == 9
     assert all(k.startswith(_node_record.PREFIX) for k in keys)
 

@@ -211,7 +211,7 @@ def test_every_planned_batch_is_admitted_as_the_planner_computed_it():
     nodes[13]['ready'] = False
     nodes[16]['labels'] = dict(CANARY)
     plan = _plan.build_plan(nodes, target=TARGET, canaries_per_combination=2, batch_size=4, max_unavailable=6,
-                        failure_allowance={'gpus': 80, 'nodes': 12})
+                            failure_allowance={'gpus': 80, 'nodes': 12})
     view = dict((n['name'], {'name': n['name'], 'unschedulable': n['unschedulable'], 'ready': n['ready'],
                              'labels': dict(n.get('labels') or {}), 'gpus': n['gpus']}) for n in nodes)
     refused = 0

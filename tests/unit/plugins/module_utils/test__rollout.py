@@ -117,7 +117,7 @@ def passed(**kw):
 
 def test_gate_results_every_gate_passed():
     out = _rollout.gate_results({'gpu': passed(msg='GPU gate: passed'), 'node': passed(msg='node gate: passed'),
-                           'metric': passed(), 'workload': passed()}, 'gpu-01', finished=NOW)
+                                 'metric': passed(), 'workload': passed()}, 'gpu-01', finished=NOW)
     assert out['passed'] is True
     assert out['msg'] == 'every gate passed on gpu-01'
     assert [e['name'] for e in out['evidence']] == ['gpu', 'node', 'metric', 'workload']
@@ -127,8 +127,8 @@ def test_gate_results_every_gate_passed():
 
 def test_gate_results_entries_are_evidence_gates():
     out = _rollout.gate_results({'gpu': passed(), 'node': {'passed': False, 'msg': 'node gate: NotReady',
-                                                     'problems': ['Ready is False']},
-                           'metric': {'failed': True, 'msg': 'boom'}}, 'gpu-01', finished=NOW)
+                                                           'problems': ['Ready is False']},
+                                 'metric': {'failed': True, 'msg': 'boom'}}, 'gpu-01', finished=NOW)
     gates = [_evidence.gate_entry(e, i) for i, e in enumerate(out['evidence'])]
     assert [(g['id'], g['category'], g['critical'], g['passed'], g['problems']) for g in gates] == [
         ('gpu@gpu-01#-', 'monitoring', True, True, []),
@@ -172,9 +172,9 @@ def test_gate_results_a_result_without_passed_true_fails(result):
 
 def test_gate_results_message_names_every_failed_gate():
     out = _rollout.gate_results({'gpu': {'passed': False, 'msg': 'GPU gate: Xid 79 on GPU 3'}, 'node': passed(),
-                           'metric': {'passed': False, 'problems': ['no samples']},
-                           'workload': {'passed': False, 'msg': 'workload gate: nccl bandwidth 12 GB/s'}},
-                          'gpu-07', finished=NOW)
+                                 'metric': {'passed': False, 'problems': ['no samples']},
+                                 'workload': {'passed': False, 'msg': 'workload gate: nccl bandwidth 12 GB/s'}},
+                                'gpu-07', finished=NOW)
     assert out['passed'] is False
     assert out['msg'] == ('critical gate failed on gpu-07: GPU gate: Xid 79 on GPU 3; metric gate: failed; '
                           'workload gate: nccl bandwidth 12 GB/s')
@@ -214,7 +214,7 @@ def test_node_entry_upgraded_canary():
     result = {'node': 'gpu-01', 'driver_now': '580.126.20', 'rke2_applied': False, 'rolled_back': False}
     kubelet = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3'}
     e = _rollout.node_entry(plan(), 'gpu-01', result=result, kubelet=kubelet, started='2026-12-01T11:50:00Z',
-                      finished=NOW)
+                            finished=NOW)
     assert e == {
         'name': 'gpu-01', 'role': 'canary', 'batch': 0,
         'pci_ids': ['10de:2330/10de:16c1', '10de:2331/10de:16c1'],
@@ -243,11 +243,11 @@ def test_node_entry_tuple_after_from_kubelet_and_driver_now():
     assert _rollout.node_entry(plan(), 'gpu-02', finished=NOW)['tuple_after'] == before
     # empty values read do not erase what was before
     e = _rollout.node_entry(plan(), 'gpu-02', result={'driver_now': ''}, kubelet={'kernel': '', 'rke2': None},
-                      finished=NOW)
+                            finished=NOW)
     assert e['tuple_after'] == before
     e = _rollout.node_entry(plan(), 'gpu-02', result={'driver_now': '580.126.20'},
-                      kubelet={'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'os': 'ignored'},
-                      finished=NOW)
+                            kubelet={'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'os': 'ignored'},
+                            finished=NOW)
     assert e['tuple_after'] == dict(before, kernel='6.8.0-135-generic', rke2='v1.36.1+rke2r1', driver='580.126.20')
     # the plan is not changed
     assert e['tuple_before'] == before
@@ -261,7 +261,7 @@ def test_node_entry_the_result_names_the_node():
 def test_node_entry_failed():
     result = {'node': 'gpu-02', 'driver_now': '570.172.08', 'rolled_back': True, 'rke2_applied': False}
     e = _rollout.node_entry(plan(), 'gpu-02', result=result, failed_phase='gates', message='critical gate failed',
-                      finished=NOW)
+                            finished=NOW)
     assert (e['verdict'], e['failed_phase'], e['message'], e['rolled_back']) == (
         'failed', 'gates', 'critical gate failed', True)
     assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready']
