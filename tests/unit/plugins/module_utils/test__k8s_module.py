@@ -7,10 +7,8 @@ import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s, _k8s_module
@@ -20,6 +18,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import (
     K8sModule, apply_merge_patch, diff, failure, k8s_argument_spec, update_or_predict)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import SucPlanError
+from tools.module_exit import ModuleExit, capture_module_exits
 
 
 # -- the argument spec ---------------------------------------------------------------------
@@ -145,23 +144,9 @@ def test_other_errors_are_unexpected(exc):
     assert failure(exc) is None
 
 
-class ModuleExit(SystemExit):
-    """What exit_json/fail_json raise here (a SystemExit, as theirs: errors() lets it pass)."""
-
-    def __init__(self, result: dict[str, Any], failed: bool) -> None:
-        super().__init__(1 if failed else 0)
-        self.result = dict(result, failed=failed)
-
-
 @pytest.fixture
 def exits(monkeypatch):
-    def exit_json(self, **kw):
-        raise ModuleExit(kw, failed=False)
-
-    def fail_json(self, msg, **kw):
-        raise ModuleExit(dict(kw, msg=msg), failed=True)
-    monkeypatch.setattr(basic.AnsibleModule, 'exit_json', exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, 'fail_json', fail_json)
+    capture_module_exits(monkeypatch)
 
 
 def _module(args=None, **kw):

@@ -21,14 +21,9 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _unload
 from ansible_collections.gpufleet.upgrade.plugins.modules import driver_unload
+from tools.module_exit import ModuleExit, capture_module_exits
 
 CASES = yaml.safe_load((pathlib.Path(__file__).with_suffix('.yaml')).read_text())
-
-
-class ModuleExit(Exception):
-    def __init__(self, result: dict[str, Any], failed: bool) -> None:
-        super().__init__(result.get('msg'))
-        self.result = dict(result, failed=failed)
 
 
 class FakeHost:
@@ -101,14 +96,7 @@ def run_case(case: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.M
     if case.get('diff'):
         args['_ansible_diff'] = True
 
-    def exit_json(self, **kw):
-        raise ModuleExit(kw, failed=False)
-
-    def fail_json(self, msg, **kw):
-        raise ModuleExit(dict(kw, msg=msg), failed=True)
-
-    monkeypatch.setattr(basic.AnsibleModule, 'exit_json', exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, 'fail_json', fail_json)
+    capture_module_exits(monkeypatch)
     monkeypatch.setattr(basic.AnsibleModule, 'run_command', lambda self, *a, **kw: host.run_command(*a, **kw))
     monkeypatch.setattr(basic.AnsibleModule, 'get_bin_path', lambda self, *a, **kw: host.get_bin_path(*a, **kw))
     monkeypatch.setattr(_unload, 'send_signal', host.kill)
