@@ -169,7 +169,9 @@ def test_errors_fail_the_module_with_the_message_and_the_result(exits):
     assert result == {'msg': 'x', 'api_requests': 0, 'failed': True}
 
 
-def test_an_unexpected_error_keeps_its_traceback(exits):
+def test_an_unexpected_error_keeps_its_traceback(exits, monkeypatch):
+    # ansible_builder (imported by an integration test collected in the same run) sets sys.tracebacklimit = 0.
+    monkeypatch.delattr(sys, 'tracebacklimit', raising=False)
     result = _fails(_module(), KeyError('metadata'), passed=False)
     assert result['msg'] == "node_test failed: 'metadata'"
     assert 'Traceback' in result['exception'] and "KeyError: 'metadata'" in result['exception']
