@@ -135,11 +135,15 @@ test: collection system-deps controlplane
 	$(MAKE) --no-print-directory lint
 
 # The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on a 40-node
-# pool of a real control plane (built first by controlplane, started and stopped by the lab), with an
-# injected Xid 79 (FAULT=none: the whole rollout completes; FAULT=<node>).
+# pool of a real control plane (built first by controlplane, started and stopped by the lab) of the
+# seed's change (kernel 6.8.0-134 → 135, RKE2 v1.35.3 → v1.36.1 through the SUC, driver 580.126.20 →
+# 580.130.00; CHANGE=driver: the driver alone), with an injected Xid 79 (FAULT=none: the whole rollout
+# completes; FAULT=<node>; FAULT_KIND=xid|temperature|kernel: kernel = the target kernel does not boot).
 FAULT ?= auto
+FAULT_KIND ?= xid
+CHANGE ?= seed
 lab: collection controlplane
-	$(VPY) tests/tools/lab.py --fault $(FAULT)
+	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE)
 
 # Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
 # .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).

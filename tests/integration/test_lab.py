@@ -1,8 +1,12 @@
 """The lab scenario end to end (tests/tools/lab.py) on a smaller pool, and the orchestration's
 failure paths: the injected fault stops expansion and rolls the node back; without a fault the
-whole rollout completes; a node that does not come back Ready stops the rollout, cordoned; a GPU
-that runs hot under the new driver fails the metric gate (a real Prometheus scraping the lab's DCGM
-exporter stand-in), which stops expansion and rolls the node back.
+whole rollout of the seed's change (kernel, RKE2 through the SUC stand-in, driver) completes and
+every node is measured at the target; a node that does not come back Ready stops the rollout,
+cordoned; a GPU that runs hot under the new driver fails the metric gate (a real Prometheus scraping
+the lab's DCGM exporter stand-in), which stops expansion and rolls the node back; a target kernel
+that does not come up falls back to the saved kernel, and the node stays cordoned on its previous
+kernel and driver. The lab's host side on its own: install roots whose apt lists a new kernel in
+grub.cfg, reboots by GRUB's rules with the NVIDIA module installed for the booted kernel.
 
 Each run drives the real playbooks through ansible-runner against a real control plane (tests/cluster,
 started and stopped by the lab; the playbooks run as the operator ServiceAccount, docs/rbac),
@@ -11,6 +15,7 @@ real dpkg/apt install roots and the stand-in NVML. `make lab` runs the same driv
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -19,7 +24,7 @@ import urllib.parse
 
 import pytest
 
-from tools import lab_dcgm, labenv
+from tools import debrepo, grubsim, lab_dcgm, lab_node, labenv
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAB = REPO / 'tests' / 'tools' / 'lab.py'
@@ -40,6 +45,18 @@ def run_lab(tmp_path: pathlib.Path, *args: str) -> subprocess.CompletedProcess[s
 
 def annotations(lab: pathlib.Path, node: str) -> dict:
     return json.loads((lab / 'nodes' / node / 'nvml.json').read_text())
+
+
+# The summary table's columns (lab.py Lab.summary).
+BATCH, NODE, MODEL, K_BEFORE, K_AFTER, D_BEFORE, D_AFTER, RKE2, CORDONED, STATE, GATES = range(11)
+K0, K1, D0, D1, R0, R1 = (labenv.KERNEL, labenv.TARGET_KERNEL, labenv.SOURCE_DRIVER, labenv.TARGET_DRIVER,
+                          labenv.RKE2, labenv.TARGET_RKE2)
+RESTORED = 'its rollback restored kernel %s with driver %s' % (K0, D0)
+
+
+def measured(r: list[str]) -> list[str]:
+    """kernel after, driver after, RKE2, cordoned, state."""
+    return [r[K_AFTER], r[D_AFTER], r[RKE2], r[CORDONED], r[STATE]]
 
 
 def rows(out: str) -> dict[str, list[str]]:
@@ -64,23 +81,24 @@ def metric_gates(lab: pathlib.Path) -> dict[str, dict]:
 def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
     out = run_lab(tmp_path, '--nodes', '8', '--fault', 'gpu-04')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
-    assert 'the fault on gpu-04 stopped expansion, the node stays cordoned and its rollback restored 580.126.20' in out.stdout
+    assert 'the fault on gpu-04 stopped expansion, the node stays cordoned and ' + RESTORED in out.stdout
     table = rows(out.stdout)
-    # gpu-04's batch: the node is back on the previous driver, cordoned, its state recorded.
-    assert table['gpu-04'][3:6] == ['580.126.20', 'yes', 'rolled-back']
+    # gpu-04's batch: the node is back on the previous kernel and driver (RKE2 is the rollback
+    # boundary: it keeps the target's), cordoned, its state recorded.
+    assert measured(table['gpu-04']) == [K0, D0, R1, 'yes', 'rolled-back']
     assert 'critical gate failed on gpu-04' in out.stdout and 'new Xid 79' in out.stdout
     # The canaries finished; the batch after the fault was never touched.
-    assert table['gpu-01'][3:6] == ['580.130.00', 'no', 'done']
-    later = [n for n, r in table.items() if int(r[0]) > int(table['gpu-04'][0])]
-    assert later and all(table[n][3:6] == ['580.126.20', 'no', '-'] for n in later)
+    assert measured(table['gpu-01']) == [K1, D1, R1, 'no', 'done']
+    later = [n for n, r in table.items() if int(r[BATCH]) > int(table['gpu-04'][BATCH])]
+    assert later and all(measured(table[n]) == [K0, D0, R0, 'no', '-'] for n in later)
     # NVML follows the install root: the stand-in reports the restored driver.
     assert annotations(tmp_path / 'lab', 'gpu-04')['driver_version'] == '580.126.20'
     if PROMETHEUS:
         # The metric gate ran on every upgraded node; on gpu-04 the GPU gate caught the Xid first.
         gates = metric_gates(tmp_path / 'lab')
-        done = sorted(n for n, r in table.items() if r[5] == 'done')
+        done = sorted(n for n, r in table.items() if r[STATE] == 'done')
         assert done and sorted(gates) == done and all(gates[n]['passed'] for n in done)
-        assert table['gpu-04'][6].startswith('gpu:FAIL,') and 'metric' not in table['gpu-04'][6]
+        assert table['gpu-04'][GATES].startswith('gpu:FAIL,') and 'metric' not in table['gpu-04'][GATES]
     else:
         assert 'metric gate: OFF, Prometheus is not available' in out.stdout
     report = tmp_path / 'lab' / 'report.html'
@@ -93,11 +111,19 @@ def test_lab_without_fault_completes(tmp_path):
     assert 'lab: OK' in out.stdout and 'the whole rollout completed' in out.stdout
     table = rows(out.stdout)
     assert sorted(table) == ['gpu-01', 'gpu-02', 'gpu-03', 'gpu-04']
-    assert all(r[3:6] == ['580.130.00', 'no', 'done'] for r in table.values())
+    # Measured before and after: the kernel (proc), the loaded driver, RKE2 (the kubelet).
+    assert all([r[K_BEFORE], r[D_BEFORE]] == [K0, D0] for r in table.values()), table
+    assert all(measured(r) == [K1, D1, R1, 'no', 'done'] for r in table.values()), table
+    lab = tmp_path / 'lab'
+    for name in table:
+        root = lab / 'nodes' / name / 'root'
+        # The trial boot's next_entry was used and cleared; after the gates the target is the default.
+        assert grubsim.read_env(root / 'boot/grub/grubenv') == {'saved_entry': grubsim.entry_id(K1), 'next_entry': ''}
+        assert 'Linux version %s ' % K1 in (lab / 'nodes' / name / 'kern.log').read_text()
     if PROMETHEUS:
         assert 'metric gate: ON, Prometheus http://127.0.0.1:' in out.stdout
         assert 'metric gate verdicts: 4 nodes passed, 0 failed' in out.stdout
-        assert all(r[6].startswith('gpu:ok,node:ok,metric:ok') for r in table.values()), table
+        assert all(r[GATES].startswith('gpu:ok,node:ok,metric:ok') for r in table.values()), table
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
 
 
@@ -112,7 +138,7 @@ def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     assert 'node gpu-02 did not become Ready within 30' in out.stdout
     assert 'recover it by hand, then run gpufleet.upgrade.rollback' in out.stdout
     table = rows(out.stdout)
-    assert table['gpu-02'][4] == 'yes' and table['gpu-02'][5] == 'failed'
+    assert table['gpu-02'][CORDONED] == 'yes' and table['gpu-02'][STATE] == 'failed'
     assert 'rollout did not complete' in out.stdout
 
 
@@ -122,13 +148,14 @@ def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
     # gate's instant, only the DCGM series over the metric gate's window show it.
     out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'temperature')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
-    assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and its rollback restored 580.126.20 '
-            '(injected: GPU 5 at 92 C under load)') in out.stdout
+    assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s '
+            '(injected: GPU 5 at 92 C under load)' % RESTORED) in out.stdout
     table = rows(out.stdout)
-    assert table['gpu-02'][3:7] == ['580.126.20', 'yes', 'rolled-back', 'gpu:ok,node:ok,metric:FAIL,rollback-gpu:ok']
+    assert measured(table['gpu-02']) == [K0, D0, R1, 'yes', 'rolled-back']
+    assert table['gpu-02'][GATES] == 'gpu:ok,node:ok,metric:FAIL,rollback-gpu:ok'
     assert 'critical gate failed on gpu-02: metric gate' in out.stdout
-    assert table['gpu-04'][3:7] == ['580.126.20', 'no', '-', '-']
-    assert table['gpu-01'][3:6] == ['580.130.00', 'no', 'done']
+    assert measured(table['gpu-04']) == [K0, D0, R0, 'no', '-'] and table['gpu-04'][GATES] == '-'
+    assert measured(table['gpu-01']) == [K1, D1, R1, 'no', 'done']
     gates = metric_gates(tmp_path / 'lab')
     assert sorted(gates) == ['gpu-01', 'gpu-02', 'gpu-03']
     assert gates['gpu-01']['passed'] is True and gates['gpu-03']['passed'] is True
@@ -137,6 +164,104 @@ def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
     assert 'UUID="GPU-gpu-02-0005"' in gates['gpu-02']['problems'][0]
     # Prometheus kept its data under the lab directory.
     assert (tmp_path / 'lab' / 'prometheus' / 'data').is_dir()
+
+
+def test_lab_target_kernel_that_does_not_boot_stays_cordoned_on_the_previous_pair(tmp_path):
+    # gpu-02 (batch 1 of 3): kernel 6.8.0-135-generic does not come up; its one-shot trial boot
+    # falls back to saved_entry (134), where the module package the transaction installed for 134
+    # (built for 580.130.00) loads. The node is Ready on the wrong kernel: detected, cordoned, rolled
+    # back to 134 with 580.126.20; the batch after it untouched.
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'kernel', '--metrics', 'off')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s (injected: kernel %s does not '
+            'come up)' % (RESTORED, K1)) in out.stdout
+    table = rows(out.stdout)
+    assert measured(table['gpu-02']) == [K0, D0, R1, 'yes', 'rolled-back']
+    assert measured(table['gpu-01']) == [K1, D1, R1, 'no', 'done']
+    assert measured(table['gpu-04']) == [K0, D0, R0, 'no', '-']
+    node = tmp_path / 'lab' / 'nodes' / 'gpu-02'
+    assert 'Linux version %s ' % K1 not in (node / 'kern.log').read_text()     # it never came up
+    assert grubsim.read_env(node / 'root/boot/grub/grubenv')['saved_entry'] == grubsim.entry_id(K0)
+    assert 'rollout stopped at gpu-02' in out.stdout and K1 in out.stdout
+
+
+def lab_root(tmp_path: pathlib.Path, names: list[str]) -> pathlib.Path:
+    lab = tmp_path / 'lab'
+    labenv.make_roots(lab, names)
+    labenv.write_node_files(lab, names)
+    return lab
+
+
+def collection_apt_get(root: pathlib.Path, *args: str) -> None:
+    """apt-get under `root` configured as the collection's AptBackend does it (its own APT_CONFIG,
+    outside the root, setting Dir to the root): what kernel_packages runs."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
+    conf = root.parent / 'collection-apt.conf'
+    conf.write_text(pk.apt_config_for_root(str(root.resolve()), as_root=os.geteuid() == 0))
+    subprocess.run(['apt-get', '-q', '-y', *args], env=dict(os.environ, APT_CONFIG=str(conf), DEBIAN_FRONTEND='noninteractive'),
+                   check=True, capture_output=True, text=True, timeout=300)
+
+
+# The collection's one transaction for the seed's change with the prebuilt module source.
+V134, V135 = debrepo.kernel_version(K0), debrepo.kernel_version(K1)
+TRANSACTION = (['%s=%s' % (n % K1, V135) for n in ('linux-image-%s', 'linux-modules-%s', 'linux-modules-extra-%s')]
+               + ['linux-modules-nvidia-580-server-%s=%s+1' % (K1, V135), 'linux-modules-nvidia-580-server-%s=%s+2' % (K0, V134)]
+               + ['%s=%s-0ubuntu1' % (n, D1) for n in labenv.PREBUILT_SET])
+
+
+def test_lab_node_roots_list_new_kernels_and_boot_by_grub_rules(tmp_path):
+    """The lab's host side without a cluster: the install root at the source (prebuilt set, kernel 134,
+    GRUB), grub.cfg regenerated after the collection-style apt transaction, reboots by GRUB's rules
+    (next_entry once, then saved_entry; a kernel that fails falls back; none up: nothing runs) with
+    the NVIDIA module installed for the booted kernel, and a reload."""
+    lab = lab_root(tmp_path, ['gpu-01'])
+    node = lab / 'nodes' / 'gpu-01'
+    root = node / 'root'
+    inst = debrepo.AptRoot(root, root, node / 'root.apt.conf').installed()
+    assert {n: inst[n] for n in labenv.PREBUILT_SET} == {n: D0 + '-0ubuntu1' for n in labenv.PREBUILT_SET}
+    assert inst['linux-modules-nvidia-580-server-%s' % K0] == V134 + '+1' and 'nvidia-driver-580-server' not in inst
+    assert sorted(p.name for p in (root / 'boot').glob('vmlinuz-*')) == ['vmlinuz-' + K0]
+    assert 'GRUB_DEFAULT=saved' in (root / 'etc/default/grub').read_text()
+    assert grubsim.read_env(root / 'boot/grub/grubenv') == {'saved_entry': grubsim.entry_id(K0)}
+    assert labenv.measured(lab, 'gpu-01') == {'kernel': K0, 'loaded': D0, 'nvml': D0, 'installed': D0}
+
+    collection_apt_get(root, 'install', '--allow-downgrades', *TRANSACTION)
+    cfg = (root / 'boot/grub/grub.cfg').read_text()
+    assert grubsim.kernel_of(cfg, grubsim.entry_id(K1)) == K1 and grubsim.kernel_of(cfg, grubsim.entry_id(K0)) == K0
+    # Installed, not booted: the old module still runs (until the reboot).
+    assert labenv.measured(lab, 'gpu-01') == {'kernel': K0, 'loaded': D0, 'nvml': D0, 'installed': D1}
+
+    env = root / 'boot/grub/grubenv'
+    subprocess.run([grubsim.editenv(), str(env), 'set', 'next_entry=' + grubsim.entry_id(K1)], check=True)
+    res = lab_node.boot_host(node, set())
+    assert (res['kernel'], res['driver']) == (K1, D1) and [b[2] for b in res['boots']] == [True]
+    assert grubsim.read_env(env) == {'saved_entry': grubsim.entry_id(K0), 'next_entry': ''}
+    assert labenv.measured(lab, 'gpu-01') == {'kernel': K1, 'loaded': D1, 'nvml': D1, 'installed': D1}
+    assert (node / 'proc/cmdline').read_text().startswith('BOOT_IMAGE=/boot/vmlinuz-%s ' % K1)
+    assert 'driver_version %s\n' % D1 in (node / 'nvml.state').read_text()
+    assert (node / 'kern.log').read_text().splitlines()[-1].split(' kernel: ')[1].startswith('Linux version %s ' % K1)
+    # next_entry was one-shot: the next boot takes saved_entry (134, with its module built for 580.130.00).
+    assert lab_node.boot_host(node, set())['kernel'] == K0
+    assert labenv.measured(lab, 'gpu-01')['loaded'] == D1
+    # A trial of a kernel that does not come up: power-cycled into saved_entry.
+    subprocess.run([grubsim.editenv(), str(env), 'set', 'next_entry=' + grubsim.entry_id(K1)], check=True)
+    res = lab_node.boot_host(node, {K1})
+    assert [(b[1], b[2]) for b in res['boots']] == [(K1, False), (K0, True)] and res['kernel'] == K0
+    # Nothing comes up: nothing runs (no kernel, no module to read).
+    res = lab_node.boot_host(node, {K0, K1})
+    assert res == {'kernel': None, 'driver': None, 'boots': [[grubsim.entry_id(K0), K0, False]] * 3}
+    assert not (node / 'proc/sys/kernel/osrelease').exists() and not (node / 'proc/driver/nvidia').joinpath('version').exists()
+
+    # Back to the previous pair (what the rollback's transaction does), then a reload on 134.
+    lab_node.boot_host(node, set())
+    collection_apt_get(root, 'install', '--allow-downgrades', 'linux-modules-nvidia-580-server-%s=%s+1' % (K0, V134),
+                       *['%s=%s-0ubuntu1' % (n, D0) for n in labenv.PREBUILT_SET], 'linux-modules-nvidia-580-server-%s-' % K1)
+    assert lab_node.load_module(node, K0) == D0
+    assert labenv.measured(lab, 'gpu-01') == {'kernel': K0, 'loaded': D0, 'nvml': D0, 'installed': D0}
+    # A kernel without a module package: no NVIDIA module loads, NVML says so.
+    assert lab_node.load_module(node, K1) is None
+    assert 'init_error DRIVER_NOT_LOADED' in (node / 'nvml.state').read_text()
+    assert labenv.measured(lab, 'gpu-01')['loaded'] is None
 
 
 def test_dcgm_stand_in_follows_nvml_state_and_kernel_log(tmp_path):
@@ -202,32 +327,37 @@ def ready_history(cluster, name: str, resource_version: str) -> list[str]:
 
 def test_lab_reboot_hook_reboots_the_node_through_the_api(tmp_path, cluster):
     """The lab's reboot path (lab_node.py reboot) on the real control plane: the kubelet stops (Ready
-    False), the Node reports the boot (a new bootID, the running kernel), comes back Ready with its
-    pods Ready, and carries the driver labels of what is installed under its root."""
+    False), GRUB boots the trial kernel (next_entry) with its module, the Node reports the boot (a
+    new bootID, the booted kernel, the kubeletVersion it had), comes back Ready with its pods Ready,
+    and carries the driver labels of the loaded module. lab.json `misreport` makes a kubelet
+    report another kernel than the one that runs."""
     names = labenv.node_names(2)
-    lab = tmp_path / 'lab'
-    labenv.make_roots(lab, names)
-    labenv.write_node_files(lab, names)
-    (lab / 'nodes' / 'gpu-01' / 'proc' / 'sys' / 'kernel' / 'osrelease').write_text('6.8.0-140-generic\n')
+    lab = lab_root(tmp_path, names)
+    root = lab / 'nodes' / 'gpu-01' / 'root'
+    collection_apt_get(root, 'install', '--allow-downgrades', *TRANSACTION)
+    subprocess.run([grubsim.editenv(), str(root / 'boot/grub/grubenv'), 'set', 'next_entry=' + grubsim.entry_id(K1)],
+                   check=True)
     labenv.apply_pool(cluster, names)
-    (lab / 'lab.json').write_text(json.dumps({'kubeconfig': cluster.admin_kubeconfig, 'fault': None, 'stuck': [],
-                                              'target_driver': labenv.TARGET_DRIVER}))
+    # What the SUC stand-in leaves on a node whose RKE2 Job completed: the boot keeps it.
+    cluster.patch('v1', 'Node', 'gpu-01', {'status': {'nodeInfo': {'kubeletVersion': R1}}}, subresource='status')
+    conf = {'kubeconfig': cluster.admin_kubeconfig, 'fault': None, 'stuck': [], 'target_driver': D1, 'target_kernel': K1}
+    (lab / 'lab.json').write_text(json.dumps(conf))
     before = cluster.get('v1', 'Node', 'gpu-01')
     cluster.clear_requests()
     out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab_node.py'), str(lab), 'reboot', 'gpu-01'],
                          capture_output=True, text=True, check=False, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert json.loads(out.stdout) == {'changed': True, 'driver': labenv.SOURCE_DRIVER, 'ready': True, 'fault': False,
-                                      'mode': 'reboot', 'scraped': None}
+    assert json.loads(out.stdout) == {'changed': True, 'kernel': K1, 'driver': D1, 'ready': True, 'fault': False,
+                                      'boots': [[grubsim.entry_id(K1), K1, True]], 'mode': 'reboot', 'scraped': None}
     # Every change of the Node since (a watch from its resourceVersion replays them): Ready went False
     # (the kubelet stopped) and came back True (KWOK plays the kubelet again), once.
     assert ready_history(cluster, 'gpu-01', before['metadata']['resourceVersion']) == ['True', 'False', 'True']
     after = cluster.get('v1', 'Node', 'gpu-01')
     assert {c['type']: c['status'] for c in after['status']['conditions']}['Ready'] == 'True'
     info, old = after['status']['nodeInfo'], before['status']['nodeInfo']
-    assert info['kernelVersion'] == '6.8.0-140-generic' and info['bootID'] != old['bootID']
-    assert info['kubeletVersion'] == old['kubeletVersion'] == labenv.RKE2
-    assert after['metadata']['labels']['nvidia.com/cuda.driver.minor'] == labenv.SOURCE_DRIVER.split('.')[1]
+    assert info['kernelVersion'] == K1 and info['bootID'] != old['bootID']
+    assert info['kubeletVersion'] == old['kubeletVersion'] == R1
+    assert after['metadata']['labels']['nvidia.com/cuda.driver.minor'] == D1.split('.')[1]
     pods = [p for p in cluster.list('v1', 'Pod', field_selector='spec.nodeName=gpu-01')
             if p['metadata']['labels'].get('app') != 'gpu-operator']     # the operator's pod may run there too
     assert sorted(p['metadata']['labels'].get('app') for p in pods) == [
@@ -238,3 +368,11 @@ def test_lab_reboot_hook_reboots_the_node_through_the_api(tmp_path, cluster):
     assert cluster.requests == []
     assert cluster.get('v1', 'Node', 'gpu-02')['status']['nodeInfo']['bootID'] == \
         labenv.node_info('gpu-02', labenv.KERNEL)['bootID']
+    # The next boot takes saved_entry (134, its module built for 580.130.00); the kubelet is made to
+    # report another kernel than the one running (what a test of the measured tuple needs).
+    (lab / 'lab.json').write_text(json.dumps(dict(conf, misreport={'gpu-01': {'kernelVersion': '6.8.0-1-lab'}})))
+    out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab_node.py'), str(lab), 'reboot', 'gpu-01'],
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert json.loads(out.stdout)['kernel'] == K0 and json.loads(out.stdout)['driver'] == D1
+    assert cluster.get('v1', 'Node', 'gpu-01')['status']['nodeInfo']['kernelVersion'] == '6.8.0-1-lab'
+    assert labenv.measured(lab, 'gpu-01')['kernel'] == K0

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 from typing import Iterable, Sequence
@@ -48,6 +49,8 @@ class DebSpec:
     provides: str = ''
     architecture: str = 'all'
     section: str = 'non-free/libs'
+    # Extra files the package ships: (path relative to /, text), e.g. a kernel's /boot/vmlinuz-<k>.
+    files: tuple[tuple[str, str], ...] = ()
 
     @property
     def filename(self) -> str:
@@ -127,6 +130,10 @@ def build_deb(spec: DebSpec, workdir: pathlib.Path, outdir: pathlib.Path) -> pat
     doc = tree / 'usr' / 'share' / 'doc' / spec.name
     doc.mkdir(parents=True)
     (doc / 'VERSION').write_text('%s %s\n' % (spec.name, spec.version))
+    for rel, text in spec.files:
+        f = tree / rel.lstrip('/')
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
     (tree / 'DEBIAN' / 'control').write_text(_control(spec))
     out = outdir / spec.filename
     subprocess.run(['dpkg-deb', '--root-owner-group', '-Zgzip', '--build', str(tree), str(out)],
@@ -162,7 +169,12 @@ def build_repo(repo: pathlib.Path, specs: Iterable[DebSpec]) -> pathlib.Path:
 
 def cached_repo(base: pathlib.Path, specs: Sequence[DebSpec]) -> pathlib.Path:
     """`build_repo` once per content: a repo keyed by the specs' digest is reused."""
-    key = hashlib.sha256(json.dumps([dataclasses.asdict(s) for s in specs], sort_keys=True).encode()).hexdigest()[:16]
+    def spec_key(s: DebSpec) -> dict:
+        d = dataclasses.asdict(s)
+        if not d['files']:
+            del d['files']      # repositories without extra files keep their cache key
+        return d
+    key = hashlib.sha256(json.dumps([spec_key(s) for s in specs], sort_keys=True).encode()).hexdigest()[:16]
     repo = base / ('debrepo-' + key)
     if not (repo / 'Packages').is_file():
         tmp = base / ('debrepo-' + key + '.tmp-%d' % os.getpid())
@@ -314,14 +326,19 @@ def kernel_version(release: str) -> str:
     return '%s-%s.%s' % (base, abi, abi)
 
 
-def kernel_stack_specs(releases: Sequence[str] = (KERNEL_OLD, KERNEL_TARGET), extra: bool = True) -> list[DebSpec]:
+def kernel_stack_specs(releases: Sequence[str] = (KERNEL_OLD, KERNEL_TARGET), extra: bool = True,
+                       boot: bool = False) -> list[DebSpec]:
     """`linux-image-<k>` (depends on `linux-modules-<k>` at its version, as Ubuntu's does),
-    `linux-modules-<k>`, `linux-modules-extra-<k>` (unless `extra` is false) and `linux-headers-<k>`."""
+    `linux-modules-<k>`, `linux-modules-extra-<k>` (unless `extra` is false) and `linux-headers-<k>`.
+    With `boot`, `linux-image-<k>` ships `/boot/vmlinuz-<k>` as Ubuntu's does (what update-grub
+    lists; the lab's install roots)."""
     specs = []
     for rel in releases:
         v = kernel_version(rel)
+        files = (('boot/vmlinuz-%s' % rel, 'lab kernel image %s %s\n' % (rel, v)),) if boot else ()
         specs.append(DebSpec('linux-modules-%s' % rel, v, section='kernel'))
-        specs.append(DebSpec('linux-image-%s' % rel, v, depends='linux-modules-%s (= %s)' % (rel, v), section='kernel'))
+        specs.append(DebSpec('linux-image-%s' % rel, v, depends='linux-modules-%s (= %s)' % (rel, v), section='kernel',
+                             files=files))
         if extra:
             specs.append(DebSpec('linux-modules-extra-%s' % rel, v, depends='linux-modules-%s (= %s)' % (rel, v),
                                  section='kernel'))
@@ -356,6 +373,23 @@ def prebuilt_driver_specs(versions: Sequence[str] = (OLD, NEW), branch: str = BR
 def kernel_repo_specs() -> list[DebSpec]:
     return (driver_specs() + prebuilt_driver_specs() + kernel_stack_specs()
             + kernel_stack_specs((KERNEL_NOMOD,), extra=False) + prebuilt_module_specs())
+
+
+def lab_repo_specs() -> list[DebSpec]:
+    """The lab's repository (tests/tools/labenv.py): both driver versions for both module sources,
+    kernels 6.8.0-134-generic and 6.8.0-135-generic whose images ship /boot/vmlinuz-<k>, and the
+    prebuilt NVIDIA modules of PREBUILT_MODULES."""
+    return (driver_specs() + prebuilt_driver_specs() + kernel_stack_specs(boot=True) + prebuilt_module_specs())
+
+
+def update_grub_hook_text(command: Sequence[str]) -> str:
+    """An apt.conf.d snippet that runs `command` after every dpkg run of apt (DPkg::Post-Invoke), as
+    the kernel's postinst runs update-grub on Ubuntu. Under an install root dpkg runs no maintainer
+    scripts for us (they would need a chroot), so the lab's roots regenerate grub.cfg this way."""
+    line = ' '.join(shlex.quote(a) for a in command)
+    if '"' in line:
+        raise ValueError('an apt configuration string cannot hold a double quote: %r' % line)
+    return 'DPkg::Post-Invoke { "%s"; };\n' % line
 
 
 @pytest.fixture(scope='session')

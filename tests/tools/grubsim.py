@@ -20,15 +20,24 @@ block is read and written with the real `grub-editenv` (Debian's `grub-common`).
     res = boot(grubenv, cfg, proc=proc, driver='580.130.00')           # reboot the node
     res.kernel, res.boots                                              # what came up, every try
     boot(grubenv, cfg, fails={KERNEL_TARGET})                          # the target panics: fallback
+    update_grub(root)                   # grub.cfg of root/boot/vmlinuz-*, as update-grub writes it
+
+`python grubsim.py update-grub <root>` is update_grub from the command line: the lab's install
+roots run it after every dpkg run of apt (DPkg::Post-Invoke, tests/tools/labenv.py), as a
+kernel's postinst runs update-grub on Ubuntu.
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
 import re
+import os
 import shutil
 import subprocess
-from typing import Collection, Optional, Sequence
+import sys
+from typing import Callable, Collection, Optional, Sequence, Union
+
+UUID = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0'
 
 
 def editenv() -> str:
@@ -58,7 +67,7 @@ def _version_key(release: str) -> list[int]:
     return [int(x) for x in re.findall(r'\d+', release)]
 
 
-def render_grub_cfg(kernels: Sequence[str], uuid: str = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0',
+def render_grub_cfg(kernels: Sequence[str], uuid: str = UUID,
                     distributor: str = 'Ubuntu', grub_default: str = 'saved') -> str:
     """The menu part of the grub.cfg update-grub generates: the newest kernel first as the simple
     entry, then the "Advanced options" submenu with a normal and a recovery entry per kernel."""
@@ -80,6 +89,31 @@ def render_grub_cfg(kernels: Sequence[str], uuid: str = '0f1e2d3c-4b5a-6978-8796
                      '\t\tinitrd\t/boot/initrd.img-%s' % k, '\t}']
     body.append('}')
     return '\n'.join(head + body + ['### END /etc/grub.d/10_linux ###']) + '\n'
+
+
+def boot_kernels(root: pathlib.Path) -> list[str]:
+    """The kernel releases update-grub would list: root/boot/vmlinuz-<release>, newest first."""
+    boot_dir = root / 'boot'
+    found = [p.name[len('vmlinuz-'):] for p in boot_dir.glob('vmlinuz-*')] if boot_dir.is_dir() else []
+    return sorted(found, key=_version_key, reverse=True)
+
+
+def entry_id(kernel: str, uuid: str = UUID) -> str:
+    """The `>` path of a kernel's normal entry in render_grub_cfg's menu (what grub-reboot takes)."""
+    return 'gnulinux-advanced-%s>gnulinux-%s-advanced-%s' % (uuid, kernel, uuid)
+
+
+def update_grub(root: pathlib.Path, uuid: str = UUID) -> list[str]:
+    """update-grub for an install root: root/boot/grub/grub.cfg lists root/boot/vmlinuz-* (written
+    atomically; with no kernel left, the menu is empty). Returns the kernels listed."""
+    kernels = boot_kernels(root)
+    cfg = root / 'boot' / 'grub' / 'grub.cfg'
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cfg.with_name('grub.cfg.new')
+    tmp.write_text(render_grub_cfg(kernels, uuid) if kernels else
+                   '### BEGIN /etc/grub.d/00_header ###\n### END /etc/grub.d/00_header ###\n')
+    os.replace(tmp, cfg)
+    return kernels
 
 
 @dataclasses.dataclass
@@ -135,10 +169,13 @@ class BootResult:
 
 
 def boot(grubenv: pathlib.Path, grub_cfg: pathlib.Path, grub_default: str = 'saved', fails: Collection[str] = (),
-         max_boots: int = 3, proc: Optional[pathlib.Path] = None, driver: Optional[str] = None) -> BootResult:
+         max_boots: int = 3, proc: Optional[pathlib.Path] = None,
+         driver: Union[None, str, Callable[[str], Optional[str]]] = None) -> BootResult:
     """Reboot: GRUB picks the entry (and clears a set next_entry with grub-editenv, as save_env does);
     a kernel in `fails` does not come up and the node is power-cycled. With `proc`, what came up is
-    written as `sys/kernel/osrelease` and, with `driver`, `driver/nvidia/version`."""
+    written as `sys/kernel/osrelease` and `cmdline` and, with `driver` (a version, or a function of
+    the booted kernel giving the version of the NVIDIA module that loads with it, None for none),
+    `driver/nvidia/version` (removed when no NVIDIA module loads)."""
     cfg = grub_cfg.read_text()
     tries: list[tuple[str, Optional[str], bool]] = []
     while len(tries) < max_boots:
@@ -155,7 +192,10 @@ def boot(grubenv: pathlib.Path, grub_cfg: pathlib.Path, grub_default: str = 'sav
             if proc is not None:
                 (proc / 'sys/kernel').mkdir(parents=True, exist_ok=True)
                 (proc / 'sys/kernel/osrelease').write_text(kernel + '\n')
+                (proc / 'cmdline').write_text('BOOT_IMAGE=/boot/vmlinuz-%s root=UUID=%s ro\n' % (kernel, UUID))
                 nv = proc / 'driver/nvidia/version'
+                if callable(driver):
+                    driver = driver(kernel)
                 if driver:
                     nv.parent.mkdir(parents=True, exist_ok=True)
                     nv.write_text(nvidia_version_text(driver))
@@ -171,3 +211,15 @@ def nvidia_version_text(driver: str, open_modules: bool = True) -> str:
     return ('NVRM version: NVIDIA UNIX %s  %s  Release Build  (dvs-builder@U22-I3-AF03-09-1)  '
             'Sat Jan 10 05:20:46 UTC 2026\nGCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n'
             % (kind, driver))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != 'update-grub':
+        print('usage: grubsim.py update-grub <install root>', file=sys.stderr)
+        return 2
+    update_grub(pathlib.Path(argv[1]))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

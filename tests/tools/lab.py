@@ -1,7 +1,8 @@
 """`make lab`: the whole procedure on a 40-node GPU pool of a real control plane, with an injected fault.
 
-    python tests/tools/lab.py [--dir .lab] [--fault auto|none|<node>] [--fault-kind xid|temperature]
-                              [--nodes 40] [--stuck <node>] [--metrics auto|off]
+    python tests/tools/lab.py [--dir .lab] [--fault auto|none|<node>] [--fault-kind xid|temperature|kernel]
+                              [--nodes 40] [--stuck <node>] [--metrics auto|off] [--change seed|driver]
+                              [--misreport <node>:<nodeInfo field>=<value>]
 
 1. environment: a real Kubernetes control plane (tests/cluster: etcd, kube-apiserver, the controller
    manager, the scheduler, KWOK as the kubelets) started under --dir/cluster and stopped at the end,
@@ -9,21 +10,31 @@
    plugin's and DCGM exporter's DaemonSets), a training ReplicaSet per model with a pod on each node,
    PodDisruptionBudgets; the playbooks run as the ServiceAccount gpufleet-system/gpufleet-upgrade
    bound to the collection's ClusterRoles (docs/rbac), not as an administrator;
-   per-node install roots with the driver set at 580.126.20 (real dpkg/apt), a stand-in NVML state
-   per node (tests/tools/labenv.py explains how it follows the install root), a kernel log per node;
+   per-node install roots at the source tuple (real dpkg/apt: kernel 6.8.0-134-generic with the
+   prebuilt driver set at 580.126.20 and its signed module package, /boot, a real GRUB environment
+   block), a stand-in NVML state per node (tests/tools/labenv.py explains how it follows the module
+   that the booted kernel loads), a kernel log per node; the System Upgrade Controller stand-in
+   (tests/cluster/suc.py) for the lab's lifetime, with an RKE2 server already at the target;
    when Prometheus is installed (the lab installs the Debian package when run as root, otherwise
    says how and runs without the metric gate), a real Prometheus on loopback scraping the lab's
    DCGM exporter stand-in (tests/tools/lab_dcgm.py) every second, and the metric gate
    (gpufleet.upgrade.metric_gate, DCGM presets over a short window) after the GPU and node gates;
-2. plan.yml (hosts' NVML facts + the API) → canary.yml (2 canaries per model, rollback exercised)
+2. the seed's example change (`--change seed`, the default): kernel 6.8.0-134-generic ->
+   6.8.0-135-generic, RKE2 v1.35.3+rke2r3 -> v1.36.1+rke2r1 (through the SUC), driver
+   580.126.20 -> 580.130.00; `--change driver` is the earlier driver-only change (a reload);
+   plan.yml (hosts' NVML facts + the API) → canary.yml (2 canaries per model, rollback exercised)
    → the draft qualification record → approval (the lab approves as "lab-approver"; in production a
    second operator does it, e.g. in an AWX approval node) → upgrade_check.yml PASS (collected mode)
    → rollout.yml in the plan's batches of at most 4;
 3. the fault: on one node of a later batch the lab's reboot path logs a new Xid 79 after the new
    driver came up; the GPU gate fails, expansion stops, the node stays cordoned and its rollback
    restores 580.126.20 (`--fault-kind temperature`: one GPU of the node runs hot under the new
-   driver, which only the metric gate's window sees; the same stop and rollback follow);
-4. a summary table and the path of the HTML report. Exit 0 when the scenario behaved as designed.
+   driver, which only the metric gate's window sees; the same stop and rollback follow;
+   `--fault-kind kernel`: the target kernel does not come up on the node, its one-shot trial boot
+   falls back to the saved kernel, the node must be detected on the old kernel, stay cordoned and
+   be rolled back to the previous pair);
+4. a summary table (each node's measured kernel and driver before and after) and the path of the
+   HTML report. Exit 0 when the scenario behaved as designed.
 
 Everything lives under --dir (default .lab/); ansible output is the progress display.
 """
@@ -50,6 +61,7 @@ import ansible_runner  # noqa: E402
 
 from cluster import start_cluster  # noqa: E402
 from cluster.client import Cluster  # noqa: E402
+from cluster.suc import SucStandIn  # noqa: E402
 from tools import cpu_account, lab_dcgm, labenv, nvml_stub  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
@@ -62,7 +74,12 @@ SIMULATED = {'drain': 600, 'install': 300, 'activate': 300, 'gates': 600}
 # The lab's metric gate: the DCGM presets over a short window (a real fleet observes 15 min or more).
 METRIC_GATE = {'presets': ['xid', 'ecc', 'row_remap', 'temperature'], 'window': '10s', 'step': '1s',
                'min_samples': 5, 'temperature_max': 85}
-FAULT_KINDS = {'xid': 'Xid 79', 'temperature': 'GPU %d at %d C under load' % (lab_dcgm.HOT_GPU, lab_dcgm.HOT_C)}
+FAULT_KINDS = {'xid': 'Xid 79', 'temperature': 'GPU %d at %d C under load' % (lab_dcgm.HOT_GPU, lab_dcgm.HOT_C),
+               'kernel': 'kernel %s does not come up' % labenv.TARGET_KERNEL}
+# The System Upgrade Controller stand-in: a node's RKE2 Job completes after SUC_DELAY; it polls the
+# API every SUC_INTERVAL (a few list requests each time: kept low on a shared 2-core machine).
+SUC_DELAY, SUC_INTERVAL = 0.2, 0.5
+SERVER = 'rke2-server-1'     # the RKE2 control plane node, already at the target (servers first)
 
 
 def log(msg: str) -> None:
@@ -78,8 +95,19 @@ def free_port() -> int:
 class Lab:
     def __init__(self, lab: pathlib.Path, nodes: int, fault: str, stuck: list[str], quiet: bool,
                  lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto',
-                 account_node_cpu: bool = False) -> None:
+                 account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
+                 misreport: dict[str, dict[str, str]] | None = None) -> None:
+        """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
+        stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
+        {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
+        of the truth (a test of the measured tuple)."""
         self.dir = lab
+        self.change = change
+        self.target = labenv.CHANGES[change]
+        self.suc_enabled = suc
+        self.suc: SucStandIn | None = None
+        self.misreport = misreport or {}
+        self.before: dict[str, dict[str, Any]] = {}
         # bench/lab_overhead.py: log the CPU of node-side modules and of the lab's hook apart.
         self.node_cpu_log = (lab / 'node-cpu.log').resolve() if account_node_cpu else None
         self.names = labenv.node_names(nodes)
@@ -113,8 +141,9 @@ class Lab:
         self.lib_dir = nvml_stub.build()
         labenv.make_roots(self.dir, self.names)
         labenv.write_node_files(self.dir, self.names)
-        log('%d install roots (driver %s, real dpkg) and NVML states ready in %.1fs under %s'
-            % (len(self.names), labenv.SOURCE_DRIVER, time.monotonic() - t0, self.dir))
+        log('%d install roots (kernel %s, driver %s from %s, real dpkg, GRUB environment block) and NVML states '
+            'ready in %.1fs under %s' % (len(self.names), labenv.KERNEL, labenv.SOURCE_DRIVER, labenv.DRIVER_PRESET,
+                                         time.monotonic() - t0, self.dir))
         self.start_cluster()
         log('Kubernetes control plane %s (real: etcd, kube-apiserver, controller manager, scheduler, KWOK '
             'kubelets): %d GPU nodes (%s), device plugin and DCGM exporter DaemonSets, training ReplicaSets, PDBs; '
@@ -123,6 +152,9 @@ class Lab:
                *labenv.OPERATOR_SA))
         self.write_conf()
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
+        self.before = {r['node']: r for r in self.node_view()}
+        log('the change: %s' % ', '.join('%s %s -> %s' % (k, labenv.CURRENT[k], v)
+                                          for k, v in self.target.items() if labenv.CURRENT[k] != v))
         if self.node_cpu_log:
             self.account_node_cpu()
 
@@ -136,6 +168,14 @@ class Lab:
         labenv.apply_pool(self.cluster, self.names)
         self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig')
         log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
+        if self.suc_enabled:
+            # The RKE2 server runs the target already (servers first); the stand-in plays SUC's
+            # controller on the real API: each agent Plan's Job is placed by the scheduler on the
+            # (cordoned) node, KWOK completes it, the node's kubelet then reports the Plan's version.
+            self.cluster.apply([labenv.control_plane_node(SERVER, self.target['rke2'])], settle=False)
+            self.suc = SucStandIn(self.cluster, delay=SUC_DELAY, interval=SUC_INTERVAL).__enter__()
+            log('System Upgrade Controller stand-in running (tests/cluster/suc.py; Plans in system-upgrade); '
+                'RKE2 server %s at %s' % (SERVER, self.target['rke2']))
 
     def node_cpu(self) -> float:
         """CPU seconds logged by node-side modules and the lab hook so far (0 without accounting)."""
@@ -191,7 +231,8 @@ class Lab:
         conf = {
             # The lab's reboot hook plays the kubelet: the setup identity, straight to the API server.
             'kubeconfig': self.cluster.admin_kubeconfig, 'api': self.cluster.cp.url,
-            'target_driver': labenv.TARGET_DRIVER,
+            'target_driver': self.target['driver'], 'target_kernel': self.target['kernel'],
+            'misreport': self.misreport,
             'fault': self.fault if self.fault not in ('auto', 'none') else None,
             'fault_kind': self.fault_kind,
             'stuck': self.stuck,
@@ -205,7 +246,8 @@ class Lab:
             'gpufleet_plan_file': str(self.dir / 'plan.json'),
             'gpufleet_qualification_dir': str(self.dir / 'qualification'),
             'gpufleet_evidence': str(self.dir / 'evidence' / 'rollout.json'),
-            'gpufleet_record_id': 'lab-driver-580-130',
+            'gpufleet_record_id': 'lab-driver-580-130' if self.change == 'driver' else 'lab-seed-k135-rke2-136-driver-580-130',
+            'gpufleet_target': self.target,
             'gpufleet_source_revision': self.revision(),
             'gpufleet_canaries_per_combination': 2 if len(self.names) >= 20 else 1,
             'gpufleet_batch_size': 4,
@@ -326,28 +368,45 @@ class Lab:
 
     # ------------------------------------------------------------------ verdict
     def node_view(self) -> list[dict]:
+        """Each node as measured now: host side (labenv.measured: running kernel, loaded driver, NVML's
+        driver, installed driver) and what its kubelet reports (nodeInfo kernelVersion, kubeletVersion)."""
         rows = []
         for name in self.names:
             node = self.cluster.get('v1', 'Node', name)
             ann = node['metadata'].get('annotations') or {}
+            info = (node.get('status') or {}).get('nodeInfo') or {}
+            m = labenv.measured(self.dir, name)
             rows.append({'node': name, 'model': node['metadata']['labels'].get('gpufleet.io/model', '?'),
-                         'driver': labenv.installed_driver(self.dir / 'nodes' / name / 'root'),
-                         'nvml': json.loads((self.dir / 'nodes' / name / 'nvml.json').read_text())['driver_version'],
+                         'driver': m['installed'], 'nvml': m['nvml'], 'loaded': m['loaded'], 'kernel': m['kernel'],
+                         'node_kernel': info.get('kernelVersion'), 'kubelet': info.get('kubeletVersion'),
                          'cordoned': bool(node['spec'].get('unschedulable')),
                          'state': ann.get('gpufleet.io/upgrade-state') or
                          ('done' if ann.get('gpufleet.io/upgraded-to') else '-'),
                          'canary': (node['metadata']['labels'] or {}).get('gpufleet.io/canary') == 'true'})
         return rows
 
+    @staticmethod
+    def off(r: dict, tup: dict, rke2: bool = True) -> list[str]:
+        """How node row `r` differs from tuple `tup` as measured (empty: it runs `tup`)."""
+        got = [('kernel (proc osrelease)', r['kernel'], tup['kernel']),
+               ('kernel (nodeInfo.kernelVersion)', r['node_kernel'], tup['kernel']),
+               ('driver (proc/driver/nvidia/version)', r['loaded'], tup['driver']),
+               ('driver (NVML)', r['nvml'], tup['driver']), ('driver (installed)', r['driver'], tup['driver'])]
+        if rke2:
+            got.append(('RKE2 (nodeInfo.kubeletVersion)', r['kubelet'], tup['rke2']))
+        return ['%s %s' % (what, have) for what, have, want in got if have != want]
+
     def verdict(self, plan: dict, rollout_status: str) -> list[str]:
         rows = {r['node']: r for r in self.node_view()}
         problems = self.metric_verdict(rows)
+        target, source = self.target, labenv.CURRENT
         if self.fault == 'none':
             if rollout_status != 'successful':
                 problems.append('rollout did not complete: %s' % self.runs['rollout']['failures'])
             for r in rows.values():
-                if r['driver'] != labenv.TARGET_DRIVER or r['nvml'] != labenv.TARGET_DRIVER:
-                    problems.append('%s runs %s (NVML %s), not %s' % (r['node'], r['driver'], r['nvml'], labenv.TARGET_DRIVER))
+                off = self.off(r, target)
+                if off:
+                    problems.append('%s is not measured at the target: %s' % (r['node'], ', '.join(off)))
                 if r['cordoned']:
                     problems.append('%s is still cordoned' % r['node'])
             return problems
@@ -357,14 +416,22 @@ class Lab:
         f = rows[self.fault]
         if not f['cordoned']:
             problems.append('%s (the faulty node) is not cordoned' % self.fault)
-        if f['driver'] != labenv.SOURCE_DRIVER:
-            problems.append('%s: the rollback did not restore %s (installed: %s)' % (self.fault, labenv.SOURCE_DRIVER, f['driver']))
+        # RKE2 is the rollback boundary: the faulty node keeps the RKE2 it reached.
+        off = self.off(f, source, rke2=False)
+        if off:
+            problems.append('%s: the rollback did not restore kernel %s with driver %s (measured: %s)'
+                            % (self.fault, source['kernel'], source['driver'], ', '.join(off)))
+        if self.fault_kind == 'kernel':
+            log_text = (self.dir / 'nodes' / self.fault / 'kern.log').read_text()
+            if 'Linux version %s ' % target['kernel'] in log_text:
+                problems.append('%s: kernel %s came up although the fault said it does not' % (self.fault, target['kernel']))
         for i, batch in enumerate(plan['batches']):
             for name in batch:
                 r = rows[name]
-                if i < fb and (r['driver'] != labenv.TARGET_DRIVER or r['cordoned']):
-                    problems.append('%s (batch %d, before the fault) is not upgraded and in service' % (name, i))
-                if i > fb and (r['driver'] != labenv.SOURCE_DRIVER or r['cordoned'] or r['state'] != '-'):
+                if i < fb and (self.off(r, target) or r['cordoned']):
+                    problems.append('%s (batch %d, before the fault) is not upgraded and in service: %s'
+                                    % (name, i, ', '.join(self.off(r, target)) or 'cordoned'))
+                if i > fb and (self.off(r, source) or r['cordoned'] or r['state'] != '-'):
                     problems.append('%s (batch %d, after the fault) was touched: expansion did not stop' % (name, i))
         return problems
 
@@ -399,20 +466,28 @@ class Lab:
         return problems
 
     def summary(self, plan: dict) -> None:
+        """One row per node: measured kernel and driver before the run and now (`driver after` is the
+        loaded module's, with NVML's when it differs), RKE2 as its kubelet reports it, cordoned,
+        its upgrade-state, its latest gate verdicts."""
         rows = {r['node']: r for r in self.node_view()}
         verdicts = self.gate_verdicts()
-        fmt = '%-6s %-7s %-26s %-10s %-9s %-12s %-40s %s'
-        print('\n' + fmt % ('batch', 'node', 'model', 'driver', 'cordoned', 'state', 'gates', 'note'))
+        fmt = '%-6s %-7s %-9s %-18s %-18s %-11s %-22s %-15s %-9s %-12s %-40s %s'
+        print('\n' + fmt % ('batch', 'node', 'model', 'kernel-before', 'kernel-after', 'driver-before', 'driver-after',
+                            'rke2', 'cordoned', 'state', 'gates', 'note'))
         for i, batch in enumerate(plan['batches']):
             for name in batch:
-                r = rows[name]
+                r, b = rows[name], self.before.get(name) or {}
                 note = 'canary' if r['canary'] else ''
                 if name == self.fault:
                     note = 'INJECTED %s -> stopped, rolled back' % FAULT_KINDS[self.fault_kind]
+                if r['node_kernel'] != r['kernel']:
+                    note = ('%s; kubelet reports kernel %s' % (note, r['node_kernel'])).lstrip('; ')
                 cordoned = 'yes' if r['cordoned'] else 'no'
                 gates = ','.join('%s:%s' % (g, 'ok' if e.get('passed') else 'FAIL')
                                  for g, e in verdicts.get(name, {}).items()) or '-'
-                print(fmt % (i, name, r['model'], r['driver'], cordoned, r['state'], gates, note))
+                after = str(r['loaded']) + ('' if r['nvml'] == r['loaded'] else '(nvml:%s)' % r['nvml'])
+                print(fmt % (i, name, r['model'].replace('gpu_', ''), b.get('kernel'), r['kernel'], b.get('loaded'),
+                             after, r['kubelet'], cordoned, r['state'], gates, note))
         print()
         log(self.metrics_note)
         metric = {n: v['metric'] for n, v in sorted(verdicts.items()) if 'metric' in v}
@@ -433,6 +508,12 @@ class Lab:
 
     def stop(self) -> None:
         """Everything the lab started, bounded (the control plane: SIGTERM, SIGKILL after 15 s)."""
+        if self.suc is not None:
+            suc, self.suc = self.suc, None
+            try:
+                suc.__exit__(None, None, None)
+            except AssertionError as exc:      # its errors, said (the run's verdict is made already)
+                log(str(exc))
         if self._proxy is not None:
             self._proxy.stop()
             self._proxy = None
@@ -510,8 +591,15 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    misreport: dict[str, dict[str, str]] = {}
+    for item in args.misreport:
+        m = re.fullmatch(r'([^:=]+):([A-Za-z]+)=(.+)', item)
+        if not m:
+            raise SystemExit('--misreport %r: expected <node>:<nodeInfo field>=<value>, e.g. gpu-02:kernelVersion=6.8.0-1-generic'
+                             % item)
+        misreport.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
-              metrics=args.metrics, account_node_cpu=args.account_node_cpu)
+              metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -519,6 +607,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         lab.prepare()
+        if lab.fault != 'none' and lab.fault_kind == 'kernel' and lab.target['kernel'] == labenv.KERNEL:
+            raise LabError('--fault-kind kernel needs a change of the kernel (--change %s keeps %s)'
+                           % (lab.change, labenv.KERNEL))
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
@@ -550,8 +641,9 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault == 'none':
             what = 'the whole rollout completed'
         else:
-            what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored %s '
-                    '(injected: %s)' % (lab.fault, labenv.SOURCE_DRIVER, FAULT_KINDS[lab.fault_kind]))
+            what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored kernel %s '
+                    'with driver %s (injected: %s)' % (lab.fault, labenv.KERNEL, labenv.SOURCE_DRIVER,
+                                                      FAULT_KINDS[lab.fault_kind]))
         log('OK in %.0fs: %s' % (time.monotonic() - t0, what))
         return 0
     except LabError as exc:
@@ -568,7 +660,12 @@ def main(argv: list[str] | None = None) -> int:
                         help='auto (a node of a later batch), none, or a node name')
     parser.add_argument('--fault-kind', choices=sorted(FAULT_KINDS), default=os.environ.get('FAULT_KIND', 'xid'),
                         help='xid: a new Xid 79 in the kernel log (the GPU gate sees it); temperature: a GPU runs '
-                             'hot under load with the new driver (only the metric gate sees it; needs Prometheus)')
+                             'hot under load with the new driver (only the metric gate sees it; needs Prometheus); '
+                             'kernel: the target kernel does not come up (the trial boot falls back to the saved one)')
+    parser.add_argument('--change', choices=sorted(labenv.CHANGES), default=os.environ.get('CHANGE', 'seed'),
+                        help='seed: kernel, RKE2 and driver (the seed\'s example change); driver: the driver alone')
+    parser.add_argument('--misreport', action='append', default=[], metavar='NODE:FIELD=VALUE',
+                        help='the node\'s kubelet reports this status.nodeInfo field after each boot instead of the truth')
     parser.add_argument('--metrics', choices=('auto', 'off'), default=os.environ.get('METRICS', 'auto'),
                         help='auto: run the metric gate when Prometheus is available; off: without it')
     parser.add_argument('--nodes', type=int, default=40)

@@ -4,27 +4,41 @@
 
 Used by the node_upgrade and rollback roles when `*_activation: lab` (never on real hosts):
 
-1. the NVML stand-in state follows the install root: its driver version is rewritten from
-   `dpkg-query` of the node's root (what loading the installed kernel module does);
-2. the Node's driver labels follow, as GPU Feature Discovery relabels a real node;
-3. `reboot` is what a reboot does to the Node on the real control plane (tests/cluster): the
+1. `reboot` boots the node as GRUB would (tests/tools/grubsim.py over the root's real
+   boot/grub/grubenv and boot/grub/grub.cfg): a set `next_entry` boots once and is cleared,
+   otherwise `saved_entry`; a kernel that does not come up (lab.json `fault_kind: kernel` on the
+   fault node: the target kernel) is power-cycled into the next choice. What came up is written
+   where the host shows it: `proc/sys/kernel/osrelease`, `proc/cmdline`, a "Linux version" line in
+   `kern.log`, and `proc/driver/nvidia/version` for the NVIDIA module that loads with that kernel:
+   the one INSTALLED FOR THE BOOTED KERNEL under the root (prebuilt: the driver the package
+   `linux-modules-nvidia-580-server-<kernel>` was built for, its Depends
+   `nvidia-kernel-common-580-server (>= <driver>)`; a DKMS root: the installed `nvidia-dkms`
+   version, which DKMS autoinstall builds for every kernel). No module package for the booted
+   kernel: no NVIDIA module loads (no /proc/driver/nvidia, NVML fails with DRIVER_NOT_LOADED).
+   `reload` (no reboot) loads the module installed for the running kernel;
+2. the NVML stand-in state follows the LOADED module (nvml.json / nvml.state driver_version);
+3. the Node's driver labels follow, as GPU Feature Discovery relabels a real node;
+4. `reboot` is what a reboot does to the Node on the real control plane (tests/cluster): the
    node's kubelet stops (`stop_kubelet`: Ready False, KWOK no longer plays it), the Node's
-   `status.nodeInfo` changes as the kubelet reports it after the boot (a new bootID, the running
-   kernel from the node's `proc/sys/kernel/osrelease`), then the kubelet starts again
-   (`start_kubelet`: KWOK sets Ready) and, once the Node is Ready, the node's pods are Ready again
-   (the kubelet restarted their containers: the node lifecycle controller may have marked them not
-   Ready meanwhile). No sleep stands for the boot. Nodes listed in lab.json `stuck` stay stopped
-   (a node that does not come back);
-4. on the node named in lab.json `fault`, when the NEW driver came up, a critical Xid 79
+   `status.nodeInfo` changes as the kubelet reports it after the boot (a new bootID, the booted
+   kernel; the kubeletVersion stays what it was: the System Upgrade Controller stand-in sets it),
+   then the kubelet starts again (`start_kubelet`: KWOK sets Ready) and, once the Node is Ready,
+   the node's pods are Ready again (the kubelet restarted their containers: the node lifecycle
+   controller may have marked them not Ready meanwhile). No sleep stands for the boot. Nodes
+   listed in lab.json `stuck`, and a node whose kernels all fail to come up, stay stopped (NotReady);
+   lab.json `misreport` {node: {nodeInfo field: value}} makes a node's kubelet report something
+   else than what runs (a test of measured tuples);
+5. on the node named in lab.json `fault`, when the NEW driver came up, a critical Xid 79
    ("GPU has fallen off the bus") is appended to the node's kernel log: the lab's injected fault
    (`fault_kind: xid`, the default; with `fault_kind: temperature` the DCGM stand-in reports a hot
-   GPU instead, tests/tools/lab_dcgm.py);
-5. the node's dcgm-exporter restarts with the driver (`dcgm.since`, the time from which the DCGM
+   GPU instead, tests/tools/lab_dcgm.py; with `fault_kind: kernel` the target kernel does not boot);
+6. the node's dcgm-exporter restarts with the driver (`dcgm.since`, the time from which the DCGM
    stand-in counts Xids) and, when the lab runs Prometheus (lab.json `prometheus`), the hook waits
    (bounded) until Prometheus has scraped the node as it now is, so a metric gate that follows
    sees the new driver, as it would once a real node's dcgm-exporter pod is back.
 
-Prints one JSON line: {"changed": true, "driver": ..., "ready": ..., "fault": ..., "scraped": ...}.
+Prints one JSON line: {"changed": true, "kernel": ..., "driver": ..., "ready": ..., "fault": ...,
+"boots": [[entry, kernel, came up], ...], "mode": ..., "scraped": ...}.
 """
 from __future__ import annotations
 
@@ -40,6 +54,11 @@ import urllib.parse
 import urllib.request
 import uuid
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import grubsim  # noqa: E402
+
+BRANCH = '580'
 SCRAPE_TIMEOUT = 15.0   # seconds the hook waits for Prometheus to scrape the node after the change
 
 READY_TIMEOUT = 30.0    # seconds the hook waits for KWOK to set a rebooted node Ready
@@ -51,14 +70,41 @@ READY_TIMEOUT = 30.0    # seconds the hook waits for KWOK to set a rebooted node
 # of the stand-in's state file changes (tests/tools/nvml_stub/README.md).
 
 
-def installed_driver(root: pathlib.Path) -> str | None:
-    """The upstream version of the driver package installed under `root` (dpkg-query)."""
-    out = subprocess.run(['dpkg-query', '--admindir=%s/var/lib/dpkg' % root, '-W', '-f=${Version} ${db:Status-Abbrev}',
-                          'nvidia-driver-580-server'], capture_output=True, text=True, check=False)
-    parts = out.stdout.split()
-    if out.returncode != 0 or len(parts) < 2 or parts[1] not in ('ii', 'hi'):
+def _installed(root: pathlib.Path, package: str) -> tuple[str, str] | None:
+    """(version, Depends) of `package` when installed under `root` (dpkg-query), else None."""
+    out = subprocess.run(['dpkg-query', '--admindir=%s/var/lib/dpkg' % root, '-W',
+                          '-f=${Version}\t${db:Status-Abbrev}\t${Depends}', package],
+                         capture_output=True, text=True, check=False)
+    parts = out.stdout.split('\t')
+    if out.returncode != 0 or len(parts) < 3 or parts[1].strip() not in ('ii', 'hi'):
         return None
-    return parts[0].split('-', 1)[0]
+    return parts[0], parts[2].strip()
+
+
+def installed_driver(root: pathlib.Path) -> str | None:
+    """The upstream version of the driver installed under `root`: its `nvidia-kernel-common`
+    package, part of both module sources' sets (dpkg-query)."""
+    got = _installed(root, 'nvidia-kernel-common-%s-server' % BRANCH)
+    return got[0].split('-', 1)[0] if got else None
+
+
+def module_package(kernel: str) -> str:
+    return 'linux-modules-nvidia-%s-server-%s' % (BRANCH, kernel)
+
+
+def module_driver(root: pathlib.Path, kernel: str | None) -> str | None:
+    """The driver version of the NVIDIA kernel module installed for `kernel` under `root`, None when
+    none is: Canonical's prebuilt `linux-modules-nvidia-580-server-<kernel>` carries the driver it
+    was built for in its Depends (`nvidia-kernel-common-580-server (>= <driver>)`); without it, a
+    DKMS root's module is the installed `nvidia-dkms` version (autoinstall builds it for the kernel)."""
+    if not kernel:
+        return None
+    got = _installed(root, module_package(kernel))
+    if got:
+        m = re.search(r'nvidia-kernel-common-%s-server \(>= ([^)\s]+)\)' % BRANCH, got[1])
+        return m.group(1).split('-', 1)[0] if m else None
+    dkms = _installed(root, 'nvidia-dkms-%s-server' % BRANCH)
+    return dkms[0].split('-', 1)[0] if dkms else None
 
 
 def _api(kubeconfig: str):  # type: ignore[no-untyped-def]
@@ -97,12 +143,15 @@ def start_kubelet(api, name: str) -> None:  # type: ignore[no-untyped-def]
     api.request('PATCH', '/api/v1/nodes/' + name, {'metadata': {'annotations': {STOPPED: None}}}, content_type=MERGE)
 
 
-def boot(api, name: str, node_dir: pathlib.Path) -> bool:  # type: ignore[no-untyped-def]
-    """After the kubelet stopped: the boot's nodeInfo, the kubelet back, the node's pods Ready again."""
+def boot(api, name: str, node_dir: pathlib.Path, misreport: dict | None = None) -> bool:  # type: ignore[no-untyped-def]
+    """After the kubelet stopped: the boot's nodeInfo (the running kernel; the rest as the kubelet
+    reported it, so the kubeletVersion the SUC stand-in set stays; `misreport` overrides fields),
+    the kubelet back, the node's pods Ready again."""
     path = '/api/v1/nodes/' + name
     info = dict((api.request('GET', path).get('status') or {}).get('nodeInfo') or {})
     kernel = (node_dir / 'proc' / 'sys' / 'kernel' / 'osrelease').read_text().strip()
     info.update(kernelVersion=kernel, bootID=str(uuid.uuid4()))
+    info.update(misreport or {})
     api.request('PATCH', path + '/status', {'status': {'nodeInfo': info}}, content_type=MERGE)
     start_kubelet(api, name)
     deadline = time.monotonic() + READY_TIMEOUT
@@ -155,6 +204,61 @@ def wait_scraped(prometheus: str, name: str, driver: str | None, since: float) -
     return None
 
 
+def _stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S+00:00')
+
+
+def running_kernel(node_dir: pathlib.Path) -> str | None:
+    try:
+        return (node_dir / 'proc' / 'sys' / 'kernel' / 'osrelease').read_text().strip() or None
+    except OSError:
+        return None
+
+
+def load_module(node_dir: pathlib.Path, kernel: str | None) -> str | None:
+    """What loading the NVIDIA module installed for `kernel` does to the node's files: the
+    driver's /proc/driver/nvidia/version (removed when there is none), the NVML stand-in's driver
+    (nvml.json, and nvml.state's driver_version line; no module: NVML fails DRIVER_NOT_LOADED).
+    Returns the loaded driver version or None."""
+    driver = module_driver(node_dir / 'root', kernel)
+    nv = node_dir / 'proc' / 'driver' / 'nvidia' / 'version'
+    if driver:
+        nv.parent.mkdir(parents=True, exist_ok=True)
+        _write(nv, grubsim.nvidia_version_text(driver))
+    elif nv.exists():
+        nv.unlink()
+    state = json.loads((node_dir / 'nvml.json').read_text())
+    state['driver_version'] = driver
+    _write(node_dir / 'nvml.json', json.dumps(state, indent=1))
+    text = (node_dir / 'nvml.state').read_text()
+    text = re.sub(r'(?m)^(driver_version|init_error) .*\n?', '', text)
+    text = re.sub(r'(?m)^(# .*\n)', r'\1%s\n' % ('driver_version %s' % driver if driver else 'init_error DRIVER_NOT_LOADED'),
+                  text, count=1)
+    _write(node_dir / 'nvml.state', text)
+    return driver
+
+
+def boot_host(node_dir: pathlib.Path, fails: set[str]) -> dict:
+    """The host side of a reboot: GRUB picks the kernel (grubsim, the root's grubenv and grub.cfg;
+    kernels in `fails` do not come up), proc/ and kern.log show what came up, the NVIDIA module
+    installed for it loads. {'kernel': None} when nothing came up."""
+    root = node_dir / 'root'
+    res = grubsim.boot(root / 'boot/grub/grubenv', root / 'boot/grub/grub.cfg', fails=fails,
+                       proc=node_dir / 'proc', driver=lambda k: module_driver(root, k))
+    with open(node_dir / 'kern.log', 'a', encoding='utf-8') as log:
+        for entry, kernel, up in res.boots:
+            if up:
+                log.write('%s %s kernel: Linux version %s (lab node booted, GRUB entry %s)\n'
+                          % (_stamp(), node_dir.name, kernel, entry))
+    if res.kernel:
+        driver = load_module(node_dir, res.kernel)
+    else:      # nothing runs: no kernel, no module (the node is down; its kubelet stays stopped)
+        driver = None
+        for rel in ('sys/kernel/osrelease', 'driver/nvidia/version'):
+            (node_dir / 'proc' / rel).unlink(missing_ok=True)
+    return {'kernel': res.kernel, 'driver': driver, 'boots': [list(b) for b in res.boots]}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[1] not in ('reboot', 'reload'):
         print(json.dumps({'failed': True, 'msg': 'usage: lab_node.py <lab dir> reboot|reload <node>'}))
@@ -162,34 +266,44 @@ def main(argv: list[str]) -> int:
     lab, mode, name = pathlib.Path(argv[0]), argv[1], argv[2]
     conf = json.loads((lab / 'lab.json').read_text())
     node_dir = lab / 'nodes' / name
-    driver = installed_driver(node_dir / 'root')
-    state = json.loads((node_dir / 'nvml.json').read_text())
-    state['driver_version'] = driver
-    _write(node_dir / 'nvml.json', json.dumps(state, indent=1))
-    text = (node_dir / 'nvml.state').read_text()
-    (node_dir / 'nvml.state').write_text(re.sub(r'(?m)^driver_version .*$', 'driver_version %s' % driver, text))
+    fault_node = conf.get('fault') == name
+    kind = conf.get('fault_kind', 'xid')
+    boots: list = []
     api = _api(conf['kubeconfig'])
-    major, minor, rev = (driver or '0.0.0').split('.')
-    api.request('PATCH', '/api/v1/nodes/' + name, {'metadata': {'labels': {
-        'nvidia.com/cuda.driver.major': major, 'nvidia.com/cuda.driver.minor': minor,
-        'nvidia.com/cuda.driver.rev': rev}}}, content_type=MERGE)
     stuck = name in conf.get('stuck', [])
-    ready = not stuck
-    if mode == 'reboot' or stuck:
+    if mode == 'reboot':
         stop_kubelet(api, name)
-        if not stuck:
-            ready = boot(api, name, node_dir)
-    fault = conf.get('fault') == name and driver == conf['target_driver']
-    when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S+00:00')
+        fails = {conf['target_kernel']} if fault_node and kind == 'kernel' and conf.get('target_kernel') else set()
+        host = boot_host(node_dir, fails)
+        kernel, driver, boots = host['kernel'], host['driver'], host['boots']
+    else:
+        kernel = running_kernel(node_dir)
+        driver = load_module(node_dir, kernel)
+        if stuck:
+            stop_kubelet(api, name)
+    if driver:
+        major, minor, rev = driver.split('.')
+        api.request('PATCH', '/api/v1/nodes/' + name, {'metadata': {'labels': {
+            'nvidia.com/cuda.driver.major': major, 'nvidia.com/cuda.driver.minor': minor,
+            'nvidia.com/cuda.driver.rev': rev}}}, content_type=MERGE)
+    ready = not stuck and kernel is not None
+    if mode == 'reboot' and ready:
+        ready = boot(api, name, node_dir, (conf.get('misreport') or {}).get(name))
+    if kind == 'kernel':
+        fault = fault_node and any(not up for _, _, up in boots)
+    else:
+        fault = fault_node and driver == conf['target_driver']
+    when = _stamp()
     _write(node_dir / 'dcgm.since', when + '\n')
-    if fault and conf.get('fault_kind', 'xid') == 'xid':
+    if fault and kind == 'xid':
+        state = json.loads((node_dir / 'nvml.json').read_text())
         bus = state['gpus'][3]['bus_id'][4:14].lower()
         with open(node_dir / 'kern.log', 'a', encoding='utf-8') as log:
             log.write('%s %s kernel: NVRM: Xid (PCI:%s): 79, pid=0, name=lab, GPU has fallen off the bus.\n'
                       % (when, name, bus))
-    scraped = wait_scraped(conf['prometheus'], name, driver, time.time()) if conf.get('prometheus') else None
-    print(json.dumps({'changed': True, 'driver': driver, 'ready': ready, 'fault': fault, 'mode': mode,
-                      'scraped': scraped}))
+    scraped = wait_scraped(conf['prometheus'], name, driver, time.time()) if conf.get('prometheus') and ready else None
+    print(json.dumps({'changed': True, 'kernel': kernel, 'driver': driver, 'ready': ready, 'fault': fault,
+                      'boots': boots, 'mode': mode, 'scraped': scraped}))
     return 0
 
 

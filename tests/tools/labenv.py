@@ -2,16 +2,24 @@
 
 Everything a lab node is lives under `<lab>/nodes/<name>/`:
 
-- `root/` an install root with its own dpkg database (real dpkg/apt; debrepo.py builds the driver
-  packages 580.126.20 and 580.130.00 into a local repository); the driver set is installed at the
-  source version;
+- `root/` an install root with its own dpkg database (real dpkg/apt; debrepo.py builds the kernel
+  and driver packages into a local repository: kernels 6.8.0-134-generic and 6.8.0-135-generic,
+  drivers 580.126.20 and 580.130.00 for both module sources, Canonical-shaped prebuilt NVIDIA
+  modules for 134 (both drivers) and 135 (580.130.00)). Installed at the source: kernel 134
+  (image, modules, modules-extra; the image ships /boot/vmlinuz-<k>) with the `ubuntu-server-prebuilt`
+  driver set at 580.126.20 and `linux-modules-nvidia-580-server-6.8.0-134-generic` built for it;
+  `boot/grub/grub.cfg` lists the installed kernels, `boot/grub/grubenv` (real grub-editenv)
+  saves the 134 entry, `etc/default/grub` has GRUB_DEFAULT=saved. An apt run under the root
+  regenerates grub.cfg from /boot/vmlinuz-* afterwards (`etc/apt/apt.conf.d/99lab-update-grub`, a
+  DPkg::Post-Invoke: what a kernel's postinst runs update-grub for on Ubuntu);
 - `nvml.json` + `nvml.state`: the stand-in libnvidia-ml's state (tests/tools/nvml_stub). The
-  driver version in it FOLLOWS THE INSTALL ROOT: the lab's activation hook (lab_node.py, the lab
-  reboot path of the node_upgrade and rollback roles) rewrites it from `dpkg-query` under the root,
-  as loading the newly installed kernel module does on a real host. Before the hook runs, NVML
-  still reports the old driver, exactly like a host between `apt-get install` and the reload;
-- `kern.log`: the node's kernel log (gpu_info reads Xid events from it);
-- `proc/`: what node_snapshot reads of /proc (running kernel, command line).
+  driver version in it FOLLOWS THE LOADED MODULE: the lab's activation hook (lab_node.py, the lab
+  reboot path of the node_upgrade and rollback roles) boots the node as GRUB would and loads the
+  NVIDIA module installed under the root for the booted kernel, as a real host does. Before the
+  hook runs, NVML still reports the old driver, exactly like a host between `apt-get install` and
+  the reboot;
+- `kern.log`: the node's kernel log (gpu_info reads Xid events from it; each boot logs its kernel);
+- `proc/`: what the modules read of /proc (running kernel, command line, /proc/driver/nvidia/version).
 
 `<lab>/lab.json` tells the hook where things are and which node gets the injected fault.
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 import sys
 import uuid
@@ -27,18 +36,34 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent)]
 
-from tools import debrepo, nvml_stub  # noqa: E402
-from tools.lab_node import installed_driver  # noqa: E402  (the hook's own reading of the install root)
+from tools import debrepo, grubsim, nvml_stub  # noqa: E402
+from tools.lab_node import installed_driver, module_driver  # noqa: E402  (the hook's own reading of the install root)
 
-KERNEL = '6.8.0-134-generic'
+KERNEL = debrepo.KERNEL_OLD                 # 6.8.0-134-generic
+TARGET_KERNEL = debrepo.KERNEL_TARGET       # 6.8.0-135-generic
 RKE2 = 'v1.35.3+rke2r3'
+TARGET_RKE2 = 'v1.36.1+rke2r1'              # one Kubernetes minor newer: through the SUC
 GPU_OPERATOR = 'v26.3.3'
 DCGM_EXPORTER = '4.4.1-4.6.0-ubuntu22.04'
 SOURCE_DRIVER = debrepo.OLD       # 580.126.20
 TARGET_DRIVER = debrepo.NEW       # 580.130.00
 CURRENT = {'kernel': KERNEL, 'rke2': RKE2, 'driver': SOURCE_DRIVER, 'gpu_operator': GPU_OPERATOR,
            'dcgm_exporter': DCGM_EXPORTER}
-TARGET = dict(CURRENT, driver=TARGET_DRIVER)
+# The seed's example change (issue 14): kernel, RKE2 and driver move; the GPU Operator part
+# follows in its own issue.
+TARGET = dict(CURRENT, kernel=TARGET_KERNEL, rke2=TARGET_RKE2, driver=TARGET_DRIVER)
+# `lab.py --change driver`: the lab's earlier change, the driver alone (a reload, no reboot).
+CHANGES = {'seed': TARGET, 'driver': dict(CURRENT, driver=TARGET_DRIVER)}
+DRIVER_PRESET = 'ubuntu-server-prebuilt'
+MODULE_SOURCE = 'prebuilt'
+# The lab's nodes run the prebuilt user space (plugins/module_utils/_packages.py PRESETS
+# `ubuntu-server-prebuilt`: its required members; Fabric Manager and NSCQ are optional and not
+# installed on these nodes) with Canonical's module package for the running kernel.
+PREBUILT_SET = ('nvidia-headless-no-dkms-580-server', 'libnvidia-compute-580-server', 'nvidia-kernel-common-580-server',
+                'nvidia-utils-580-server', 'nvidia-compute-utils-580-server')
+DKMS_SET = ('nvidia-driver-580-server', 'libnvidia-compute-580-server', 'nvidia-kernel-common-580-server',
+            'nvidia-dkms-580-server', 'nvidia-utils-580-server', 'nvidia-compute-utils-580-server')
+GRUB_ENTRY = grubsim.entry_id            # grubsim.entry_id(kernel): the kernel's normal menu entry
 
 # Two GPU models, two PCI identities (vendor:device/subvendor:subdevice).
 MODELS = [
@@ -109,6 +134,20 @@ def node_info(name: str, kernel: str, boot: int = 0) -> dict:
             'machineID': uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
             'systemUUID': str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
             'bootID': str(uuid.uuid5(uuid.NAMESPACE_OID, '%s/%d' % (name, boot)))}
+
+
+def control_plane_node(name: str, rke2: str) -> dict:
+    """An RKE2 server (no GPU, so not in the plan) already at `rke2`: the System Upgrade Controller
+    order is servers first, and suc_plan reads the control plane's version before an agent's Plan."""
+    alloc = {'cpu': '16', 'memory': '65536000Ki', 'pods': '110'}
+    info = dict(node_info(name, KERNEL), kubeletVersion=rke2, kubeProxyVersion=rke2)
+    return {'apiVersion': 'v1', 'kind': 'Node',
+            'metadata': {'name': name, 'labels': {'kubernetes.io/hostname': name, 'kubernetes.io/os': 'linux',
+                                                  'node-role.kubernetes.io/control-plane': 'true'}},
+            'spec': {'taints': [{'key': 'CriticalAddonsOnly', 'value': 'true', 'effect': 'NoExecute'}]},
+            'status': {'capacity': alloc, 'allocatable': alloc, 'nodeInfo': info,
+                       'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady',
+                                       'message': 'kubelet is posting ready status'}]}}
 
 
 def _workload(kind: str, name: str, namespace: str, labels: dict, spec: dict, replicas: int | None = None) -> dict:
@@ -239,39 +278,101 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path) -> str:
     return cluster.sa_kubeconfig(ns, sa, path=str(path), seconds=24 * 3600)
 
 
-def make_roots(lab: pathlib.Path, names: list[str]) -> pathlib.Path:
-    """One install root per node, at the source driver; built once and copied (cheap on 2 cores)."""
+TEMPLATE_VERSION = 2      # bump when what a template root holds changes
+
+
+def _lab_packages(module_source: str) -> list[str]:
+    """`name=version` of what a lab node has installed at the source."""
+    v134 = debrepo.kernel_version(KERNEL)
+    kernel = ['%s=%s' % (n % KERNEL, v134) for n in ('linux-image-%s', 'linux-modules-%s', 'linux-modules-extra-%s')]
+    if module_source == 'prebuilt':
+        n = next(n for k, d, n in debrepo.PREBUILT_MODULES if k == KERNEL and d == SOURCE_DRIVER)
+        return (kernel + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in PREBUILT_SET]
+                + ['linux-modules-nvidia-580-server-%s=%s+%d' % (KERNEL, v134, n)])
+    return (kernel + ['linux-headers-%s=%s' % (KERNEL, v134)]
+            + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in DKMS_SET])
+
+
+def update_grub_hook(root: pathlib.Path) -> None:
+    """The root's apt runs grubsim's update-grub for the root after every dpkg run (DPkg::Post-Invoke
+    in the ROOT's apt.conf.d: the collection's apt under an install root reads it, as its
+    APT_CONFIG sets Dir to the root), so installing or removing a kernel lists it in grub.cfg as
+    update-grub from the kernel's postinst does on Ubuntu."""
+    (root / 'etc/apt/apt.conf.d/99lab-update-grub').write_text(debrepo.update_grub_hook_text(
+        [sys.executable, str(HERE / 'grubsim.py'), 'update-grub', str(root.resolve())]))
+
+
+def make_roots(lab: pathlib.Path, names: list[str], module_source: str = MODULE_SOURCE) -> pathlib.Path:
+    """One install root per node at the source tuple (kernel 6.8.0-134-generic, driver 580.126.20
+    from `module_source`: `prebuilt`, the lab's, or `dkms`), with /boot, GRUB's environment block
+    (real grub-editenv; saved_entry = the 134 entry), grub.cfg and GRUB_DEFAULT=saved; built once
+    and copied (cheap on 2 cores). Returns the repository."""
+    grubsim.editenv()         # the lab's reboots use the real grub-editenv: fail early and clearly
     cache = lab / 'cache'
     cache.mkdir(parents=True, exist_ok=True)
-    # The driver sets and the running kernel's image package (the snapshot restore brings back the
-    # default-boot kernel, which must be installed under the root).
-    repo = debrepo.cached_repo(cache, debrepo.driver_specs() + debrepo.kernel_specs((KERNEL,)))
-    template = cache / ('root-template-' + repo.name)
-    status = template / 'var/lib/dpkg/status'
-    if not status.is_file() or 'linux-image-' + KERNEL not in status.read_text():
+    repo = debrepo.cached_repo(cache, debrepo.lab_repo_specs())
+    template = cache / ('root-template-v%d-%s-%s' % (TEMPLATE_VERSION, module_source, repo.name))
+    marker = template.parent / (template.name + '.done')
+    if not marker.is_file():
         shutil.rmtree(template, ignore_errors=True)
         root = debrepo.AptRoot.create(template, repo)
-        root.apt_get('install', '-y', *['%s=%s' % (s.name, s.version) for s in
-                                        debrepo.driver_specs((SOURCE_DRIVER,)) + debrepo.kernel_specs((KERNEL,))])
+        update_grub_hook(template)
+        (template / 'etc/default/grub').write_text(
+            'GRUB_DEFAULT=saved\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\nGRUB_DISTRIBUTOR=Ubuntu\n'
+            'GRUB_CMDLINE_LINUX_DEFAULT=""\n')
+        root.apt_get('install', '-y', *_lab_packages(module_source))
+        # As on a node where the meta package pulled the kernel: its packages are automatic.
+        root.apt_mark('auto', *[n for n in root.installed() if n.startswith('linux-')])
+        if module_source == 'dkms':      # what DKMS autoinstall leaves (no maintainer scripts here)
+            mod = template / 'var/lib/dkms/nvidia' / SOURCE_DRIVER / KERNEL / 'x86_64/module'
+            mod.mkdir(parents=True)
+            (mod / 'nvidia.ko.zst').write_bytes(b'\0')
+        listed = grubsim.boot_kernels(template)
+        if listed != [KERNEL] or 'vmlinuz-' + KERNEL not in (template / 'boot/grub/grub.cfg').read_text():
+            raise RuntimeError('the template root\'s update-grub hook did not list %s in %s (boot/: %s)'
+                               % (KERNEL, template / 'boot/grub/grub.cfg', listed))
+        grubsim.create_grubenv(template / 'boot/grub/grubenv', saved_entry=GRUB_ENTRY(KERNEL))
+        marker.write_text('ok\n')
     for name in names:
         dest = lab / 'nodes' / name / 'root'
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(template, dest, symlinks=True)
+        update_grub_hook(dest)
         (dest.parent / 'root.apt.conf').write_text(debrepo.apt_config_text(dest.resolve()))
     return repo
 
 
 def write_node_files(lab: pathlib.Path, names: list[str]) -> None:
+    """What a node booted on its saved GRUB entry (kernel 134) shows: proc/ (osrelease, cmdline,
+    driver/nvidia/version of the module installed for the kernel), a kernel log with the boot's
+    "Linux version" line, the NVML stand-in's state with that driver."""
     for i, name in enumerate(names):
         d = lab / 'nodes' / name
         (d / 'proc' / 'sys' / 'kernel').mkdir(parents=True, exist_ok=True)
         (d / 'proc' / 'sys' / 'kernel' / 'osrelease').write_text(KERNEL + '\n')
-        (d / 'proc' / 'cmdline').write_text('BOOT_IMAGE=/boot/vmlinuz-%s root=/dev/sda1 ro\n' % KERNEL)
+        (d / 'proc' / 'cmdline').write_text('BOOT_IMAGE=/boot/vmlinuz-%s root=UUID=%s ro\n' % (KERNEL, grubsim.UUID))
+        driver = module_driver(d / 'root', KERNEL)
+        nv = d / 'proc' / 'driver' / 'nvidia' / 'version'
+        nv.parent.mkdir(parents=True, exist_ok=True)
+        nv.write_text(grubsim.nvidia_version_text(driver or SOURCE_DRIVER))
         (d / 'kern.log').write_text('%s %s kernel: Linux version %s (lab node booted)\n' % (
             '2026-01-01T00:00:00+00:00', name, KERNEL))
-        state = nvml_state(model_of(i, len(names)), name, installed_driver(d / 'root') or SOURCE_DRIVER)
+        state = nvml_state(model_of(i, len(names)), name, driver or SOURCE_DRIVER)
         (d / 'nvml.json').write_text(json.dumps(state, indent=1))
         nvml_stub.write_state(d / 'nvml.state', state)
+
+
+def measured(lab: pathlib.Path, name: str) -> dict[str, Any]:
+    """What a lab node shows now on the host side: the running kernel (proc osrelease), the loaded
+    NVIDIA driver (proc/driver/nvidia/version), NVML's driver, the installed driver."""
+    d = lab / 'nodes' / name
+    osrelease = d / 'proc' / 'sys' / 'kernel' / 'osrelease'
+    nv = d / 'proc' / 'driver' / 'nvidia' / 'version'
+    m = re.search(r'NVRM version:.*?\s(\d{3}\.\d+\.\d+)\s', nv.read_text()) if nv.is_file() else None
+    return {'kernel': osrelease.read_text().strip() if osrelease.is_file() else None,
+            'loaded': m.group(1) if m else None,
+            'nvml': json.loads((d / 'nvml.json').read_text()).get('driver_version'),
+            'installed': installed_driver(d / 'root')}
 
 
 def inventory(lab: pathlib.Path, names: list[str], lib_dir: pathlib.Path, extra: dict[str, Any]) -> dict:
@@ -292,6 +393,10 @@ def inventory(lab: pathlib.Path, names: list[str], lib_dir: pathlib.Path, extra:
         'gpufleet_snapshot_dir': str((lab / 'snapshots').resolve()),
         'gpufleet_current': CURRENT,
         'gpufleet_target': TARGET,
+        # The lab's nodes: the prebuilt module source (issue 14), RKE2 agents.
+        'gpufleet_driver_preset': DRIVER_PRESET,
+        'gpufleet_kernel_module_source': MODULE_SOURCE,
+        'gpufleet_rke2_role': 'agent',
     }
     all_vars.update(extra)
     return {'all': {
