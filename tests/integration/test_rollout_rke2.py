@@ -64,7 +64,8 @@ def control_plane_node(name: str) -> dict:
 
 
 def rke2_lab(tmp_path: pathlib.Path, **lab_vars) -> tuple[Lab, SucStandIn]:
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True,
+    # suc=False: this test runs its own stand-in (hold, its log), not the lab's.
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, suc=False,
               lab_vars=dict({'gpufleet_target': TARGET, 'node_upgrade_rke2_interval': 0.2}, **lab_vars))
     lab.dir.mkdir()
     try:
