@@ -259,6 +259,8 @@ class Lab:
             'gpufleet_activation': 'lab', 'gpufleet_ready_interval': 1, 'gpufleet_reboot_timeout': 30,
             'gpufleet_node_gate_timeout': 10, 'gpufleet_node_gate_interval': 0.5,
             'node_upgrade_drain_timeout': 60, 'node_upgrade_drain_retry_interval': 0.2,
+            # The SUC stand-in completes a node's RKE2 Job in SUC_DELAY: poll the Plan often.
+            'node_upgrade_rke2_interval': 0.5, 'node_upgrade_rke2_timeout': 120,
         }
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
