@@ -370,9 +370,12 @@ def test_lab_reboot_hook_reboots_the_node_through_the_api(tmp_path, cluster):
         labenv.node_info('gpu-02', labenv.KERNEL)['bootID']
     # The next boot takes saved_entry (134, its module built for 580.130.00); the kubelet is made to
     # report another kernel than the one running (what a test of the measured tuple needs).
-    (lab / 'lab.json').write_text(json.dumps(dict(conf, misreport={'gpu-01': {'kernelVersion': '6.8.0-1-lab'}})))
+    (lab / 'lab.json').write_text(json.dumps(dict(conf, misreport={'gpu-01': {'kernelVersion': '6.8.0-1-lab',
+                                                                              'dcgm_exporter': '4.4.0-lab'}})))
     out = subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'lab_node.py'), str(lab), 'reboot', 'gpu-01'],
                          capture_output=True, text=True, check=False, timeout=120)
     assert json.loads(out.stdout)['kernel'] == K0 and json.loads(out.stdout)['driver'] == D1
     assert cluster.get('v1', 'Node', 'gpu-01')['status']['nodeInfo']['kernelVersion'] == '6.8.0-1-lab'
     assert labenv.measured(lab, 'gpu-01')['kernel'] == K0
+    dcgm = cluster.list('v1', 'Pod', 'gpu-operator', label_selector='app=nvidia-dcgm-exporter', field_selector='spec.nodeName=gpu-01')
+    assert [c['image'] for p in dcgm for c in p['spec']['containers']] == ['nvcr.io/nvidia/k8s/dcgm-exporter:4.4.0-lab']

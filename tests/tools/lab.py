@@ -595,7 +595,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     misreport: dict[str, dict[str, str]] = {}
     for item in args.misreport:
-        m = re.fullmatch(r'([^:=]+):([A-Za-z]+)=(.+)', item)
+        m = re.fullmatch(r'([^:=]+):([A-Za-z_]+)=(.+)', item)
         if not m:
             raise SystemExit('--misreport %r: expected <node>:<nodeInfo field>=<value>, e.g. gpu-02:kernelVersion=6.8.0-1-generic'
                              % item)
@@ -667,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--change', choices=sorted(labenv.CHANGES), default=os.environ.get('CHANGE', 'seed'),
                         help='seed: kernel, RKE2 and driver (the seed\'s example change); driver: the driver alone')
     parser.add_argument('--misreport', action='append', default=[], metavar='NODE:FIELD=VALUE',
-                        help='the node\'s kubelet reports this status.nodeInfo field after each boot instead of the truth')
+                        help='the node\'s kubelet reports this status.nodeInfo field after each boot instead of the truth '
+                             '(FIELD dcgm_exporter: the image tag of the node\'s dcgm-exporter pod after its activation)')
     parser.add_argument('--metrics', choices=('auto', 'off'), default=os.environ.get('METRICS', 'auto'),
                         help='auto: run the metric gate when Prometheus is available; off: without it')
     parser.add_argument('--nodes', type=int, default=40)

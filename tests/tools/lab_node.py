@@ -27,7 +27,8 @@ Used by the node_upgrade and rollback roles when `*_activation: lab` (never on r
    controller may have marked them not Ready meanwhile). No sleep stands for the boot. Nodes
    listed in lab.json `stuck`, and a node whose kernels all fail to come up, stay stopped (NotReady);
    lab.json `misreport` {node: {nodeInfo field: value}} makes a node's kubelet report something
-   else than what runs (a test of measured tuples);
+   else than what runs, and its `dcgm_exporter` key the image tag of the node's dcgm-exporter pod
+   (tests of measured tuples);
 5. on the node named in lab.json `fault`, when the NEW driver came up, a critical Xid 79
    ("GPU has fallen off the bus") is appended to the node's kernel log: the lab's injected fault
    (`fault_kind: xid`, the default; with `fault_kind: temperature` the DCGM stand-in reports a hot
@@ -180,6 +181,21 @@ def boot(api, name: str, node_dir: pathlib.Path, misreport: dict | None = None) 
     return True
 
 
+DCGM_MISREPORT = 'dcgm_exporter'    # lab.json misreport key: the node's dcgm-exporter pod's image tag
+
+
+def misreport_dcgm_exporter(api, name: str, tag: str) -> None:  # type: ignore[no-untyped-def]
+    """The node's dcgm-exporter pod runs another image tag than its DaemonSet's (what a node gate
+    measuring the exporter on the node must see)."""
+    pods = api.request('GET', '/api/v1/namespaces/gpu-operator/pods',
+                       query={'fieldSelector': 'spec.nodeName=' + name, 'labelSelector': 'app=nvidia-dcgm-exporter'})['items']
+    for pod in pods:
+        containers = [{'name': c['name'], 'image': c['image'].rsplit(':', 1)[0] + ':' + tag}
+                      for c in pod['spec']['containers']]
+        api.request('PATCH', '/api/v1/namespaces/gpu-operator/pods/' + pod['metadata']['name'],
+                    {'spec': {'containers': containers}}, content_type='application/strategic-merge-patch+json', ok404=True)
+
+
 def _write(path: pathlib.Path, text: str) -> None:
     """Atomically: the DCGM stand-in reads these files at every scrape."""
     tmp = path.with_name(path.name + '.tmp')
@@ -287,8 +303,12 @@ def main(argv: list[str]) -> int:
             'nvidia.com/cuda.driver.major': major, 'nvidia.com/cuda.driver.minor': minor,
             'nvidia.com/cuda.driver.rev': rev}}}, content_type=MERGE)
     ready = not stuck and kernel is not None
+    misreport = dict((conf.get('misreport') or {}).get(name) or {})
+    dcgm_tag = misreport.pop(DCGM_MISREPORT, None)
     if mode == 'reboot' and ready:
-        ready = boot(api, name, node_dir, (conf.get('misreport') or {}).get(name))
+        ready = boot(api, name, node_dir, misreport)
+    if ready and dcgm_tag:
+        misreport_dcgm_exporter(api, name, dcgm_tag)
     if kind == 'kernel':
         fault = fault_node and any(not up for _, _, up in boots)
     else:
