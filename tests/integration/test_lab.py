@@ -379,3 +379,48 @@ def test_lab_reboot_hook_reboots_the_node_through_the_api(tmp_path, cluster):
     assert labenv.measured(lab, 'gpu-01')['kernel'] == K0
     dcgm = cluster.list('v1', 'Pod', 'gpu-operator', label_selector='app=nvidia-dcgm-exporter', field_selector='spec.nodeName=gpu-01')
     assert [c['image'] for p in dcgm for c in p['spec']['containers']] == ['nvcr.io/nvidia/k8s/dcgm-exporter:4.4.0-lab']
+
+
+def test_evidence_tuple_after_is_measured(tmp_path):
+    """The rollout's evidence bundle records each node's tuple AFTER as measured, not the plan's target:
+    the lab makes gpu-02's dcgm-exporter pod run another image tag after its activation (`misreport`,
+    what a real node whose exporter did not move would show); its tuple gate fails on it, the node is
+    rolled back, and the bundle's tuple_after carries the tag that was measured. The records are
+    approved directly (as test_rollout_rke2.py does): the canary playbook is test_lab's other runs."""
+    import datetime
+
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+    from tools.lab import Lab
+
+    names = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
+             'dcgm_exporter': 'dcgmExporter'}
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, metrics='off',
+              misreport={'gpu-02': {'dcgm_exporter': '4.4.0-lab'}})
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        plan = lab.plan()
+        now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        for c in plan['combinations']:
+            slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
+            (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record({
+                'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'measured-' + slug,
+                'state': 'qualified', 'approvedBy': 'test-approver', 'sourceRevision': 'a' * 40,
+                'hardware': c['key']['pci_ids'].split(','), 'target': {names[k]: v for k, v in labenv.TARGET.items()},
+                'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
+                           'rollbackPassed': True, 'evidence': 'measured-test'}}))
+        assert plan['batches'][1] == ['gpu-02'], plan['batches']
+        assert lab.play('rollout', 'rollout.yml') == 'failed'
+        bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
+        nodes = bundle['nodes']
+        for name in plan['batches'][0]:
+            assert nodes[name]['verdict'] == 'upgraded' and nodes[name]['tuple_after'] == labenv.TARGET, nodes[name]
+        bad = nodes['gpu-02']
+        assert bad['verdict'] == 'failed' and bad['tuple_after']['dcgm_exporter'] == '4.4.0-lab', bad
+        assert bad['tuple_after']['kernel'] == K0 and bad['tuple_after']['driver'] == D0, bad      # rolled back
+        tuple_gate = [g for g in bundle['gates'] if g['node'] == 'gpu-02' and g['name'] == 'tuple']
+        assert tuple_gate and not tuple_gate[-1]['passed'], bundle['gates']
+        assert any('dcgm_exporter: measured 4.4.0-lab' in p for p in tuple_gate[-1]['problems']), tuple_gate
+        assert 'gpu-04' not in nodes or nodes['gpu-04']['verdict'] != 'upgraded'
+    finally:
+        lab.stop()
