@@ -28,7 +28,7 @@ SANITY_TREE := tests/output/sanity/ansible_collections/gpufleet/upgrade
 .PHONY: help venv collection controlplane cluster test units integration sanity molecule lint lab clean system-deps device-bundle
 
 help:
-	@echo "make lab    - run the main job (the lab rollout on a real control plane; FAULT=none for no fault)"
+	@echo "make lab    - run the main job (the lab rollout of kernel, RKE2 and driver on a real control plane; FAULT=none for no fault, FAULT_KIND=xid|temperature|kernel, CHANGE=driver)"
 	@echo "make test   - run every test layer (units, integration, molecule, ansible-test sanity, ansible-lint)"
 	@echo "make cluster - run the test control plane in the foreground (kubeconfig: \$$CLUSTER_KUBECONFIG)"
 	@echo "make units | integration | molecule | sanity | lint | controlplane | clean"
