@@ -12,7 +12,8 @@ Shape (``schema: gpufleet.upgrade/evidence/v1``)::
     id, created, updated                        # RFC 3339 UTC
     tuple: {before: {kernel, rke2, driver, gpu_operator, dcgm_exporter}, after: {...}}
     nodes: {<name>: {name, role, uid, machine_id, system_uuid, pci_ids, batch, tuple_before, tuple_after,
-                     verdict, phases, failed_phase, started, finished, duration_s, rolled_back, message}}
+                     measured, verdict, phases, failed_phase, started, finished, duration_s, rolled_back,
+                     message}}
     artifacts: [{kind, name, version, sha256, digest, path}]     # keyed by (kind, name)
     batches: [{index, kind, nodes, started, finished}]             # keyed by index
     gates: [{id, name, kind, category, node, batch, critical, passed, started, finished,
@@ -22,6 +23,13 @@ Shape (``schema: gpufleet.upgrade/evidence/v1``)::
 
 Every list entry has a key, and adding an entry with the same key replaces it, so re-running a
 task does not duplicate evidence (the evidence module is idempotent).
+
+A node's ``measured: true`` says that its ``tuple_after`` is what was measured on the node after
+activation (the canary role records it from node_upgrade's result), not the declared target copied
+in when the bundle was opened. It belongs to the ``tuple_after`` written with it: an update that
+writes ``tuple_after`` without ``measured: true`` drops the flag, so a re-opened bundle never passes
+the declared copy off as a measurement. A measured ``tuple_after`` lists only the components that
+could be measured (it may be empty).
 """
 
 from __future__ import annotations
@@ -183,8 +191,8 @@ def _times(entry: Dict[str, Any], field: str) -> Tuple[Optional[str], Optional[s
 def node_entry(raw: Any, i: int) -> Dict[str, Any]:
     field = 'nodes[%d]' % i
     _check_keys(raw, ('name', 'role', 'uid', 'machine_id', 'system_uuid', 'pci_ids', 'batch', 'tuple_before',
-                      'tuple_after', 'labels', 'verdict', 'phases', 'failed_phase', 'started', 'finished',
-                      'rolled_back', 'message'), field)
+                      'tuple_after', 'measured', 'labels', 'verdict', 'phases', 'failed_phase', 'started',
+                      'finished', 'rolled_back', 'message'), field)
     name = _str(raw, 'name', field, required=True)
     out = {'name': name}  # type: Dict[str, Any]
     role = _str(raw, 'role', field)
@@ -207,6 +215,16 @@ def node_entry(raw: Any, i: int) -> Dict[str, Any]:
         t = _tuple(raw.get(k), field + '.' + k)
         if t is not None:
             out[k] = t
+    measured = _bool(raw, 'measured', field, None)
+    if measured:
+        if raw.get('tuple_after') is None:
+            raise EvidenceError('%s.measured: true needs tuple_after, the tuple measured on the node (a dict, '
+                                'empty when nothing could be measured)' % field)
+        out['tuple_after'] = out.get('tuple_after') or {}
+        out['measured'] = True
+    elif measured is False or 'tuple_after' in out:
+        # False: the merge drops the flag (tuple_after, if written, is a declared copy).
+        out['measured'] = False
     if raw.get('labels') is not None:
         if not isinstance(raw['labels'], dict):
             raise EvidenceError('%s.labels: %r is not a dict' % (field, raw['labels']))
@@ -368,6 +386,8 @@ def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetim
         entry = node_entry(raw, i)
         merged = dict(new['nodes'].get(entry['name']) or {})
         merged.update(entry)
+        if merged.get('measured') is False:
+            del merged['measured']
         new['nodes'][entry['name']] = merged
 
     def upsert(listname: str, entries: List[Dict[str, Any]], keyfn: Any) -> None:
