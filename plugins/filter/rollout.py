@@ -49,6 +49,11 @@ def gate_results(results: t.Dict[str, t.Any], node: str) -> t.Dict[str, t.Any]:
     return _call('gate_results', _rollout.gate_results, results, node)
 
 
+def tuple_gate(target: t.Dict[str, t.Any], booted: t.Optional[t.Dict[str, t.Any]], gpu_after: t.Optional[t.Dict[str, t.Any]],
+               node_gate: t.Optional[t.Dict[str, t.Any]]) -> t.Dict[str, t.Any]:
+    return _call('tuple_gate', _rollout.judge_tuple, target, booted, gpu_after, node_gate)
+
+
 def rollout_node_entry(plan: t.Dict[str, t.Any], host: str, **kwargs: t.Any) -> t.Dict[str, t.Any]:
     return _call('rollout_node_entry', _rollout.node_entry, plan, host, **kwargs)
 
@@ -67,5 +72,6 @@ class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
+                'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
                 'rollback_result': rollback_result}

@@ -20,7 +20,9 @@ Checks, each a named verdict with its evidence; all must pass:
   runs before the uncordon).
 
 The result has the same shape as the other gates: ``{passed, msg, problems, checks: {name:
-{passed, problems, evidence}}}``.
+{passed, problems, evidence}}}``, plus ``measured``: the cluster side of the node's tuple as the
+cluster reports it (``measure``): the kubelet's kernel and version (RKE2), and the DCGM exporter
+version of the exporter pod running on the node (its image tag), not a template's.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import image_version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import is_gpu_resource
 
-__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'label_selector_matches',
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'label_selector_matches', 'measure',
            'parse_label_selector', 'pod_ready']
 
 DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
 DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
+DEFAULT_DCGM_EXPORTER_SELECTOR = 'app=nvidia-dcgm-exporter'
 # node.kubernetes.io/unschedulable is the cordon's taint: the gate runs while the node is cordoned.
 ALWAYS_ALLOWED_TAINTS = ('node.kubernetes.io/unschedulable',)
 
@@ -225,6 +229,23 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
                         'evidence': {'taints': [{'key': t.get('key'), 'value': t.get('value'), 'effect': t.get('effect')}
                                                 for t in taints], 'allowed': sorted(allowed)}}
     return _result(node_name, checks)
+
+
+def measure(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict[str, Any]],
+            dcgm_exporter_selector: str = DEFAULT_DCGM_EXPORTER_SELECTOR,
+            gpu_operator: Optional[Dict[str, Any]] = None) -> Dict[str, Optional[str]]:
+    """The cluster side of a node's tuple as measured: `kernel` and `rke2` as the node's kubelet
+    reports them (status.nodeInfo), `dcgm_exporter` the image tag of the DCGM exporter pod running
+    on the node (None when none runs, or several disagree), `gpu_operator` the image tag of the
+    operator's workload object `gpu_operator` (None when absent)."""
+    sel = parse_label_selector(dcgm_exporter_selector, 'dcgm_exporter_selector')
+    info = ((node or {}).get('status') or {}).get('nodeInfo') or {}
+    on_node = [p for p in pods if (p.get('spec') or {}).get('nodeName') == node_name
+               and not (p.get('metadata') or {}).get('deletionTimestamp')]
+    tags = sorted(set(t for t in (image_version(p) for p in _selected(on_node, sel)) if t))
+    return {'kernel': info.get('kernelVersion') or None, 'rke2': info.get('kubeletVersion') or None,
+            'dcgm_exporter': tags[0] if len(tags) == 1 else None,
+            'gpu_operator': image_version(gpu_operator) if gpu_operator else None}
 
 
 def _result(node_name: str, checks: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:

@@ -65,9 +65,13 @@ class Step(NamedTuple):
 # In order. `holders` is not a step: node_drain lists what holds the GPUs itself.
 # The steps an evidence entry lists (`phases`): not the bookkeeping ones, not `vms`.
 EVIDENCE_EXCLUDED = ('preflight', 'progress', 'vms')
+# The steps that run only when the target changes the kernel.
+KERNEL_STEPS = ('kernel_check', 'kernel_default')
 STEPS = (
     Step('preflight', None, False),
     Step('progress', None, False),
+    # The kernel's preflight (kernel_check) again before the drain: nothing has changed on the node.
+    Step('kernel_check', None, False, 'nothing was changed on the node: make the repositories offer the packages named'),
     Step('drain', 'drained', False),
     Step('snapshot', 'snapshotted', False),
     # RKE2 cannot be rolled back (seed 004's rollback boundary): a failure leaves the driver untouched.
@@ -77,7 +81,11 @@ STEPS = (
     Step('ready', 'activated', False,
          'it did not come back Ready within node_upgrade_reboot_timeout: recover it by hand, then run '
          'gpufleet.upgrade.rollback'),
+    # What came up after the activation: the target kernel (a trial boot falls back to the saved one) and driver.
+    Step('verify', None, True),
     Step('gates', 'validated', True),
+    # The trial kernel kept as GRUB's saved default (after every gate passed).
+    Step('kernel_default', None, True),
     Step('vms', None, False),
     # The rollout's DRA postflight: between the gates and the uncordon (the node stays cordoned until it passed).
     Step('postflight', None, False),
@@ -116,9 +124,10 @@ def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]
     return ordered[:ordered.index(failed)] if failed in ordered else []
 
 
-def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool) -> List[str]:
+def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool, kernel: bool = False) -> List[str]:
     """The `phases` of a node's evidence entry: the steps it went through up to the failed one
-    (RKE2 only when its Plan was applied, the postflight only on DRA nodes). The failed step ran
+    (RKE2 only when its Plan was applied, the postflight only on DRA nodes, the kernel's own steps
+    only when the target changed the kernel). The failed step ran
     whatever it is (an RKE2 step that failed before its Plan was applied, the VMs): the steps before
     it are listed."""
     skip = set(EVIDENCE_EXCLUDED)
@@ -126,6 +135,8 @@ def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool) -> Lis
         skip.add('rke2')
     if not dra:
         skip.add('postflight')
+    if not kernel:
+        skip.update(KERNEL_STEPS)
     skip.discard(failed)
     went = steps_through(failed, [n for n in STEP_NAMES if n not in skip])
     return [n for n in went if n not in EVIDENCE_EXCLUDED]

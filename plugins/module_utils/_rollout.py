@@ -40,7 +40,60 @@ def snapshot_file(directory: str, node: str, target: Dict[str, Any]) -> str:
     return '%s/%s--%s.json' % (str(directory).rstrip('/') or '/', node, slug)
 
 
-GATE_NAMES = ('gpu', 'node', 'metric', 'workload')
+GATE_NAMES = ('gpu', 'node', 'tuple', 'metric', 'workload')
+TUPLE_KEYS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
+
+
+def _version(value: Any) -> str:
+    """A component version compared as released: `v1.36.1+rke2r1` and `1.36.1+rke2r1` are one."""
+    return re.sub(r'^v', '', str(value).strip())
+
+
+def measured_tuple(booted: Optional[Dict[str, Any]], gpu_after: Optional[Dict[str, Any]],
+                   node_gate: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The tuple a node runs after activation, as measured: the kernel from the host
+    (kernel_boot state=verify: /proc/sys/kernel/osrelease; the kubelet's report when the host was not
+    read), the driver from the host (gpu_info after the change: NVML), RKE2, the GPU Operator and the
+    DCGM exporter from the cluster (node_gate's `measured`: the kubelet's version, the operator's
+    image, the exporter pod on the node). `kubelet_kernel` is what the kubelet reports."""
+    cluster = (node_gate or {}).get('measured') or {}
+    verification = (booted or {}).get('verification') or {}
+    host_kernel = verification.get('running') if not (booted or {}).get('skipped') else None
+    return {
+        'kernel': host_kernel or cluster.get('kernel') or None,
+        'rke2': cluster.get('rke2') or None,
+        'driver': (gpu_after or {}).get('driver_version') or None,
+        'gpu_operator': cluster.get('gpu_operator') or None,
+        'dcgm_exporter': cluster.get('dcgm_exporter') or None,
+        'kubelet_kernel': cluster.get('kernel') or None,
+    }
+
+
+def tuple_gate(target: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Any]:
+    """Whether the measured tuple (measured_tuple) is the target: every component the target names,
+    and the kernel the kubelet reports. A gate result ({passed, msg, problems, measured})."""
+    if not isinstance(target, dict) or not target:
+        raise RolloutError('target: %r is not a tuple' % (target,))
+    if not isinstance(measured, dict):
+        raise RolloutError('measured: %r is not a measured tuple' % (measured,))
+    problems: List[str] = []
+    for key in TUPLE_KEYS:
+        want = target.get(key)
+        if want in (None, ''):
+            continue
+        have = measured.get(key)
+        if have in (None, ''):
+            problems.append('%s: could not be measured (target %s)' % (key, want))
+        elif _version(have) != _version(want):
+            problems.append('%s: measured %s, target %s' % (key, have, want))
+    kubelet = measured.get('kubelet_kernel')
+    if target.get('kernel') and kubelet and kubelet != measured.get('kernel'):
+        problems.append('kernel: the kubelet reports %s, the host runs %s' % (kubelet, measured.get('kernel')))
+    after = dict((k, measured.get(k)) for k in TUPLE_KEYS)
+    return {'passed': not problems, 'problems': problems, 'measured': after,
+            'msg': ('tuple gate: the node runs the target (%s)' % ', '.join(
+                '%s %s' % (k, after[k]) for k in TUPLE_KEYS if target.get(k)) if not problems
+                    else 'tuple gate: FAIL: %s' % '; '.join(problems))}
 
 
 def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = None) -> Dict[str, Any]:
@@ -66,6 +119,17 @@ def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = N
             ('no gate ran on %s' % node if not entries else 'every gate passed on %s' % node)}
 
 
+def judge_tuple(target: Dict[str, Any], booted: Optional[Dict[str, Any]], gpu_after: Optional[Dict[str, Any]],
+                node_gate: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The tuple gate over the registered results (the filter tuple_gate): skipped, with what was
+    measured, when the node gate did not run (an earlier gate failed: the cluster side was not read)."""
+    measured = measured_tuple(booted, gpu_after, node_gate)
+    if not node_gate or node_gate.get('skipped') or 'measured' not in node_gate:
+        return {'skipped': True, 'measured': dict((k, measured.get(k)) for k in TUPLE_KEYS),
+                'msg': 'tuple gate: not judged (the node gate did not run)'}
+    return tuple_gate(target, measured)
+
+
 def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]] = None,
                kubelet: Optional[Dict[str, Any]] = None, failed_phase: Optional[str] = None,
                message: str = '', started: Optional[str] = None, dra: bool = False,
@@ -74,8 +138,9 @@ def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]]
 
     `result` is node_upgrade's public result (node_upgrade_result; absent when the role failed before
     its upgrade block), `kubelet` what the node's kubelet reports now (kernel, rke2), `failed_phase`
-    the step that failed (None: upgraded). The tuple after is the one before with what was read:
-    kernel and RKE2 from the kubelet, the driver from the host (or the rollback's result)."""
+    the step that failed (None: upgraded). The tuple after is the one before with what was measured
+    (result `measured`, node_upgrade's tuple gate) or read at the end: kernel and RKE2 from the
+    kubelet, the driver from the host (or the rollback's result, which comes first for a rolled-back node)."""
     result = result or {}
     kubelet = kubelet or {}
     if failed_phase is not None:
@@ -91,15 +156,20 @@ def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]]
     name = result.get('node') or host
     before = dict(combo['source_tuples'][0])
     after = dict(before)
-    for key, value in (('kernel', kubelet.get('kernel')), ('rke2', kubelet.get('rke2')),
-                       ('driver', result.get('driver_now'))):
+    # An upgraded node: the tuple its tuple gate measured after activation. A rolled-back one: what it
+    # runs now (the rollback's driver, the kubelet's kernel and RKE2), then what was measured.
+    measured = result.get('measured') or {}
+    read = {'kernel': kubelet.get('kernel'), 'rke2': kubelet.get('rke2'), 'driver': result.get('driver_now')}
+    first, then = (read, measured) if result.get('rolled_back') else (measured, read)
+    for key in TUPLE_KEYS:
+        value = first.get(key) or then.get(key)
         if value:
             after[key] = value
     entry: Dict[str, Any] = {
         'name': name, 'role': 'canary' if name in (plan.get('canaries') or []) else 'batch', 'batch': batch,
         'pci_ids': combo['key']['pci_ids'].split(','), 'tuple_before': before, 'tuple_after': after,
         'verdict': 'failed' if failed_phase else 'upgraded',
-        'phases': evidence_phases(failed_phase, bool(result.get('rke2_applied')), dra),
+        'phases': evidence_phases(failed_phase, bool(result.get('rke2_applied')), dra, bool(result.get('kernel_changed'))),
         'finished': finished or rfc3339(utcnow()), 'rolled_back': bool(result.get('rolled_back')),
     }
     if started:
@@ -120,12 +190,19 @@ def rollback_result(node: str, decision: Dict[str, Any], restored: bool, gpu_aft
                     gates: Dict[str, Any], driver_before_upgrade: str) -> Dict[str, Any]:
     """The rollback role's public result (rollback_result): what rollback_decision allowed, whether the
     snapshot was restored, the driver the node runs now, and the verdict of the GPU and node gates
-    (`gates`: name -> registered result; both must have passed)."""
+    (`gates`: name -> registered result; both must have passed) and, when the rollback restored the
+    kernel, `kernel`: kernel_boot state=verify of the snapshot's kernel with the previous driver."""
     ran = [gates.get(name) or {} for name in ('gpu', 'node')]
     passed = all(r.get('passed') is True for r in ran)
     problems: List[str] = []
     for r in ran:
         problems.extend(r.get('problems') or [])
+    kernel = gates.get('kernel') or {}
+    if kernel and not kernel.get('skipped'):
+        verification = kernel.get('verification') or {}
+        if verification.get('ok') is not True:
+            passed = False
+            problems.extend(verification.get('problems') or [kernel.get('msg') or 'the restored kernel was not verified'])
     driver_now = (gpu_after or {}).get('driver_version') or ''
     outcome = (decision or {}).get('outcome', '')
     return {

@@ -447,12 +447,18 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
     if grub_default is not None and parse_default_grub(cur_grub) != grub_default:
         files.append(FileChange('etc/default/grub', cur_grub, set_default_grub(cur_grub, grub_default)))
         grub_changed = True
-    if cur_env.get('saved_entry') != saved_entry:
+    # A pending one-shot boot (kernel_boot state=trial's next_entry) would boot the trial kernel once more:
+    # the restore clears it, so the next boot is the snapshot's default kernel.
+    pending = bool(cur_env.get('next_entry'))
+    if cur_env.get('saved_entry') != saved_entry or pending:
         new_env = dict(cur_env)
         if saved_entry is None:
             new_env.pop('saved_entry', None)
         else:
             new_env['saved_entry'] = saved_entry
+        if pending:
+            new_env['next_entry'] = ''
+            warnings.append('a pending one-shot boot (next_entry=%s) was cleared' % cur_env['next_entry'])
         files.append(FileChange(envrel, cur_env_text, render_grubenv(new_env)))
     return RestorePlan(pin_plan, files, extra, grub_changed, warnings, boot_kernel)
 

@@ -61,6 +61,17 @@ options:
     type: list
     elements: str
     default: []
+  dcgm_exporter_selector:
+    description:
+      - Label selector of the DCGM exporter pods; the image tag of the one on the node is reported in RV(measured).
+    type: str
+    default: app=nvidia-dcgm-exporter
+  gpu_operator:
+    description:
+      - The GPU Operator's workload object whose image tag is reported in RV(measured) (one GET after the gate
+        decided). An empty dict skips it.
+    type: dict
+    default: {api_version: apps/v1, kind: Deployment, namespace: gpu-operator, name: gpu-operator}
   timeout:
     description: Seconds to keep re-evaluating until the gate passes; V(0) evaluates once.
     type: int
@@ -71,7 +82,7 @@ options:
     default: 5
 notes:
   - The stop rule is conjunctive - one failed critical gate stops expansion.
-  - Reads Nodes and Pods (get, list) only.
+  - Reads Nodes and Pods (get, list) and the O(gpu_operator) object (get) only.
 seealso:
   - module: gpufleet.upgrade.workload_gate
 """
@@ -115,6 +126,14 @@ node:
   description: The node.
   returned: always
   type: str
+measured:
+  description:
+    - The cluster side of the node's tuple as the cluster reports it when the gate decided - C(kernel) and C(rke2)
+      from the kubelet (C(status.nodeInfo)), C(dcgm_exporter) the image tag of the DCGM exporter pod on the node,
+      C(gpu_operator) the image tag of O(gpu_operator). A value that cannot be read is V(null).
+  returned: always
+  type: dict
+  sample: {kernel: 6.8.0-135-generic, rke2: v1.36.1+rke2r1, dcgm_exporter: 4.4.1-4.6.0-ubuntu22.04, gpu_operator: v26.3.3}
 attempts:
   description: Evaluations made.
   returned: always
@@ -129,6 +148,7 @@ elapsed:
 import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import plural_of
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sClient, path_for
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
@@ -139,11 +159,22 @@ def read_and_evaluate(k8s: K8sClient, params: dict) -> dict:
     pods = []
     if node is not None:
         pods = k8s.list_all(path_for('v1', 'pods'), {'fieldSelector': 'spec.nodeName=%s' % params['node']})
-    return _node_gate.evaluate(params['node'], node, pods, params['expected_gpus'],
-                               device_plugin_selector=params['device_plugin_selector'],
-                               validator_selector=params['validator_selector'] or None,
-                               validator_required=params['validator_required'],
-                               allowed_taints=params['allowed_taints'])
+    result = _node_gate.evaluate(params['node'], node, pods, params['expected_gpus'],
+                                 device_plugin_selector=params['device_plugin_selector'],
+                                 validator_selector=params['validator_selector'] or None,
+                                 validator_required=params['validator_required'],
+                                 allowed_taints=params['allowed_taints'])
+    result['_observed'] = (node, pods)
+    return result
+
+
+def operator_object(k8s: K8sClient, ref: dict):
+    """The GPU Operator's workload object (None when `ref` is empty or the object does not exist)."""
+    if not ref:
+        return None
+    group_version = ref.get('api_version') or 'apps/v1'
+    plural = plural_of(ref.get('kind') or 'Deployment')
+    return k8s.get_or_none(path_for(group_version, plural, ref.get('name') or '', namespace=ref.get('namespace')))
 
 
 def main() -> None:
@@ -156,6 +187,9 @@ def main() -> None:
         allowed_taints={'type': 'list', 'elements': 'str', 'default': []},
         timeout={'type': 'int', 'default': 0},
         interval={'type': 'float', 'default': 5},
+        dcgm_exporter_selector={'type': 'str', 'default': _node_gate.DEFAULT_DCGM_EXPORTER_SELECTOR},
+        gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
+                                                  'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
     ))
     params = module.params
     if not params['node'].strip():
@@ -170,6 +204,10 @@ def main() -> None:
         _node_gate.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')
         if params['validator_selector']:
             _node_gate.parse_label_selector(params['validator_selector'], 'validator_selector')
+        _node_gate.parse_label_selector(params['dcgm_exporter_selector'], 'dcgm_exporter_selector')
+        ref = params['gpu_operator']
+        if ref and not all(isinstance(ref.get(k), str) and ref.get(k) for k in ('name', 'namespace')):
+            raise _node_gate.NodeGateError('gpu_operator: %r needs a name and a namespace (or {} to skip it)' % (ref,))
     except _node_gate.NodeGateError as exc:
         module.fail_json(msg=str(exc))
     start = time.monotonic()
@@ -177,6 +215,9 @@ def main() -> None:
         polled = poll(lambda: read_and_evaluate(module.client, params), params['timeout'], params['interval'],
                       done=lambda evaluated: evaluated['passed'])
         result, attempts = polled.value, polled.attempts
+        node, pods = result.pop('_observed')
+        result['measured'] = _node_gate.measure(params['node'], node, pods, params['dcgm_exporter_selector'],
+                                                operator_object(module.client, params['gpu_operator']))
     result.update(attempts=attempts, elapsed=round(time.monotonic() - start, 3), changed=False)
     if not result['passed']:
         if params['timeout']:

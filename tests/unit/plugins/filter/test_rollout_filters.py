@@ -19,7 +19,7 @@ PLAN = {
     'batches': [['gpu-01'], ['gpu-02', 'gpu-03']],
 }
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
-         'rollout_node_entry', 'unfinished_nodes', 'rollback_result']
+         'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate']
 
 
 def fleet():
@@ -54,7 +54,12 @@ def test_values():
                              message='critical gate failed', dra=True, started='2026-12-01T11:00:00Z')
     assert (e['role'], e['batch'], e['verdict'], e['failed_phase'], e['tuple_after']) == (
         'canary', 0, 'failed', 'gates', TARGET)
-    assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready']
+    assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify']
+    node_gate = {'passed': True, 'measured': {'kernel': TARGET['kernel'], 'rke2': TARGET['rke2']}}
+    booted = {'verification': {'running': TARGET['kernel']}}
+    assert F.tuple_gate(TARGET, booted, {'driver_version': '580.126.20'}, node_gate)['passed'] is True
+    with pytest.raises(AnsibleFilterError, match=r'^gpufleet.upgrade.tuple_gate: target: \[\] is not a tuple'):
+        F.tuple_gate([], booted, {}, node_gate)
     assert F.unfinished_nodes([{'name': 'gpu-01', 'annotations': {ANN_DONE: KEY}}, {'name': 'gpu-02'}],
                               TARGET) == ['gpu-02']
 

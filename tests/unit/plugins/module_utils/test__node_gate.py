@@ -134,3 +134,35 @@ def test_inputs_not_modified():
     before = copy.deepcopy((n, p))
     G.evaluate('gpu-1', n, p, {'nvidia.com/gpu': 8})
     assert (n, p) == before
+
+
+def with_image(p, image, deleting=False):
+    p = copy.deepcopy(p)
+    p['spec']['containers'] = [{'name': 'exporter', 'image': image}]
+    if deleting:
+        p['metadata']['deletionTimestamp'] = '2026-12-01T12:00:00Z'
+    return p
+
+
+def test_measure_reads_the_cluster_side_of_the_tuple():
+    n = node()
+    n['status']['nodeInfo'] = {'kernelVersion': '6.8.0-135-generic', 'kubeletVersion': 'v1.36.1+rke2r1'}
+    exporter = pod('dcgm-exporter-x', {'app': 'nvidia-dcgm-exporter'})
+    here = with_image(exporter, 'nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04')
+    elsewhere = with_image(pod('dcgm-exporter-y', {'app': 'nvidia-dcgm-exporter'}, node_name='gpu-2'),
+                           'nvcr.io/nvidia/k8s/dcgm-exporter:9.9.9')
+    old = with_image(pod('dcgm-exporter-old', {'app': 'nvidia-dcgm-exporter'}), 'dcgm-exporter:4.0.0', deleting=True)
+    operator = {'spec': {'template': {'spec': {'containers': [{'name': 'gpu-operator',
+                                                                'image': 'nvcr.io/nvidia/gpu-operator:v26.3.3'}]}}}}
+    m = G.measure('gpu-1', n, pods() + [here, elsewhere, old], gpu_operator=operator)
+    assert m == {'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04',
+                 'gpu_operator': 'v26.3.3'}
+
+
+def test_measure_unknown_when_absent_or_ambiguous():
+    assert G.measure('gpu-1', None, []) == {'kernel': None, 'rke2': None, 'dcgm_exporter': None, 'gpu_operator': None}
+    two = [with_image(pod('a', {'app': 'nvidia-dcgm-exporter'}), 'x/dcgm-exporter:1'),
+           with_image(pod('b', {'app': 'nvidia-dcgm-exporter'}), 'x/dcgm-exporter:2')]
+    assert G.measure('gpu-1', node(), two)['dcgm_exporter'] is None
+    with pytest.raises(G.NodeGateError, match='dcgm_exporter_selector'):
+        G.measure('gpu-1', node(), [], dcgm_exporter_selector='a in (b)')

@@ -5,8 +5,9 @@ import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record
 
-ROLLED_BACK = ('install', 'activate', 'gates')
-NOT_ROLLED_BACK = ('preflight', 'progress', 'drain', 'snapshot', 'rke2', 'ready', 'vms', 'postflight', 'uncordon')
+ROLLED_BACK = ('install', 'activate', 'verify', 'gates', 'kernel_default')
+NOT_ROLLED_BACK = ('preflight', 'progress', 'kernel_check', 'drain', 'snapshot', 'rke2', 'ready', 'vms', 'postflight',
+                   'uncordon')
 
 
 def test_every_step_is_classified_once():
@@ -60,7 +61,7 @@ def test_step_records():
     assert dict((s.name, s.records) for s in _node_record.STEPS) == {
         'preflight': None, 'progress': None, 'drain': 'drained', 'snapshot': 'snapshotted', 'rke2': None,
         'install': 'installed', 'activate': None, 'ready': 'activated', 'gates': 'validated', 'vms': None,
-        'postflight': None, 'uncordon': 'done'}
+        'postflight': None, 'uncordon': 'done', 'kernel_check': None, 'verify': None, 'kernel_default': None}
 
 
 @pytest.mark.parametrize('name', ['holders', 'Install', '', None, 'gates '])
@@ -91,17 +92,38 @@ def test_steps_through():
         _node_record.steps_through('holders', ['drain', 'install'])
 
 
-UPGRADED = ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates', 'uncordon']
+UPGRADED = ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates', 'uncordon']
 
 
 def test_evidence_phases_upgraded():
     assert _node_record.evidence_phases(None, rke2_applied=False, dra=False) == UPGRADED
     assert _node_record.evidence_phases(None, rke2_applied=True, dra=False) == [
-        'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'uncordon']
+        'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'verify', 'gates', 'uncordon']
     assert _node_record.evidence_phases(None, rke2_applied=False, dra=True) == [
-        'drain', 'snapshot', 'install', 'activate', 'ready', 'gates', 'postflight', 'uncordon']
+        'drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates', 'postflight', 'uncordon']
     assert _node_record.evidence_phases(None, rke2_applied=True, dra=True) == [
-        'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'postflight', 'uncordon']
+        'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'verify', 'gates', 'postflight', 'uncordon']
+
+
+def test_evidence_phases_with_a_kernel_change():
+    assert _node_record.evidence_phases(None, rke2_applied=True, dra=False, kernel=True) == [
+        'kernel_check', 'drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'verify', 'gates',
+        'kernel_default', 'uncordon']
+    # the trial boot came up on another kernel: detected at verify
+    assert _node_record.evidence_phases('verify', rke2_applied=False, dra=False, kernel=True) == [
+        'kernel_check', 'drain', 'snapshot', 'install', 'activate', 'ready']
+    # the kernel preflight refused before anything moved
+    assert _node_record.evidence_phases('kernel_check', rke2_applied=False, dra=False, kernel=True) == []
+    # a failed kernel step is listed up to it even if not marked as a kernel change
+    assert _node_record.evidence_phases('kernel_default', rke2_applied=False, dra=False) == [
+        'drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']
+
+
+def test_kernel_failures_roll_back_but_its_preflight_does_not():
+    assert _node_record.failure('verify')['rollback'] is True
+    assert _node_record.failure('kernel_default')['rollback'] is True
+    refused = _node_record.failure('kernel_check')
+    assert refused['rollback'] is False and 'nothing was changed' in refused['hint']
 
 
 @pytest.mark.parametrize('failed,rke2,dra,phases', [
@@ -116,15 +138,15 @@ def test_evidence_phases_upgraded():
     ('install', False, False, ['drain', 'snapshot']),
     ('activate', False, False, ['drain', 'snapshot', 'install']),
     ('ready', False, False, ['drain', 'snapshot', 'install', 'activate']),
-    ('gates', False, True, ['drain', 'snapshot', 'install', 'activate', 'ready']),
+    ('gates', False, True, ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify']),
     # vms is bookkeeping and not listed, but a node that failed there went through the gates
-    ('vms', False, False, ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates']),
-    ('vms', False, True, ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates']),
+    ('vms', False, False, ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']),
+    ('vms', False, True, ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']),
     # a failed postflight on a node not marked DRA still lists what it went through
-    ('postflight', False, False, ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates']),
-    ('postflight', False, True, ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates']),
-    ('uncordon', False, False, ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates']),
-    ('uncordon', True, True, ['drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'postflight']),
+    ('postflight', False, False, ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']),
+    ('postflight', False, True, ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']),
+    ('uncordon', False, False, ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']),
+    ('uncordon', True, True, ['drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'verify', 'gates', 'postflight']),
 ])
 def test_evidence_phases_failed(failed, rke2, dra, phases):
     assert _node_record.evidence_phases(failed, rke2_applied=rke2, dra=dra) == phases

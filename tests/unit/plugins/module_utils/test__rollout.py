@@ -220,7 +220,7 @@ def test_node_entry_upgraded_canary():
         'pci_ids': ['10de:2330/10de:16c1', '10de:2331/10de:16c1'],
         'tuple_before': dict(BEFORE, kernel='6.8.0-120-generic'),
         'tuple_after': dict(BEFORE, kernel='6.8.0-134-generic', driver='580.126.20'),
-        'verdict': 'upgraded', 'phases': ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates', 'uncordon'],
+        'verdict': 'upgraded', 'phases': ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates', 'uncordon'],
         'finished': NOW, 'rolled_back': False, 'started': '2026-12-01T11:50:00Z',
     }
     assert 'failed_phase' not in e and 'message' not in e
@@ -231,7 +231,7 @@ def test_node_entry_upgraded_canary():
 def test_node_entry_batch_node_index_and_options():
     e = _rollout.node_entry(plan(), 'gpu-03', result={'rke2_applied': True}, dra=True, finished=NOW)
     assert (e['name'], e['role'], e['batch']) == ('gpu-03', 'batch', 2)
-    assert e['phases'] == ['drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'gates', 'postflight',
+    assert e['phases'] == ['drain', 'snapshot', 'rke2', 'install', 'activate', 'ready', 'verify', 'gates', 'postflight',
                            'uncordon']
     assert 'started' not in e
     assert _rollout.node_entry(plan(), 'a-02', finished=NOW)['batch'] == 1
@@ -264,7 +264,7 @@ def test_node_entry_failed():
                             finished=NOW)
     assert (e['verdict'], e['failed_phase'], e['message'], e['rolled_back']) == (
         'failed', 'gates', 'critical gate failed', True)
-    assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready']
+    assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify']
     assert e['tuple_after']['driver'] == '570.172.08'
     _evidence.node_entry(e, 0)
     # a failure without a message still records one (empty)
@@ -283,7 +283,7 @@ def test_node_entry_finished_defaults_to_now():
 
 
 def test_node_entry_unknown_failed_step():
-    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of preflight, progress, drain"):
+    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of preflight, progress, kernel_check, drain"):
         _rollout.node_entry(plan(), 'gpu-02', failed_phase='holders')
 
 
@@ -362,3 +362,109 @@ def test_rollback_result_fails_when_either_gate_did_not_pass(gpu, node):
 def test_rollback_result_without_a_restore_says_so():
     res = _rollout.rollback_result('gpu-04', {'outcome': 'nothing to roll back'}, False, {}, {}, '580.126.20')
     assert res['restored'] is False and res['driver_now'] == '' and res['refusals'] == [] and not res['gates_passed']
+
+
+# ------------------------------------------------------------------ the measured tuple
+
+TUPLE = {'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'driver': '580.130.00', 'gpu_operator': 'v26.3.3',
+         'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04'}
+
+
+def node_gate_measured(**over):
+    m = {'kernel': TUPLE['kernel'], 'rke2': TUPLE['rke2'], 'gpu_operator': TUPLE['gpu_operator'],
+         'dcgm_exporter': TUPLE['dcgm_exporter']}
+    m.update(over)
+    return {'passed': True, 'measured': m}
+
+
+BOOTED = {'verification': {'running': TUPLE['kernel'], 'ok': True}}
+GPU_AFTER = {'driver_version': TUPLE['driver'], 'kernel': 'the controller runs this one'}
+
+
+def test_measured_tuple_takes_each_component_from_where_it_is_measured():
+    m = _rollout.measured_tuple(BOOTED, GPU_AFTER, node_gate_measured(kernel='6.8.0-134-generic'))
+    # the kernel from the host's /proc (kernel_boot verify), the kubelet's report apart
+    assert m == dict(TUPLE, kubelet_kernel='6.8.0-134-generic')
+    # the host not read: the kubelet's kernel
+    assert _rollout.measured_tuple({'skipped': True}, GPU_AFTER, node_gate_measured())['kernel'] == TUPLE['kernel']
+    assert _rollout.measured_tuple(None, None, None) == dict((k, None) for k in _rollout.TUPLE_KEYS + ('kubelet_kernel',))
+
+
+def test_tuple_gate_passes_when_every_target_component_is_measured_at_it():
+    g = _rollout.tuple_gate(TUPLE, _rollout.measured_tuple(BOOTED, GPU_AFTER, node_gate_measured()))
+    assert (g['passed'], g['problems'], g['measured']) == (True, [], TUPLE)
+    assert g['msg'].startswith('tuple gate: the node runs the target (kernel 6.8.0-135-generic, rke2 v1.36.1+rke2r1')
+    # a leading v is not significant; components the target does not name are not judged
+    m = _rollout.measured_tuple(BOOTED, GPU_AFTER, node_gate_measured(rke2='1.36.1+rke2r1', gpu_operator=None))
+    assert _rollout.tuple_gate({k: TUPLE[k] for k in ('kernel', 'rke2', 'driver')}, m)['passed'] is True
+
+
+@pytest.mark.parametrize('booted,gpu_after,over,problem', [
+    ({'verification': {'running': '6.8.0-134-generic'}}, GPU_AFTER, {'kernel': '6.8.0-134-generic'},
+     'kernel: measured 6.8.0-134-generic, target 6.8.0-135-generic'),
+    (BOOTED, GPU_AFTER, {'kernel': '6.8.0-134-generic'},
+     'kernel: the kubelet reports 6.8.0-134-generic, the host runs 6.8.0-135-generic'),
+    (BOOTED, {'driver_version': '580.126.20'}, {}, 'driver: measured 580.126.20, target 580.130.00'),
+    (BOOTED, {}, {}, 'driver: could not be measured (target 580.130.00)'),
+    (BOOTED, GPU_AFTER, {'rke2': 'v1.35.3+rke2r3'}, 'rke2: measured v1.35.3+rke2r3, target v1.36.1+rke2r1'),
+    (BOOTED, GPU_AFTER, {'dcgm_exporter': None}, 'dcgm_exporter: could not be measured (target 4.4.1-4.6.0-ubuntu22.04)'),
+    (BOOTED, GPU_AFTER, {'gpu_operator': 'v25.10.1'}, 'gpu_operator: measured v25.10.1, target v26.3.3'),
+])
+def test_tuple_gate_fails_on_what_differs_or_was_not_measured(booted, gpu_after, over, problem):
+    g = _rollout.tuple_gate(TUPLE, _rollout.measured_tuple(booted, gpu_after, node_gate_measured(**over)))
+    assert g['passed'] is False
+    assert g['problems'] == [problem]
+    assert g['msg'] == 'tuple gate: FAIL: ' + problem
+
+
+@pytest.mark.parametrize('target,measured,message', [
+    ({}, {}, 'target: {} is not a tuple'),
+    ('580', {}, "target: '580' is not a tuple"),
+    (TUPLE, None, 'measured: None is not a measured tuple'),
+])
+def test_tuple_gate_rejects_bad_input(target, measured, message):
+    with pytest.raises(_rollout.RolloutError, match='^%s$' % re.escape(message)):
+        _rollout.tuple_gate(target, measured)
+
+
+def test_judge_tuple_is_skipped_without_the_node_gate_and_keeps_what_was_measured():
+    j = _rollout.judge_tuple(TUPLE, BOOTED, GPU_AFTER, {'skipped': True})
+    assert j['skipped'] is True and j['measured']['driver'] == TUPLE['driver']
+    # a skipped tuple gate is not counted by gate_results
+    v = _rollout.gate_results({'gpu': {'passed': False, 'msg': 'GPU gate: FAIL'}, 'tuple': j}, 'gpu-01', finished=NOW)
+    assert [e['name'] for e in v['evidence']] == ['gpu']
+    judged = _rollout.judge_tuple(TUPLE, BOOTED, GPU_AFTER, node_gate_measured(rke2='v1.35.3+rke2r3'))
+    v = _rollout.gate_results({'gpu': {'passed': True}, 'node': {'passed': True}, 'tuple': judged}, 'gpu-01',
+                              finished=NOW)
+    assert v['passed'] is False and 'tuple gate: FAIL: rke2: measured v1.35.3+rke2r3' in v['msg']
+    assert [e['name'] for e in v['evidence']] == ['gpu', 'node', 'tuple']
+
+
+def test_node_entry_tuple_after_is_what_was_measured():
+    measured = dict(TUPLE, dcgm_exporter='9.9.9')
+    e = _rollout.node_entry(plan(), 'gpu-02', result={'measured': measured, 'driver_now': '580.130.00',
+                                                      'kernel_changed': True},
+                            kubelet={'kernel': 'not-this', 'rke2': 'v0'}, finished=NOW)
+    assert e['tuple_after'] == measured
+    assert e['phases'][0] == 'kernel_check' and 'kernel_default' in e['phases']
+    # a rolled-back node: what it runs now comes first (the rollback's driver, the kubelet's kernel)
+    e = _rollout.node_entry(plan(), 'gpu-02', result={'measured': measured, 'driver_now': '580.126.20',
+                                                      'rolled_back': True},
+                            kubelet={'kernel': '6.8.0-134-generic'}, failed_phase='gates', finished=NOW)
+    assert (e['tuple_after']['driver'], e['tuple_after']['kernel'], e['tuple_after']['dcgm_exporter']) == (
+        '580.126.20', '6.8.0-134-generic', '9.9.9')
+
+
+def test_rollback_result_checks_the_restored_kernel():
+    gates = {'gpu': {'passed': True}, 'node': {'passed': True}}
+    ok = _rollout.rollback_result('gpu-01', {'outcome': 'rolled back'}, True, {'driver_version': '580.126.20'},
+                                  dict(gates, kernel={'verification': {'ok': True, 'problems': []}}), '580.126.20')
+    assert ok['gates_passed'] is True
+    bad = _rollout.rollback_result('gpu-01', {'outcome': 'rolled back'}, True, {'driver_version': '580.126.20'},
+                                   dict(gates, kernel={'verification': {'ok': False, 'problems': [
+                                       'the running kernel is 6.8.0-135-generic, expected 6.8.0-134-generic']}}),
+                                   '580.126.20')
+    assert bad['gates_passed'] is False
+    assert bad['gate_problems'] == ['the running kernel is 6.8.0-135-generic, expected 6.8.0-134-generic']
+    skipped = _rollout.rollback_result('gpu-01', {}, True, {}, dict(gates, kernel={'skipped': True}), '580.126.20')
+    assert skipped['gates_passed'] is True
