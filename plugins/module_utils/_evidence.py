@@ -26,10 +26,11 @@ task does not duplicate evidence (the evidence module is idempotent).
 
 A node's ``measured: true`` says that its ``tuple_after`` is what was measured on the node after
 activation (the canary role records it from node_upgrade's result), not the declared target copied
-in when the bundle was opened. It belongs to the ``tuple_after`` written with it: an update that
-writes ``tuple_after`` without ``measured: true`` drops the flag, so a re-opened bundle never passes
-the declared copy off as a measurement. A measured ``tuple_after`` lists only the components that
-could be measured (it may be empty).
+in when the bundle was opened. It belongs to the value written with it: an update that writes
+another ``tuple_after`` without ``measured: true`` (or ``measured: false``) drops the flag, so a
+declared copy is never passed off as a measurement; writing the same value again (a re-opened
+bundle with the target that was measured) keeps it. A measured ``tuple_after`` lists only the
+components that could be measured (it may be empty).
 """
 
 from __future__ import annotations
@@ -222,9 +223,10 @@ def node_entry(raw: Any, i: int) -> Dict[str, Any]:
                                 'empty when nothing could be measured)' % field)
         out['tuple_after'] = out.get('tuple_after') or {}
         out['measured'] = True
-    elif measured is False or 'tuple_after' in out:
-        # False: the merge drops the flag (tuple_after, if written, is a declared copy).
-        out['measured'] = False
+    elif measured is False:
+        out['measured'] = False  # the merge drops the flag
+    elif 'tuple_after' in out:
+        out['measured'] = None  # a declared tuple_after: the merge keeps the flag only for the measured value
     if raw.get('labels') is not None:
         if not isinstance(raw['labels'], dict):
             raise EvidenceError('%s.labels: %r is not a dict' % (field, raw['labels']))
@@ -384,10 +386,14 @@ def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetim
             new['tuple'][side] = t
     for i, raw in enumerate(updates.get('nodes') or []):
         entry = node_entry(raw, i)
-        merged = dict(new['nodes'].get(entry['name']) or {})
+        old = new['nodes'].get(entry['name']) or {}
+        merged = dict(old)
         merged.update(entry)
-        if merged.get('measured') is False:
-            del merged['measured']
+        if 'measured' in entry and entry['measured'] is not True:
+            if entry['measured'] is None and old.get('measured') is True and old.get('tuple_after') == entry['tuple_after']:
+                merged['measured'] = True
+            else:
+                del merged['measured']
         new['nodes'][entry['name']] = merged
 
     def upsert(listname: str, entries: List[Dict[str, Any]], keyfn: Any) -> None:

@@ -217,9 +217,12 @@ def test_measured_flag_belongs_to_the_tuple_after_written_with_it() -> None:
     # Nothing could be measured: an empty measured tuple is kept as such.
     b2, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': {}, 'measured': True}]}, now=T0)
     assert b2['nodes']['gpu-1']['tuple_after'] == {} and b2['nodes']['gpu-1']['measured'] is True
-    # The declared copy written again (or measured: false) drops the flag.
+    # Another tuple_after written without the flag (a declared copy), or measured: false, drops it.
     b3, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': AFTER}]}, now=T0)
     assert 'measured' not in b3['nodes']['gpu-1'] and b3['nodes']['gpu-1']['tuple_after'] == AFTER
+    # The value that was measured, written again without the flag (a re-opened bundle), stays a measurement.
+    b5, changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': measured}]}, now=T0)
+    assert changed is False and b5['nodes']['gpu-1']['measured'] is True
     b4, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'measured': False}]}, now=T0)
     assert 'measured' not in b4['nodes']['gpu-1'] and b4['nodes']['gpu-1']['tuple_after'] == measured
 

@@ -196,10 +196,16 @@ def test_record_is_refused_without_an_agreeing_measurement_of_the_target(measure
         qr.build_record(b, REV)
 
 
-def test_the_declared_copy_written_again_is_not_a_measurement() -> None:
-    # canary.yml re-run on the same bundle opens it again: the declared copy drops the flag.
+def test_a_declared_copy_written_over_a_measurement_is_not_a_measurement() -> None:
+    # canary.yml opens the bundle again: the same target keeps what was measured at it ...
     b = canary_bundle()
     b, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'role': 'canary', 'tuple_after': AFTER}]}, now=T0)
+    assert b['nodes']['gpu-1']['measured'] is True
+    assert qr.build_record(b, REV)[0]['target']['driver'] == AFTER['driver']
+    # ... another target is a declared copy: the node has no measurement of it.
+    other = dict(AFTER, driver='580.142.00')
+    b, _changed = ev.merge(b, {'tuple_after': other,
+                               'nodes': [{'name': 'gpu-1', 'role': 'canary', 'tuple_after': other}]}, now=T0)
     assert 'measured' not in b['nodes']['gpu-1']
     with pytest.raises(qr.RecordError, match=r'^canary node\(s\) gpu-1 have no measured tuple \(measured on gpu-2 only\)'):
         qr.build_record(b, REV)
