@@ -43,8 +43,8 @@ def canary_bundle(rollback_passed: bool = True, with_rollback: bool = True, extr
         'gates': gates + (extra or []),
     }, now=T0)
     for node, tup in (measured if measured is not None else {'gpu-1': AFTER, 'gpu-2': AFTER}).items():
-        b, _changed = ev.merge(b, {'nodes': qr.canary_measured_nodes(node, {'node': node, 'outcome': 'upgraded',
-                                                                           'measured': tup})}, now=T0)
+        result = {'node': node, 'outcome': 'upgraded', 'measured': tup}
+        b, _changed = ev.merge(b, {'nodes': qr.canary_measured_nodes(node, result)}, now=T0)
     return b
 
 
