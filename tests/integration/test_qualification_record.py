@@ -147,3 +147,44 @@ def test_record_is_refused_when_the_measured_tuple_is_not_the_target(tmp_path: p
         'qualification_record: the tuple measured on the canary node(s) gpu-1 differs from the declared target '
         '(tuple.after): driver measured 580.126.20, declared 580.130.00')
     assert dest.read_text() == '# the previous record\n'
+
+
+def test_the_canary_roles_record_step_feeds_the_record(tmp_path: pathlib.Path, run_playbook: Any) -> None:
+    """The canary role's evidence task (canary_measured_nodes over node_upgrade_result) on a bundle opened as
+    canary.yml opens it: no result records nothing and the record is refused; a measurement with a component
+    that could not be measured (null) is refused naming it; the full measurement gives the record its target."""
+    bundle = tmp_path / 'canary.json'
+    dest = tmp_path / 'record.yaml'
+    gates = [{'name': n, 'kind': k, 'node': 'gpu-1', 'passed': True, 'finished': '2026-07-14T12:0%d:00Z' % m}
+             for n, k, m in (('node', 'node', 1), ('metrics', 'metric', 2), ('rollback', 'rollback', 3))]
+    opened = {'path': str(bundle), 'id': 'a100-canary-7', 'tuple_after': AFTER, 'gates': gates,
+              'nodes': [{'name': 'gpu-1', 'role': 'canary', 'batch': 0, 'pci_ids': ['10de:20b0/10de:1450'],
+                         'tuple_after': AFTER}]}
+    record_step = {'gpufleet.upgrade.evidence': {
+        'path': str(bundle),
+        'nodes': "{{ 'gpu-1' | gpufleet.upgrade.canary_measured_nodes(node_upgrade_result | default(none)) }}"}}
+    record = {'gpufleet.upgrade.qualification_record': {'evidence': str(bundle), 'dest': str(dest),
+                                                        'source_revision': 'c' * 40}, 'ignore_errors': True}
+    partial = {'node': 'gpu-1', 'outcome': 'upgraded', 'measured': dict(AFTER, gpu_operator=None)}
+    full = {'node': 'gpu-1', 'outcome': 'upgraded', 'measured': AFTER}
+    run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'open', 'gpufleet.upgrade.evidence': opened},
+        dict(record_step, name='no result'), dict(record, name='refused: no measurement'),
+        dict(record_step, name='partial', vars={'node_upgrade_result': partial}),
+        dict(record, name='refused: partial'),
+        dict(record_step, name='full', vars={'node_upgrade_result': full}),
+        dict(record, name='written')]}])
+    assert run.rc == 0, run.stdout
+    assert run.result('no result')['changed'] is False
+    assert run.result('refused: no measurement')['msg'].startswith(
+        'qualification_record: no canary node has a measured tuple (canary node(s) gpu-1)')
+    assert run.result('partial')['changed'] is True
+    assert run.result('refused: partial')['msg'] == (
+        'qualification_record: the measured tuple is incomplete (not measured on the node): gpu-1 lacks gpu_operator')
+    res = run.result('written')
+    assert res['_event'] == 'runner_on_ok' and res['qualified'] is True, res.get('msg')
+    assert yaml.safe_load(dest.read_text())['target'] == {
+        'kernel': AFTER['kernel'], 'rke2': AFTER['rke2'], 'driver': AFTER['driver'],
+        'gpuOperator': AFTER['gpu_operator'], 'dcgmExporter': AFTER['dcgm_exporter']}
+    node = json.loads(bundle.read_text())['nodes']['gpu-1']
+    assert node['measured'] is True and node['verdict'] == 'upgraded' and node['tuple_after'] == AFTER
