@@ -281,11 +281,14 @@ class PinPlan:
     after: PinState
     install: Dict[str, str]
     commands: List[List[str]] = dataclasses.field(default_factory=list)
+    # apt: packages removed in the same transaction (a snapshot restore's module packages built for another driver).
+    remove: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         b, a = self.before, self.after
-        return b.pin_text != a.pin_text or sorted(b.holds) != sorted(a.holds) or bool(self.install) or bool(self.commands)
+        return (b.pin_text != a.pin_text or sorted(b.holds) != sorted(a.holds) or bool(self.install)
+                or bool(self.commands) or bool(self.remove))
 
     def diff(self) -> List[Dict[str, str]]:
         b, a = self.before, self.after
@@ -492,12 +495,14 @@ class AptBackend:
     def parse_pins(self, text: Optional[str]) -> Dict[str, str]:
         return parse_preferences(text)
 
-    def install(self, versions: Dict[str, str]) -> None:
-        if not versions:
+    def install(self, versions: Dict[str, str], remove: Sequence[str] = ()) -> None:
+        if not versions and not remove:
             return
         argv = ['apt-get', '-q', '-y', 'install', '--allow-downgrades', '--allow-change-held-packages',
                 '--no-install-recommends', '-o', 'Dpkg::Options::=--force-confdef', '-o', 'Dpkg::Options::=--force-confold']
         argv += ['%s=%s' % kv for kv in sorted(versions.items())]
+        # apt's `name-`: removed in the same transaction.
+        argv += ['%s-' % n for n in sorted(remove)]
         self.runner(argv, env=self.env())
 
     def set_holds(self, hold: Sequence[str], unhold: Sequence[str]) -> None:
@@ -787,9 +792,12 @@ def apply_pin(backend, plan: PinPlan) -> PinState:
         else:
             if before.pin_text != after.pin_text:
                 backend.write_pins(after.pin_text)
-            backend.install(plan.install)
+            if plan.remove:
+                backend.install(plan.install, remove=plan.remove)
+            else:
+                backend.install(plan.install)
             # apt drops the hold of a package it changed: hold from what is there now.
-            held = backend.read_state(names).holds if plan.install else before.holds
+            held = backend.read_state(names).holds if plan.install or plan.remove else before.holds
             backend.set_holds([h for h in after.holds if h not in held], [h for h in held if h not in after.holds])
     except PackageError:
         backend.write_pins(before.pin_text)
@@ -799,6 +807,9 @@ def apply_pin(backend, plan: PinPlan) -> PinState:
     now = backend.read_state(names)
     wrong = ['%s is %s, expected %s' % (n, now.installed.get(n, 'not installed'), v)
              for n, v in plan.install.items() if now.installed.get(n) != v]
+    if plan.remove:
+        left = backend.read_state(list(plan.remove)).installed
+        wrong += ['%s is still installed (%s), expected removed' % (n, left[n]) for n in plan.remove if n in left]
     if wrong:
         raise PackageError('the package transaction finished but: %s' % '; '.join(wrong))
     return now

@@ -58,7 +58,7 @@ def measured_tuple(booted: Optional[Dict[str, Any]], gpu_after: Optional[Dict[st
     image, the exporter pod on the node). `kubelet_kernel` is what the kubelet reports."""
     cluster = (node_gate or {}).get('measured') or {}
     verification = (booted or {}).get('verification') or {}
-    host_kernel = verification.get('running') if not (booted or {}).get('skipped') else None
+    host_kernel = verification.get('running_kernel') if not (booted or {}).get('skipped') else None
     return {
         'kernel': host_kernel or cluster.get('kernel') or None,
         'rke2': cluster.get('rke2') or None,

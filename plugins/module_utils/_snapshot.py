@@ -26,6 +26,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages 
 
 FORMAT = 'gpufleet.upgrade/node-snapshot/v1'
 DEFAULT_PACKAGE_PATTERNS = ('*nvidia*', 'cuda-drivers*')
+KERNEL_MODULE_PATTERN = 'linux-modules-nvidia-*'
 KERNEL_PACKAGE_PATTERNS = ('linux-image-*', 'linux-modules-[0-9]*', 'kernel', 'kernel-core', 'kernel-modules')
 MODPROBE_DIRS = ('etc/modprobe.d', 'usr/lib/modprobe.d', 'lib/modprobe.d')
 GRUBENV_PATHS = ('boot/grub/grubenv', 'boot/grub2/grubenv')
@@ -413,10 +414,14 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
     after_installed.update(packages)
     after = pk.PinState(before.pin_file, pin_text, backend_parse_pins(backend, pin_text),
                         sorted(h for h in snap.get('holds') or [] if h in packages), after_installed)
-    pin_plan = pk.PinPlan(backend.name, 'pinned', None, dict(packages), [], before, after,
-                          dict(packages) if to_install else {})
     extra = {n: v for n, v in all_installed.items()
              if n not in packages and any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    # Kernel-bound NVIDIA module packages installed since the snapshot (a new kernel's prebuilt modules) are built
+    # for the newer driver: the restored driver cannot satisfy them, so the restore removes them in its transaction.
+    remove = sorted(n for n in extra if backend.name == 'apt' and fnmatch.fnmatchcase(n, KERNEL_MODULE_PATTERN))
+    extra = dict((n, v) for n, v in extra.items() if n not in remove)
+    pin_plan = pk.PinPlan(backend.name, 'pinned', None, dict(packages), [], before, after,
+                          dict(packages) if (to_install or remove) else {}, remove=remove)
     files: List[FileChange] = []
     warnings: List[str] = []
     # modprobe.d files as captured (files created since then are reported, not removed).

@@ -104,7 +104,9 @@ options:
     default: true
 notes:
   - Packages of the driver set installed after the snapshot was taken are reported in RV(extra_packages) and left
-    installed; kernel packages are recorded but not reinstalled (a missing default-boot kernel fails the restore).
+    installed, except Canonical's kernel-bound C(linux-modules-nvidia-*) packages (a new kernel's prebuilt modules,
+    built for the newer driver), which the restore removes in its transaction (RV(removed_packages)); kernel
+    packages are recorded but not reinstalled (a missing default-boot kernel fails the restore).
   - On dnf nodes the default-boot kernel is restored only through the captured C(GRUB_DEFAULT)/C(saved_entry).
   - Only the collection's own pin file is restored; other apt preference files are recorded for evidence.
 seealso:
@@ -155,6 +157,11 @@ extra_packages:
   description: Driver-set packages installed now that the snapshot does not have (left installed).
   returned: when state is restored
   type: dict
+removed_packages:
+  description: C(linux-modules-nvidia-*) packages the snapshot does not have, removed by the restore.
+  returned: when state is restored
+  type: list
+  elements: str
 boot_kernel:
   description:
     - With O(state=restored) on apt nodes, the default-boot kernel of the snapshot (C(kernel)), what the current
@@ -239,6 +246,7 @@ def main():
                 regenerate_bootloader(module, backend)
         result = dict(changed=plan.changed, path=p['path'], sha256=sn.digest(snap), snapshot=snap,
                       restored=current.as_dict(), extra_packages=plan.extra_packages,
+                      removed_packages=plan.pin_plan.remove,
                       changed_files=[f.rel for f in plan.files], boot_kernel=plan.boot_kernel,
                       commands=backend.runner.commands)
         if module._diff:

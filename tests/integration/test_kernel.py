@@ -350,3 +350,30 @@ def test_kernel_boot_refusals(tmp_path, kernel_repo, run_playbook, grub_editenv)
     assert msg == "kernel 'new' is not a kernel release such as 6.8.0-135-generic (as uname -r prints it)"
     assert node.grubenv.read_bytes() == before
     assert not (tmp_path / 'root/boot/grub2').exists()
+
+
+def test_restore_after_a_trial_boot_returns_to_the_snapshot_kernel_and_driver(tmp_path, kernel_repo, run_playbook,
+                                                                              grub_editenv):
+    """The rollback's kernel part: a node whose trial kernel is pending (next_entry set, not yet
+    booted) is restored from its snapshot: the driver set and module packages of 134 back at the old
+    driver, next_entry cleared, saved_entry the snapshot's kernel; the next boot is 134 with 580.126.20."""
+    node = make_node(tmp_path, kernel_repo, 'prebuilt')
+    snap = tmp_path / 'snap.json'
+    taken = ok(run(run_playbook, 'node_snapshot', {'state': 'captured', 'path': str(snap),
+                                                    'installroot': str(node.root.path), 'proc_path': str(node.proc)}))
+    assert taken['snapshot']['boot']['default_kernel'] == KERNEL_OLD
+    ok(run(run_playbook, 'kernel_packages', node.args()))
+    node.update_grub()
+    ok(run(run_playbook, 'kernel_boot', node.boot_args(state='trial')))
+    assert grubsim.read_env(node.grubenv)['next_entry'] == ENTRY % KERNEL_TARGET
+    res = ok(run(run_playbook, 'node_snapshot', {'state': 'restored', 'path': str(snap), 'sha256': taken['sha256'],
+                                                  'installroot': str(node.root.path)}))
+    assert res['changed'] is True
+    assert any('pending one-shot boot' in w for w in res.get('warnings') or []), res.get('warnings')
+    assert grubsim.read_env(node.grubenv) == {'saved_entry': ENTRY % KERNEL_OLD, 'next_entry': ''}
+    inst = node.root.installed()
+    assert inst[LRM % KERNEL_OLD] == V134 + '+1'
+    assert {n: inst[n] for n in PREBUILT_SET} == {n: OLD + '-0ubuntu1' for n in PREBUILT_SET}
+    assert grubsim.boot(node.grubenv, node.grub_cfg, proc=node.proc, driver=OLD).kernel == KERNEL_OLD
+    res = ok(run(run_playbook, 'kernel_boot', node.boot_args(kernel=KERNEL_OLD, state='verify', driver_version=OLD)))
+    assert res['verification']['ok'] is True

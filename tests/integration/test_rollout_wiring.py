@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
 
 DRA_NS = 'nvidia-dra-driver-gpu'
 OWNER = 'gpufleet.upgrade.canary'
-PHASES = ['drain', 'snapshot', 'install', 'activate', 'ready', 'gates', 'postflight', 'uncordon']
+PHASES = ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates', 'postflight', 'uncordon']
 
 
 def resource_slice(node: str) -> dict:

@@ -56,7 +56,7 @@ def test_values():
         'canary', 0, 'failed', 'gates', TARGET)
     assert e['phases'] == ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify']
     node_gate = {'passed': True, 'measured': {'kernel': TARGET['kernel'], 'rke2': TARGET['rke2']}}
-    booted = {'verification': {'running': TARGET['kernel']}}
+    booted = {'verification': {'running_kernel': TARGET['kernel']}}
     assert F.tuple_gate(TARGET, booted, {'driver_version': '580.126.20'}, node_gate)['passed'] is True
     with pytest.raises(AnsibleFilterError, match=r'^gpufleet.upgrade.tuple_gate: target: \[\] is not a tuple'):
         F.tuple_gate([], booted, {}, node_gate)

@@ -377,7 +377,7 @@ def node_gate_measured(**over):
     return {'passed': True, 'measured': m}
 
 
-BOOTED = {'verification': {'running': TUPLE['kernel'], 'ok': True}}
+BOOTED = {'verification': {'running_kernel': TUPLE['kernel'], 'ok': True}}
 GPU_AFTER = {'driver_version': TUPLE['driver'], 'kernel': 'the controller runs this one'}
 
 
@@ -400,7 +400,7 @@ def test_tuple_gate_passes_when_every_target_component_is_measured_at_it():
 
 
 @pytest.mark.parametrize('booted,gpu_after,over,problem', [
-    ({'verification': {'running': '6.8.0-134-generic'}}, GPU_AFTER, {'kernel': '6.8.0-134-generic'},
+    ({'verification': {'running_kernel': '6.8.0-134-generic'}}, GPU_AFTER, {'kernel': '6.8.0-134-generic'},
      'kernel: measured 6.8.0-134-generic, target 6.8.0-135-generic'),
     (BOOTED, GPU_AFTER, {'kernel': '6.8.0-134-generic'},
      'kernel: the kubelet reports 6.8.0-134-generic, the host runs 6.8.0-135-generic'),
