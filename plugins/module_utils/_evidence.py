@@ -12,7 +12,8 @@ Shape (``schema: gpufleet.upgrade/evidence/v1``)::
     id, created, updated                        # RFC 3339 UTC
     tuple: {before: {kernel, rke2, driver, gpu_operator, dcgm_exporter}, after: {...}}
     nodes: {<name>: {name, role, uid, machine_id, system_uuid, pci_ids, batch, tuple_before, tuple_after,
-                     verdict, phases, failed_phase, started, finished, duration_s, rolled_back, message}}
+                     measured, verdict, phases, failed_phase, started, finished, duration_s, rolled_back,
+                     message}}
     artifacts: [{kind, name, version, sha256, digest, path}]     # keyed by (kind, name)
     batches: [{index, kind, nodes, started, finished}]             # keyed by index
     gates: [{id, name, kind, category, node, batch, critical, passed, started, finished,
@@ -22,6 +23,14 @@ Shape (``schema: gpufleet.upgrade/evidence/v1``)::
 
 Every list entry has a key, and adding an entry with the same key replaces it, so re-running a
 task does not duplicate evidence (the evidence module is idempotent).
+
+A node's ``measured: true`` says that its ``tuple_after`` is what was measured on the node after
+activation (the canary role records it from node_upgrade's result), not the declared target copied
+in when the bundle was opened. It belongs to the value written with it: an update that writes
+another ``tuple_after`` without ``measured: true`` (or ``measured: false``) drops the flag, so a
+declared copy is never passed off as a measurement; writing the same value again (a re-opened
+bundle with the target that was measured) keeps it. A measured ``tuple_after`` lists only the
+components that could be measured (it may be empty).
 """
 
 from __future__ import annotations
@@ -183,8 +192,8 @@ def _times(entry: Dict[str, Any], field: str) -> Tuple[Optional[str], Optional[s
 def node_entry(raw: Any, i: int) -> Dict[str, Any]:
     field = 'nodes[%d]' % i
     _check_keys(raw, ('name', 'role', 'uid', 'machine_id', 'system_uuid', 'pci_ids', 'batch', 'tuple_before',
-                      'tuple_after', 'labels', 'verdict', 'phases', 'failed_phase', 'started', 'finished',
-                      'rolled_back', 'message'), field)
+                      'tuple_after', 'measured', 'labels', 'verdict', 'phases', 'failed_phase', 'started',
+                      'finished', 'rolled_back', 'message'), field)
     name = _str(raw, 'name', field, required=True)
     out = {'name': name}  # type: Dict[str, Any]
     role = _str(raw, 'role', field)
@@ -207,6 +216,17 @@ def node_entry(raw: Any, i: int) -> Dict[str, Any]:
         t = _tuple(raw.get(k), field + '.' + k)
         if t is not None:
             out[k] = t
+    measured = _bool(raw, 'measured', field, None)
+    if measured:
+        if raw.get('tuple_after') is None:
+            raise EvidenceError('%s.measured: true needs tuple_after, the tuple measured on the node (a dict, '
+                                'empty when nothing could be measured)' % field)
+        out['tuple_after'] = out.get('tuple_after') or {}
+        out['measured'] = True
+    elif measured is False:
+        out['measured'] = False  # the merge drops the flag
+    elif 'tuple_after' in out:
+        out['measured'] = None  # a declared tuple_after: the merge keeps the flag only for the measured value
     if raw.get('labels') is not None:
         if not isinstance(raw['labels'], dict):
             raise EvidenceError('%s.labels: %r is not a dict' % (field, raw['labels']))
@@ -366,8 +386,14 @@ def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetim
             new['tuple'][side] = t
     for i, raw in enumerate(updates.get('nodes') or []):
         entry = node_entry(raw, i)
-        merged = dict(new['nodes'].get(entry['name']) or {})
+        old = new['nodes'].get(entry['name']) or {}
+        merged = dict(old)
         merged.update(entry)
+        if 'measured' in entry and entry['measured'] is not True:
+            if entry['measured'] is None and old.get('measured') is True and old.get('tuple_after') == entry['tuple_after']:
+                merged['measured'] = True
+            else:
+                del merged['measured']
         new['nodes'][entry['name']] = merged
 
     def upsert(listname: str, entries: List[Dict[str, Any]], keyfn: Any) -> None:

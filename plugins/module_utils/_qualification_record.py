@@ -3,8 +3,16 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
-# PRIVATE to the collection: no compatibility promise. Used by the qualification_record module.
+# PRIVATE to the collection: no compatibility promise. Used by the qualification_record module and
+# the canary_measured_nodes filter.
 """Build the seed-004 ``GPUUpgradeQualification`` record from a canary evidence bundle.
+
+The record's ``target`` is the tuple *measured* on the canaries, not the plan copied: every canary
+node (``role: canary``, or a member of a batch of kind ``canary``) must have a node entry with
+``measured: true`` whose ``tuple_after`` (what node_upgrade measured after activation, recorded by the
+canary role through ``canary_measured_nodes``) has all five components; all canaries must agree, and
+the measurement must equal the bundle's declared ``tuple.after``. Otherwise ``RecordError`` names the
+nodes and the components, and no record is written.
 
 ``state`` is ``qualified`` only when, on the canary scope (the canary nodes and the fleet gates of
 canary batches), at least one gate of each of the allocation, monitoring and rollback categories
@@ -54,6 +62,92 @@ def canary_scope(bundle: Dict[str, Any]) -> Tuple[List[str], List[int]]:
     return sorted(nodes), batches
 
 
+def _components(names: List[str]) -> str:
+    return ', '.join(names)
+
+
+def measured_target(bundle: Dict[str, Any], nodes: List[str]) -> Dict[str, str]:
+    """The tuple measured on every canary node in ``nodes``, equal to the declared ``tuple.after``.
+
+    RecordError when no canary, or not every canary, has a measured tuple (``measured: true`` on its node
+    entry), when a canary's measurement lacks a component, when the canaries disagree, or when the
+    measurement differs from the declared target; the message names the nodes and the components."""
+    entries = bundle['nodes']
+    measured = {n: entries[n].get('tuple_after') or {} for n in nodes
+                if isinstance(entries.get(n), dict) and entries[n].get('measured') is True}
+    unmeasured = [n for n in nodes if n not in measured]
+    how = ('the canary role records node_upgrade_result.measured of the final upgrade as the node\'s tuple_after '
+           'with measured: true; a tuple_after without it is the declared target copied in when the bundle was '
+           'opened')
+    if not measured:
+        raise RecordError('no canary node has a measured tuple (canary node(s) %s): %s'
+                          % (_components(unmeasured), how))
+    if unmeasured:
+        raise RecordError('canary node(s) %s have no measured tuple (measured on %s only): %s'
+                          % (_components(unmeasured), _components(sorted(measured)), how))
+    lacking = ['%s lacks %s' % (n, _components([k for k in TUPLE_KEYS if not t.get(k)]))
+               for n, t in sorted(measured.items()) if not all(t.get(k) for k in TUPLE_KEYS)]
+    if lacking:
+        raise RecordError('the measured tuple is incomplete (not measured on the node): %s' % '; '.join(lacking))
+    disagree = []
+    for k in TUPLE_KEYS:
+        values = sorted({t[k] for t in measured.values()})
+        if len(values) > 1:
+            disagree.append('%s: %s' % (k, ', '.join('%s on %s' % (v, _components(
+                sorted(n for n, t in measured.items() if t[k] == v))) for v in values)))
+    if disagree:
+        raise RecordError('the canaries disagree on the measured tuple: %s' % '; '.join(disagree))
+    target = dict((k, measured[nodes[0]][k]) for k in TUPLE_KEYS)
+    declared = bundle['tuple'].get('after') or {}
+    differ = ['%s measured %s, declared %s' % (k, target[k], declared.get(k)) for k in TUPLE_KEYS
+              if target[k] != declared.get(k)]
+    if differ:
+        raise RecordError('the tuple measured on the canary node(s) %s differs from the declared target '
+                          '(tuple.after): %s' % (_components(nodes), '; '.join(differ)))
+    return target
+
+
+def canary_measured_nodes(node: Any, result: Any) -> List[Dict[str, Any]]:
+    """The canary's node entry for the evidence bundle, from node_upgrade's public result
+    (node_upgrade_result) of its final upgrade: ``[{name, role: canary, tuple_after: <measured>,
+    measured: true, verdict}]``, or ``[]`` when there is no result or it has no ``measured`` (nothing
+    new is recorded; qualification_record then refuses, naming the node). A component measured as
+    null or blank is left out of tuple_after (it could not be measured)."""
+    if not isinstance(node, str) or not node.strip():
+        raise RecordError('node: %r is not a node name' % (node,))
+    name = node.strip()
+    if result is None or result == '':
+        return []
+    if not isinstance(result, dict):
+        raise RecordError('result: %r is not node_upgrade_result (a dict)' % (result,))
+    if result.get('measured') is None:
+        return []
+    owner = result.get('node')
+    if owner not in (None, '') and owner != name:
+        raise RecordError('result: node_upgrade_result is for node %r, not the canary %r' % (owner, name))
+    raw = result['measured']
+    if not isinstance(raw, dict):
+        raise RecordError('result.measured: %r is not a dict of %s' % (raw, ', '.join(TUPLE_KEYS)))
+    unknown = sorted(str(k) for k in raw if k not in TUPLE_KEYS)
+    if unknown:
+        raise RecordError('result.measured: unknown key(s) %s (use %s)' % (', '.join(unknown), ', '.join(TUPLE_KEYS)))
+    tuple_after = {}
+    for k in TUPLE_KEYS:
+        v = raw.get(k)
+        if v is not None and not isinstance(v, str):
+            raise RecordError('result.measured.%s: %r is not a string (or null when it could not be measured)'
+                              % (k, v))
+        if v and v.strip():
+            tuple_after[k] = v.strip()
+    entry = {'name': name, 'role': 'canary', 'tuple_after': tuple_after, 'measured': True}  # type: Dict[str, Any]
+    outcome = result.get('outcome')
+    if outcome in ('upgraded', 'failed'):
+        entry['verdict'] = outcome
+    elif outcome not in (None, ''):
+        raise RecordError('result.outcome: %r is not upgraded or failed' % (outcome,))
+    return [entry]
+
+
 def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Optional[str] = None,
                  evidence_ref: Optional[str] = None) -> Tuple[Dict[str, Any], List[str]]:
     """(record dict in the seed schema, reasons why it is not qualified: empty when qualified)."""
@@ -76,6 +170,7 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
     bad = [p for p in hardware if not _PCI.match(p)]
     if bad:
         raise RecordError('canary PCI id(s) %s are not vendor:device/subvendor:subdevice' % ', '.join(bad))
+    target = measured_target(bundle, nodes)
     gates = [g for g in bundle['gates'] if g['node'] in nodes or (g['node'] is None and g['batch'] in batches)]
     finished = [parse_rfc3339(g['finished'], 'finished') for g in gates if g.get('finished')]
     if not finished:
@@ -99,7 +194,7 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
         'apiVersion': API_VERSION, 'kind': KIND, 'id': rid,
         'state': 'qualified' if not reasons else 'failed',
         'approvedBy': '', 'sourceRevision': revision, 'hardware': hardware,
-        'target': dict((RECORD_NAMES[k], after[k]) for k in TUPLE_KEYS),
+        'target': dict((RECORD_NAMES[k], target[k]) for k in TUPLE_KEYS),
         'canary': canary,
     }
     return record, reasons

@@ -50,6 +50,14 @@ options:
       - Node identities, merged field by field into the node of the same C(name). Keys C(name) (required),
         C(role) (canary, control, batch, other), C(uid) (the Kubernetes Node UID), C(machine_id), C(system_uuid),
         C(pci_ids) (list), C(batch) (index), C(tuple_before), C(tuple_after), C(labels).
+      - C(measured) (bool) - V(true) says that this entry's C(tuple_after) is the tuple measured on the node
+        after activation, not the declared target (the canary role records it from the node_upgrade role's
+        C(node_upgrade_result.measured) through P(gpufleet.upgrade.canary_measured_nodes#filter)). It
+        needs C(tuple_after), which then lists only the components that could be measured and may be empty.
+        The flag belongs to the value written with it - an entry that writes another C(tuple_after) without
+        C(measured=true) (a declared copy, as the canary playbook writes when it opens the bundle), or
+        C(measured=false), removes it; the same value written again keeps it.
+        M(gpufleet.upgrade.qualification_record) takes its target from the measured entries only.
       - A rollout's outcome for the node - C(verdict) (upgraded, failed, skipped), C(phases) (the phases it went
         through, in order), C(failed_phase), C(started) and C(finished) (RFC 3339; C(duration_s) is computed),
         C(rolled_back) (bool), C(message).

@@ -25,8 +25,17 @@ description:
   - C(sourceRevision) is the commit of the evidence repository that contains this exact bundle. Without
     O(source_revision) it is read with C(git) from the bundle's repository, and a bundle with uncommitted
     changes is refused.
-  - C(hardware) is the set of the canary nodes' PCI ids; C(target) is the bundle's C(tuple.after);
-    C(canary.completedAt) is the latest finish time of a canary gate.
+  - C(hardware) is the set of the canary nodes' PCI ids; C(canary.completedAt) is the latest finish time of a
+    canary gate.
+  - C(target) is the tuple measured on the canaries - each canary node's entry with C(measured=true), whose
+    C(tuple_after) the canary role records from the node_upgrade role's C(node_upgrade_result.measured) after
+    the node's final upgrade (P(gpufleet.upgrade.canary_measured_nodes#filter)). A C(tuple_after) without
+    C(measured=true) is the declared target the canary playbook copies in when it opens the bundle, and does
+    not count.
+  - The module fails, naming the nodes and the components, and writes nothing, when no canary node has a
+    measured tuple, when any canary node lacks one, when a measured tuple lacks a component (it could not be
+    measured), when the canaries' measured tuples disagree, or when the measured tuple differs from the
+    bundle's declared C(tuple.after).
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.mutating

@@ -23,6 +23,7 @@ import sys
 import urllib.parse
 
 import pytest
+import yaml
 
 from tools import debrepo, grubsim, lab_dcgm, lab_node, labenv
 
@@ -103,6 +104,22 @@ def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
         assert 'metric gate: OFF, Prometheus is not available' in out.stdout
     report = tmp_path / 'lab' / 'report.html'
     assert report.is_file() and 'gpu-04' in report.read_text()
+    assert_records_carry_the_measured_tuple(tmp_path / 'lab')
+
+
+def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
+    """Each canary bundle's canaries carry the tuple node_upgrade measured (measured: true, recorded by
+    the canary role), and the record's target is that measurement."""
+    names = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
+             'dcgm_exporter': 'dcgmExporter'}
+    bundles = sorted((lab / 'qualification').glob('*.json'))
+    assert bundles
+    for path in bundles:
+        canaries = [n for n in json.loads(path.read_text())['nodes'].values() if n.get('role') == 'canary']
+        assert canaries and all(n.get('measured') is True and n.get('verdict') == 'upgraded' for n in canaries), canaries
+        target = yaml.safe_load(path.with_suffix('.yaml').read_text())['target']
+        assert all(target == {names[k]: v for k, v in n['tuple_after'].items()} for n in canaries), (target, canaries)
+        assert target['driver'] == labenv.TARGET['driver']
 
 
 def test_lab_without_fault_completes(tmp_path):

@@ -201,3 +201,40 @@ def test_node_outcome_is_recorded_with_its_duration_and_shown_in_the_report() ->
     assert (n['verdict'], n['failed_phase'], n['message']) == ('failed', 'rke2', 'timed out')
     page = ev.render_html(b)
     assert '<td class="fail">failed</td><td>holders → drain → rke2 FAILED</td><td>120s</td><td>no</td>' in page
+
+
+def test_measured_flag_belongs_to_the_tuple_after_written_with_it() -> None:
+    b, _changed = ev.merge(ev.new_bundle('b', now=T0), {
+        'tuple_after': AFTER, 'nodes': [{'name': 'gpu-1', 'role': 'canary', 'tuple_after': AFTER}]}, now=T0)
+    assert 'measured' not in b['nodes']['gpu-1']
+    measured = dict(AFTER, driver='580.126.20')
+    b, changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': measured, 'measured': 'yes'}]}, now=T0)
+    assert changed and b['nodes']['gpu-1']['measured'] is True and b['nodes']['gpu-1']['tuple_after'] == measured
+    # Other fields merge without touching it; the same measurement again changes nothing.
+    b, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'verdict': 'upgraded'}]}, now=T0)
+    assert b['nodes']['gpu-1']['measured'] is True
+    assert ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': measured, 'measured': True}]}, now=T0)[1] is False
+    # Nothing could be measured: an empty measured tuple is kept as such.
+    b2, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': {}, 'measured': True}]}, now=T0)
+    assert b2['nodes']['gpu-1']['tuple_after'] == {} and b2['nodes']['gpu-1']['measured'] is True
+    # Another tuple_after written without the flag (a declared copy), or measured: false, drops it.
+    b3, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': AFTER}]}, now=T0)
+    assert 'measured' not in b3['nodes']['gpu-1'] and b3['nodes']['gpu-1']['tuple_after'] == AFTER
+    # The value that was measured, written again without the flag (a re-opened bundle), stays a measurement.
+    b5, changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'tuple_after': measured}]}, now=T0)
+    assert changed is False and b5['nodes']['gpu-1']['measured'] is True
+    b4, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'measured': False}]}, now=T0)
+    assert 'measured' not in b4['nodes']['gpu-1'] and b4['nodes']['gpu-1']['tuple_after'] == measured
+
+
+@pytest.mark.parametrize('node,message', [
+    ({'name': 'n', 'measured': True}, r'nodes\[0\].measured: true needs tuple_after, the tuple measured on the node'),
+    ({'name': 'n', 'measured': 'maybe', 'tuple_after': AFTER}, r"nodes\[0\].measured: 'maybe' is not a boolean"),
+    ({'name': 'n', 'measured': True, 'tuple_after': {'driver': ''}},
+     r"nodes\[0\].tuple_after.driver: '' must be a non-blank string"),
+])
+def test_measured_flag_bad_input(node: dict[str, Any], message: str) -> None:
+    before = ev.new_bundle('b', now=T0)
+    with pytest.raises(ev.EvidenceError, match=message):
+        ev.merge(before, {'nodes': [node]})
+    assert before['nodes'] == {}

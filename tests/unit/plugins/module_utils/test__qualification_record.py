@@ -22,8 +22,10 @@ def at(minutes: int) -> str:
     return (T0 + datetime.timedelta(minutes=minutes)).isoformat()
 
 
-def canary_bundle(rollback_passed: bool = True, with_rollback: bool = True, extra: list[dict[str, Any]] | None = None
-                  ) -> dict[str, Any]:
+def canary_bundle(rollback_passed: bool = True, with_rollback: bool = True, extra: list[dict[str, Any]] | None = None,
+                  measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A canary bundle opened with the declared target, as canary.yml writes it; `measured` (node -> tuple,
+    default AFTER on both canaries) is recorded as the canary role does after the final upgrade."""
     gates = [{'name': 'node', 'kind': 'node', 'node': 'gpu-1', 'batch': 0, 'passed': True, 'finished': at(10)},
              {'name': 'workload', 'kind': 'workload', 'node': 'gpu-1', 'batch': 0, 'passed': True, 'finished': at(20)},
              {'name': 'metrics', 'kind': 'metric', 'batch': 0, 'passed': True, 'finished': at(50)},
@@ -40,6 +42,9 @@ def canary_bundle(rollback_passed: bool = True, with_rollback: bool = True, extr
         'batches': [{'index': 0, 'kind': 'canary', 'nodes': ['gpu-1', 'gpu-2']}, {'index': 1, 'nodes': ['gpu-9']}],
         'gates': gates + (extra or []),
     }, now=T0)
+    for node, tup in (measured if measured is not None else {'gpu-1': AFTER, 'gpu-2': AFTER}).items():
+        result = {'node': node, 'outcome': 'upgraded', 'measured': tup}
+        b, _changed = ev.merge(b, {'nodes': qr.canary_measured_nodes(node, result)}, now=T0)
     return b
 
 
@@ -149,3 +154,85 @@ def test_failed_record_is_blocked_even_when_approved() -> None:
     assert res.passed is False
     assert 'state must be "qualified", got "failed"' in res.problems
     assert 'canary checks must all pass' in res.problems
+
+
+# ------------------------------------------------------------------------ the measured target
+
+MEASURED_DRIVER = dict(AFTER, driver='580.126.20')
+
+
+def test_target_is_the_measured_tuple() -> None:
+    b = canary_bundle()
+    assert b['nodes']['gpu-1']['measured'] is True and b['nodes']['gpu-1']['tuple_after'] == AFTER
+    assert b['nodes']['gpu-1']['verdict'] == 'upgraded' and b['nodes']['gpu-1']['role'] == 'canary'
+    # gpu-2 is a canary as a member of the canary batch; the role recorded it as a canary too.
+    assert b['nodes']['gpu-2']['role'] == 'canary'
+    assert qr.measured_target(b, ['gpu-1', 'gpu-2']) == AFTER
+    record, reasons = qr.build_record(b, REV)
+    assert reasons == [] and record['target'] == dict((qr.RECORD_NAMES[k], AFTER[k]) for k in AFTER)
+
+
+HOW = 'the canary role records node_upgrade_result.measured of the final upgrade'
+
+
+@pytest.mark.parametrize('measured,message', [
+    ({}, r'^no canary node has a measured tuple \(canary node\(s\) gpu-1, gpu-2\): ' + HOW),
+    ({'gpu-1': AFTER}, r'^canary node\(s\) gpu-2 have no measured tuple \(measured on gpu-1 only\): ' + HOW),
+    ({'gpu-1': AFTER, 'gpu-2': dict(AFTER, rke2=None, dcgm_exporter='  ')},
+     r'^the measured tuple is incomplete \(not measured on the node\): gpu-2 lacks rke2, dcgm_exporter$'),
+    ({'gpu-1': {}, 'gpu-2': AFTER},
+     r'^the measured tuple is incomplete \(not measured on the node\): gpu-1 lacks kernel, rke2, driver, '
+     r'gpu_operator, dcgm_exporter$'),
+    ({'gpu-1': AFTER, 'gpu-2': dict(MEASURED_DRIVER, kernel='6.8.0-134-generic')},
+     r'^the canaries disagree on the measured tuple: kernel: 6.8.0-134-generic on gpu-2, 6.8.0-135-generic on gpu-1; '
+     r'driver: 580.126.20 on gpu-2, 580.130.00 on gpu-1$'),
+    ({'gpu-1': MEASURED_DRIVER, 'gpu-2': MEASURED_DRIVER},
+     r'^the tuple measured on the canary node\(s\) gpu-1, gpu-2 differs from the declared target \(tuple.after\): '
+     r'driver measured 580.126.20, declared 580.130.00$'),
+])
+def test_record_is_refused_without_an_agreeing_measurement_of_the_target(measured: dict[str, Any], message: str) -> None:
+    b = canary_bundle(measured=measured)
+    with pytest.raises(qr.RecordError, match=message):
+        qr.build_record(b, REV)
+
+
+def test_a_declared_copy_written_over_a_measurement_is_not_a_measurement() -> None:
+    # canary.yml opens the bundle again: the same target keeps what was measured at it ...
+    b = canary_bundle()
+    b, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'role': 'canary', 'tuple_after': AFTER}]}, now=T0)
+    assert b['nodes']['gpu-1']['measured'] is True
+    assert qr.build_record(b, REV)[0]['target']['driver'] == AFTER['driver']
+    # ... another target is a declared copy: the node has no measurement of it.
+    other = dict(AFTER, driver='580.142.00')
+    b, _changed = ev.merge(b, {'tuple_after': other,
+                               'nodes': [{'name': 'gpu-1', 'role': 'canary', 'tuple_after': other}]}, now=T0)
+    assert 'measured' not in b['nodes']['gpu-1']
+    with pytest.raises(qr.RecordError, match=r'^canary node\(s\) gpu-1 have no measured tuple \(measured on gpu-2 only\)'):
+        qr.build_record(b, REV)
+
+
+def test_canary_measured_nodes_from_node_upgrade_result() -> None:
+    result = {'node': 'gpu-1', 'outcome': 'upgraded', 'rolled_back': False,
+              'measured': dict(AFTER, driver=' 580.130.00 ', gpu_operator=None, dcgm_exporter='')}
+    assert qr.canary_measured_nodes('gpu-1', result) == [{
+        'name': 'gpu-1', 'role': 'canary', 'measured': True, 'verdict': 'upgraded',
+        'tuple_after': {'kernel': AFTER['kernel'], 'rke2': AFTER['rke2'], 'driver': '580.130.00'}}]
+    assert qr.canary_measured_nodes('gpu-1', {'measured': {}}) == [
+        {'name': 'gpu-1', 'role': 'canary', 'measured': True, 'tuple_after': {}}]
+    # No result, or one without a measurement: nothing new to record.
+    for nothing in (None, '', {}, {'node': 'gpu-1', 'outcome': 'upgraded'}, {'measured': None}):
+        assert qr.canary_measured_nodes('gpu-1', nothing) == []
+
+
+@pytest.mark.parametrize('node,result,message', [
+    ('', {}, r"^node: '' is not a node name$"),
+    ('gpu-1', ['x'], r"^result: \['x'\] is not node_upgrade_result \(a dict\)$"),
+    ('gpu-1', {'node': 'gpu-2', 'measured': AFTER}, r"^result: node_upgrade_result is for node 'gpu-2', not the canary 'gpu-1'$"),
+    ('gpu-1', {'measured': '580.130.00'}, r"^result.measured: '580.130.00' is not a dict of kernel, rke2"),
+    ('gpu-1', {'measured': dict(AFTER, cuda='13.0')}, r'^result.measured: unknown key\(s\) cuda \(use kernel, rke2'),
+    ('gpu-1', {'measured': dict(AFTER, driver=580)}, r'^result.measured.driver: 580 is not a string'),
+    ('gpu-1', {'measured': AFTER, 'outcome': 'done'}, r"^result.outcome: 'done' is not upgraded or failed$"),
+])
+def test_canary_measured_nodes_bad_input(node: Any, result: Any, message: str) -> None:
+    with pytest.raises(qr.RecordError, match=message):
+        qr.canary_measured_nodes(node, result)
