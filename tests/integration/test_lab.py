@@ -140,7 +140,7 @@ def test_lab_without_fault_completes(tmp_path):
     if PROMETHEUS:
         assert 'metric gate: ON, Prometheus http://127.0.0.1:' in out.stdout
         assert 'metric gate verdicts: 4 nodes passed, 0 failed' in out.stdout
-        assert all(r[GATES].startswith('gpu:ok,node:ok,metric:ok') for r in table.values()), table
+        assert all(r[GATES].startswith('gpu:ok,node:ok,tuple:ok,metric:ok') for r in table.values()), table
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
 
 
@@ -169,7 +169,7 @@ def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
             '(injected: GPU 5 at 92 C under load)' % RESTORED) in out.stdout
     table = rows(out.stdout)
     assert measured(table['gpu-02']) == [K0, D0, R1, 'yes', 'rolled-back']
-    assert table['gpu-02'][GATES] == 'gpu:ok,node:ok,metric:FAIL,rollback-gpu:ok'
+    assert table['gpu-02'][GATES] == 'gpu:ok,node:ok,tuple:ok,metric:FAIL,rollback-gpu:ok'
     assert 'critical gate failed on gpu-02: metric gate' in out.stdout
     assert measured(table['gpu-04']) == [K0, D0, R0, 'no', '-'] and table['gpu-04'][GATES] == '-'
     assert measured(table['gpu-01']) == [K1, D1, R1, 'no', 'done']
