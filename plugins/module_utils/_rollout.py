@@ -90,10 +90,12 @@ def tuple_gate(target: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, An
     if target.get('kernel') and kubelet and kubelet != measured.get('kernel'):
         problems.append('kernel: the kubelet reports %s, the host runs %s' % (kubelet, measured.get('kernel')))
     after = dict((k, measured.get(k)) for k in TUPLE_KEYS)
-    return {'passed': not problems, 'problems': problems, 'measured': after,
-            'msg': ('tuple gate: the node runs the target (%s)' % ', '.join(
-                '%s %s' % (k, after[k]) for k in TUPLE_KEYS if target.get(k)) if not problems
-                    else 'tuple gate: FAIL: %s' % '; '.join(problems))}
+    if problems:
+        msg = 'tuple gate: FAIL: %s' % '; '.join(problems)
+    else:
+        msg = 'tuple gate: the node runs the target (%s)' % ', '.join(
+            '%s %s' % (k, after[k]) for k in TUPLE_KEYS if target.get(k))
+    return {'passed': not problems, 'problems': problems, 'measured': after, 'msg': msg}
 
 
 def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = None) -> Dict[str, Any]:

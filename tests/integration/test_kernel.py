@@ -359,15 +359,15 @@ def test_restore_after_a_trial_boot_returns_to_the_snapshot_kernel_and_driver(tm
     driver, next_entry cleared, saved_entry the snapshot's kernel; the next boot is 134 with 580.126.20."""
     node = make_node(tmp_path, kernel_repo, 'prebuilt')
     snap = tmp_path / 'snap.json'
-    taken = ok(run(run_playbook, 'node_snapshot', {'state': 'captured', 'path': str(snap),
-                                                    'installroot': str(node.root.path), 'proc_path': str(node.proc)}))
+    taken = ok(run(run_playbook, 'node_snapshot', {
+        'state': 'captured', 'path': str(snap), 'installroot': str(node.root.path), 'proc_path': str(node.proc)}))
     assert taken['snapshot']['boot']['default_kernel'] == KERNEL_OLD
     ok(run(run_playbook, 'kernel_packages', node.args()))
     node.update_grub()
     ok(run(run_playbook, 'kernel_boot', node.boot_args(state='trial')))
     assert grubsim.read_env(node.grubenv)['next_entry'] == ENTRY % KERNEL_TARGET
-    res = ok(run(run_playbook, 'node_snapshot', {'state': 'restored', 'path': str(snap), 'sha256': taken['sha256'],
-                                                  'installroot': str(node.root.path)}))
+    res = ok(run(run_playbook, 'node_snapshot', {
+        'state': 'restored', 'path': str(snap), 'sha256': taken['sha256'], 'installroot': str(node.root.path)}))
     assert res['changed'] is True
     assert any('pending one-shot boot' in w for w in res.get('warnings') or []), res.get('warnings')
     assert grubsim.read_env(node.grubenv) == {'saved_entry': ENTRY % KERNEL_OLD, 'next_entry': ''}

@@ -152,8 +152,8 @@ def test_measure_reads_the_cluster_side_of_the_tuple():
     elsewhere = with_image(pod('dcgm-exporter-y', {'app': 'nvidia-dcgm-exporter'}, node_name='gpu-2'),
                            'nvcr.io/nvidia/k8s/dcgm-exporter:9.9.9')
     old = with_image(pod('dcgm-exporter-old', {'app': 'nvidia-dcgm-exporter'}), 'dcgm-exporter:4.0.0', deleting=True)
-    operator = {'spec': {'template': {'spec': {'containers': [{'name': 'gpu-operator',
-                                                                'image': 'nvcr.io/nvidia/gpu-operator:v26.3.3'}]}}}}
+    container = {'name': 'gpu-operator', 'image': 'nvcr.io/nvidia/gpu-operator:v26.3.3'}
+    operator = {'spec': {'template': {'spec': {'containers': [container]}}}}
     m = G.measure('gpu-1', n, pods() + [here, elsewhere, old], gpu_operator=operator)
     assert m == {'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04',
                  'gpu_operator': 'v26.3.3'}
