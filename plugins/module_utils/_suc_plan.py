@@ -136,11 +136,61 @@ def _optional_version(value: Optional[str], field: str, problems: List[str]) -> 
         return None
 
 
+TOLERATION_KEYS = ('key', 'operator', 'value', 'effect', 'tolerationSeconds')
+TOLERATION_OPERATORS = ('Exists', 'Equal')
+TOLERATION_EFFECTS = ('NoSchedule', 'PreferNoSchedule', 'NoExecute')
+
+
+def taint_tolerations(taints: Any, field: str = 'tolerate_taints') -> List[Dict[str, Any]]:
+    """Tolerations of taints given as node_gate's allowed_taints are (`key` or `key=value`, any effect)."""
+    if taints is None:
+        return []
+    if not isinstance(taints, list):
+        raise SucPlanError(['%s: %r is not a list of taint keys' % (field, taints)])
+    out = []
+    for i, t in enumerate(taints):
+        if not isinstance(t, str) or not t.strip() or t.startswith('='):
+            raise SucPlanError(['%s[%d]: %r is not a taint key or key=value' % (field, i, t)])
+        key, eq, value = t.partition('=')
+        out.append({'key': key, 'operator': 'Equal', 'value': value} if eq else {'key': key, 'operator': 'Exists'})
+    return out
+
+
+def validate_tolerations(tolerations: Any, problems: List[str]) -> List[Dict[str, Any]]:
+    """Pod tolerations as Kubernetes takes them; each problem names the entry and the field."""
+    if tolerations is None:
+        return []
+    if not isinstance(tolerations, list):
+        problems.append('tolerations: %r is not a list of tolerations' % (tolerations,))
+        return []
+    out = []
+    for i, t in enumerate(tolerations):
+        where = 'tolerations[%d]' % i
+        if not isinstance(t, dict):
+            problems.append('%s: %r is not a toleration' % (where, t))
+            continue
+        unknown = sorted(k for k in t if k not in TOLERATION_KEYS)
+        if unknown:
+            problems.append('%s: unknown field(s) %s' % (where, ', '.join(unknown)))
+        op = t.get('operator', 'Equal')
+        if op not in TOLERATION_OPERATORS:
+            problems.append('%s: operator %r is not Exists or Equal' % (where, op))
+        if t.get('effect') not in (None, '') + TOLERATION_EFFECTS:
+            problems.append('%s: effect %r is not one of %s' % (where, t.get('effect'), ', '.join(TOLERATION_EFFECTS)))
+        if op == 'Exists' and t.get('value'):
+            problems.append('%s: operator Exists takes no value (got %r)' % (where, t.get('value')))
+        if not t.get('key') and op != 'Exists':
+            problems.append('%s: a toleration without a key needs operator Exists' % where)
+        out.append(dict((k, v) for k, v in t.items() if v is not None))
+    return out
+
+
 def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Optional[str] = None,
                  control_plane_rke2: Optional[str] = None, namespace: str = DEFAULT_NAMESPACE,
                  service_account: str = DEFAULT_SERVICE_ACCOUNT, image: str = DEFAULT_IMAGE,
                  name_prefix: str = DEFAULT_NAME_PREFIX, drain: Optional[Dict[str, Any]] = None,
-                 server_plan: Optional[str] = None, cordon: bool = True) -> SucPlanResult:
+                 server_plan: Optional[str] = None, cordon: bool = True,
+                 tolerations: Optional[List[Dict[str, Any]]] = None) -> SucPlanResult:
     """Render one Plan per node to upgrade, in order; raise ``SucPlanError`` with every problem.
 
     ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?}]``;
@@ -150,9 +200,12 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     ``cordon``: the Plans' ``spec.cordon``. The System Upgrade Controller UNCORDONS a node when its
     Job completes if the Plan cordons or drains; a caller that cordoned and drained the node itself
     (the rollout) and must keep it cordoned until its gates pass sets ``cordon=False``.
+    ``tolerations``: added to every Plan's (its Job pod's): the taints the node carries besides the
+    cordon (a canary's isolation taint) would otherwise keep the upgrade Job from being scheduled.
     """
     problems: List[str] = []
     notes: List[str] = []
+    extra_tolerations = validate_tolerations(tolerations, problems)
 
     target = parse_rke2_version(target_rke2, 'target_rke2')
     default_current = _optional_version(current_rke2, 'current_rke2', problems)
@@ -254,7 +307,9 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
         if role == 'server':
             spec['tolerations'] = [{'key': 'CriticalAddonsOnly', 'operator': 'Equal', 'value': 'true',
                                     'effect': 'NoExecute'}]
-        else:
+        if extra_tolerations:
+            spec['tolerations'] = list(spec.get('tolerations') or []) + [dict(t) for t in extra_tolerations]
+        if role != 'server':
             wait_for = last_server_plan or server_plan
             if wait_for:
                 spec['prepare'] = {'image': image, 'args': ['prepare', wait_for]}

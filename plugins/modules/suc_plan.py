@@ -153,6 +153,19 @@ options:
         gates pass (the gpufleet rollout does).
     type: bool
     default: true
+  tolerations:
+    description:
+      - Pod tolerations added to every Plan (its upgrade Job's pod), for taints the nodes carry besides the cordon, for
+        example a canary's C(gpufleet.io/canary) isolation taint (the node_upgrade role passes one C(Exists)
+        toleration per allowed taint). Server Plans keep their C(CriticalAddonsOnly) toleration.
+    type: list
+    elements: dict
+  tolerate_taints:
+    description:
+      - Taints to tolerate, as C(key) or C(key=value) (any effect), added to O(tolerations); the form of
+        M(gpufleet.upgrade.node_gate)'s O(gpufleet.upgrade.node_gate#module:allowed_taints).
+    type: list
+    elements: str
   wait:
     description:
       - With O(state=present), apply the Plans one at a time and wait for each to complete on its node (see
@@ -273,7 +286,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sEr
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
     DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, apply_one_at_a_time,
-    apply_plans, read_versions, render_plans)
+    apply_plans, read_versions, render_plans, taint_tolerations)
 
 
 def main() -> None:
@@ -302,6 +315,8 @@ def main() -> None:
             skip_wait_for_delete_timeout=dict(type='int'),
         )),
         cordon=dict(type='bool', default=True),
+        tolerations=dict(type='list', elements='dict'),
+        tolerate_taints=dict(type='list', elements='str'),
         wait=dict(type='bool', default=False),
         wait_timeout=dict(type='int', default=1800),
         wait_interval=dict(type='float', default=10.0),
@@ -321,7 +336,8 @@ def main() -> None:
             nodes=p['nodes'], target_rke2=p['target_rke2'], current_rke2=p['current_rke2'],
             control_plane_rke2=control_plane_rke2, namespace=p['namespace'],
             service_account=p['service_account'], image=p['image'], name_prefix=p['name_prefix'],
-            drain=p['drain'], server_plan=p['server_plan'], cordon=p['cordon'])
+            drain=p['drain'], server_plan=p['server_plan'], cordon=p['cordon'],
+            tolerations=list(p['tolerations'] or []) + taint_tolerations(p['tolerate_taints']))
     out = dict(changed=False, plans=result.plans, nodes=[n.as_dict() for n in result.nodes], notes=result.notes)
     if p['state'] == 'present':
         waiting = p['wait'] and not module.check_mode

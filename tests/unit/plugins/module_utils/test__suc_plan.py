@@ -561,3 +561,36 @@ def test_read_versions_refuses_a_control_plane_on_mixed_versions():
 def test_read_versions_refuses_a_missing_node_by_name():
     with pytest.raises(S.SucPlanError, match='node gpu-9: not found in the API'):
         S.read_versions(FakeNodes([_node('gpu-1', 'v1.35.3+rke2r3')]), ['gpu-9'])
+
+
+def test_tolerations_reach_every_plan_and_servers_keep_theirs():
+    nodes = [{'name': 'cp-1', 'role': 'server'}, {'name': 'gpu-01', 'role': 'agent'}]
+    canary = S.taint_tolerations(['gpufleet.io/canary', 'dedicated=gpu'])
+    assert canary == [{'key': 'gpufleet.io/canary', 'operator': 'Exists'},
+                      {'key': 'dedicated', 'operator': 'Equal', 'value': 'gpu'}]
+    res = S.render_plans(nodes, TGT, current_rke2=CUR, tolerations=canary)
+    server, agent = [p['spec'] for p in res.plans]
+    assert server['tolerations'][0]['key'] == 'CriticalAddonsOnly' and server['tolerations'][1:] == canary
+    assert agent['tolerations'] == canary
+    assert 'tolerations' not in S.render_plans(nodes[1:], TGT, current_rke2=CUR, control_plane_rke2=TGT).plans[0]['spec']
+
+
+@pytest.mark.parametrize('tolerations,problem', [
+    ('x', "tolerations: 'x' is not a list of tolerations"),
+    ([{'key': 'a', 'operator': 'Maybe'}], "tolerations[0]: operator 'Maybe' is not Exists or Equal"),
+    ([{'key': 'a', 'effect': 'Sometimes'}], "tolerations[0]: effect 'Sometimes' is not one of"),
+    ([{'key': 'a', 'operator': 'Exists', 'value': 'v'}], "tolerations[0]: operator Exists takes no value"),
+    ([{'value': 'v'}], 'tolerations[0]: a toleration without a key needs operator Exists'),
+    ([{'key': 'a', 'colour': 'red'}], 'tolerations[0]: unknown field(s) colour'),
+])
+def test_bad_tolerations_are_refused_naming_the_entry(tolerations, problem):
+    with pytest.raises(SucPlanError) as exc:
+        S.render_plans([{'name': 'gpu-01', 'role': 'agent'}], TGT, current_rke2=CUR, control_plane_rke2=TGT,
+                       tolerations=tolerations)
+    assert any(p.startswith(problem) for p in exc.value.problems), exc.value.problems
+
+
+@pytest.mark.parametrize('taints', ['gpufleet.io/canary', [''], ['=v'], [3]])
+def test_bad_taints_to_tolerate(taints):
+    with pytest.raises(SucPlanError, match='tolerate_taints'):
+        S.taint_tolerations(taints)
