@@ -60,7 +60,10 @@ pytestmark = [pytest.mark.slow,
 
 NODE, OTHER = 'gpu-01', 'gpu-02'
 NAMES = [NODE, OTHER]
-KEY = us.target_key(labenv.TARGET)
+# The driver change (the lab's seed change needs the SUC stand-in and reboots; the campaign is about the
+# Kubernetes requests of one node's rollout).
+TARGET = labenv.CHANGES['driver']
+KEY = us.target_key(TARGET)
 REQUEST_TIMEOUT = 2.0
 TIMEOUT_DELAY = 3.0
 KINDS = {'409': {'status': 409}, '429': {'status': 429}, '500': {'status': 500}, '503': {'status': 503},
@@ -132,7 +135,8 @@ class Scenario:
         c.clear_requests()
 
     def play(self) -> Any:
-        inventory = labenv.inventory(self.lab, NAMES, self.lib_dir, {'gpufleet_kubeconfig': self.kubeconfig})
+        inventory = labenv.inventory(self.lab, NAMES, self.lib_dir, {'gpufleet_kubeconfig': self.kubeconfig,
+                                                                       'gpufleet_target': TARGET})
         plays = [{'name': 'The rollout of one node', 'hosts': NODE, 'gather_facts': False,
                   'environment': '{{ gpufleet_node_environment }}',
                   'module_defaults': {'group/gpufleet.upgrade.k8s': {

@@ -44,7 +44,10 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
 
 TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
                'dcgm_exporter': 'dcgmExporter'}
-KEY = us.target_key(labenv.TARGET)
+# The driver change (a reload): the kill points are the phases of that rollout (the kernel's trial boot is
+# covered by test_lab's FAULT_KIND=kernel run, not by a kill in it).
+TARGET = labenv.CHANGES['driver']
+KEY = us.target_key(TARGET)
 KV = 'kubevirt.io/v1'
 ANN_STATE, ANN_TARGET, ANN_DONE = us.ANN_STATE, us.ANN_TARGET, us.ANN_DONE
 ANN_VMS = 'gpufleet.io/stopped-vms'
@@ -74,7 +77,7 @@ def approved_records(lab: Lab, plan: dict) -> None:
         record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'resume-' + slug,
                   'state': 'qualified', 'approvedBy': 'test-approver', 'sourceRevision': 'a' * 40,
                   'hardware': c['key']['pci_ids'].split(','),
-                  'target': {TUPLE_NAMES[k]: v for k, v in labenv.TARGET.items()},
+                  'target': {TUPLE_NAMES[k]: v for k, v in TARGET.items()},
                   'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
                              'rollbackPassed': True, 'evidence': 'resume-test'}}
         (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
@@ -112,7 +115,7 @@ def kill_at(lab: Lab, node: str, phase: str, prefix: str):
 
 def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
     t0 = time.monotonic()
-    lab = Lab(tmp_path / 'lab', nodes=6, fault='auto', stuck=[], quiet=True,
+    lab = Lab(tmp_path / 'lab', nodes=6, fault='auto', stuck=[], quiet=True, change='driver',
               lab_vars={'node_upgrade_vmi_policy': 'stop'})
     lab.dir.mkdir()
     kubevirt = None

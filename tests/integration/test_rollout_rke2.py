@@ -31,7 +31,8 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
                                 reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
 
 TARGET_RKE2 = 'v1.36.1+rke2r1'          # one minor newer than the lab's v1.35.3+rke2r3
-TARGET = dict(labenv.TARGET, rke2=TARGET_RKE2)
+# The driver change plus RKE2 (the kernel stays: this test is about RKE2 through the SUC).
+TARGET = dict(labenv.CHANGES['driver'], rke2=TARGET_RKE2)
 TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
                'dcgm_exporter': 'dcgmExporter'}
 PLANS = '/apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans'
@@ -65,7 +66,7 @@ def control_plane_node(name: str) -> dict:
 
 def rke2_lab(tmp_path: pathlib.Path, **lab_vars) -> tuple[Lab, SucStandIn]:
     # suc=False: this test runs its own stand-in (hold, its log), not the lab's.
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, suc=False,
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, suc=False, change='driver',
               lab_vars=dict({'gpufleet_target': TARGET, 'node_upgrade_rke2_interval': 0.2}, **lab_vars))
     lab.dir.mkdir()
     try:

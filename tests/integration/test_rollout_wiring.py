@@ -32,6 +32,8 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
 
 DRA_NS = 'nvidia-dra-driver-gpu'
 OWNER = 'gpufleet.upgrade.canary'
+# The driver change (no RKE2 Plan, no kernel steps): what this test asserts is the DRA postflight's wiring.
+TARGET = labenv.CHANGES['driver']
 PHASES = ['drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates', 'postflight', 'uncordon']
 
 
@@ -66,7 +68,7 @@ def wait_dra_plugin(lab: Lab) -> None:
 
 
 def canaries_as_the_canary_playbook_leaves_them(lab: Lab, plan: dict) -> None:
-    key = S.target_key(labenv.TARGET)
+    key = S.target_key(TARGET)
     for name in plan['canaries']:
         lab.cluster.patch('v1', 'Node', name, {
             'metadata': {'labels': {S.CANARY_KEY: 'true'},
@@ -75,7 +77,8 @@ def canaries_as_the_canary_playbook_leaves_them(lab: Lab, plan: dict) -> None:
 
 
 def dra_lab(tmp_path: pathlib.Path) -> tuple[Lab, dict]:
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, lab_vars={'gpufleet_dra': True})
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver',
+              lab_vars={'gpufleet_dra': True})
     lab.dir.mkdir()
     try:
         lab.prepare()
@@ -128,7 +131,7 @@ def test_dra_postflight_passes_canaries_released_and_nodes_in_the_evidence(tmp_p
             e = nodes[n]
             assert e['verdict'] == 'upgraded' and e['phases'] == PHASES and e['rolled_back'] is False
             assert e['role'] == 'batch' and e['batch'] == next(i for i, b in enumerate(plan['batches']) if n in b)
-            assert e['tuple_before'] == labenv.CURRENT and e['tuple_after'] == labenv.TARGET
+            assert e['tuple_before'] == labenv.CURRENT and e['tuple_after'] == TARGET
             assert e['started'] <= e['finished'] and e['duration_s'] >= 0
             assert 'failed_phase' not in e
     finally:
