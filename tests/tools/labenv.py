@@ -278,7 +278,7 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path) -> str:
     return cluster.sa_kubeconfig(ns, sa, path=str(path), seconds=24 * 3600)
 
 
-TEMPLATE_VERSION = 2      # bump when what a template root holds changes
+TEMPLATE_VERSION = 3      # bump when what a template root holds changes
 
 
 def _lab_packages(module_source: str) -> list[str]:
@@ -289,8 +289,11 @@ def _lab_packages(module_source: str) -> list[str]:
         n = next(n for k, d, n in debrepo.PREBUILT_MODULES if k == KERNEL and d == SOURCE_DRIVER)
         return (kernel + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in PREBUILT_SET]
                 + ['linux-modules-nvidia-580-server-%s=%s+%d' % (KERNEL, v134, n)])
+    # The DKMS roots (the molecule scenarios) carry Fabric Manager and NSCQ too, as an HGX node does.
     return (kernel + ['linux-headers-%s=%s' % (KERNEL, v134)]
-            + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in DKMS_SET])
+            + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in DKMS_SET]
+            + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER, debrepo.FM_REVISION))
+               for p in ('nvidia-fabricmanager-580', 'libnvidia-nscq-580')])
 
 
 def update_grub_hook(root: pathlib.Path) -> None:
