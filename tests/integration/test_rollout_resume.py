@@ -172,7 +172,7 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
         # cordoned before the rollout); nothing after its batch touched.
         # (Lab.verdict does not know of the node cordoned before the rollout: it stays cordoned, as it must.)
         assert lab.verdict(plan, final) == [
-            '%s (batch 0, before the fault) is not upgraded and in service' % pre_cordoned]
+            '%s (batch 0, before the fault) is not upgraded and in service: cordoned' % pre_cordoned]
         failures = lab.runs['resumed-final']['failures']
         assert {f['host'] for f in failures} == {fault}
         # The role's rescue stops the node (with its rollback); rollout.yml's rescue records the node's
