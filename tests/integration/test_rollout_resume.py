@@ -58,7 +58,7 @@ VICTIM_KILLS = [
     ('progress', 'Drain | Step', None),         # before the cordon: nothing changed yet
     ('drain', 'Drain | Cordon', 'draining'),      # waits until the drain has cordoned the node
     ('snapshot', 'Snapshot | Capture', 'drained'),
-    ('install', 'Install | Pin and install', 'snapshotted'),
+    ('install', 'Install | The target kernel with the driver', 'snapshotted'),   # prebuilt roots: kernel_packages
     ('activate', 'Ready | Wait for the Node', 'installed'),
     ('gates', 'Gates | Node gate', 'activated'),
     ('vms', 'VMs | Start again', 'validated'),
@@ -197,7 +197,7 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
             assert drains <= 1, (n, drains)
         assert sum(len(task_events(lab.runs[r], victim, 'Drain | Cordon')) for r in runs) == 1
         # The resumes skipped what the Node recorded: one snapshot and one install of the victim in all.
-        for task in ('Snapshot | Capture', 'Install | Pin', 'Gates | Record the phase'):
+        for task in ('Snapshot | Capture', 'Install | The target kernel with the driver', 'Gates | Record the phase'):
             assert sum(len(task_events(lab.runs[r], victim, task)) for r in runs) == 1, task
         # The VM the drain stopped is started again with its exact previous run strategy; its record is gone.
         vm = lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
