@@ -135,8 +135,8 @@ class Scenario:
         c.clear_requests()
 
     def play(self) -> Any:
-        inventory = labenv.inventory(self.lab, NAMES, self.lib_dir, {'gpufleet_kubeconfig': self.kubeconfig,
-                                                                       'gpufleet_target': TARGET})
+        extra = {'gpufleet_kubeconfig': self.kubeconfig, 'gpufleet_target': TARGET}
+        inventory = labenv.inventory(self.lab, NAMES, self.lib_dir, extra)
         plays = [{'name': 'The rollout of one node', 'hosts': NODE, 'gather_facts': False,
                   'environment': '{{ gpufleet_node_environment }}',
                   'module_defaults': {'group/gpufleet.upgrade.k8s': {

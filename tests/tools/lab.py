@@ -153,8 +153,8 @@ class Lab:
         self.write_conf()
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
         self.before = {r['node']: r for r in self.node_view()}
-        log('the change: %s' % ', '.join('%s %s -> %s' % (k, labenv.CURRENT[k], v)
-                                          for k, v in self.target.items() if labenv.CURRENT[k] != v))
+        moved = [(k, v) for k, v in self.target.items() if labenv.CURRENT[k] != v]
+        log('the change: %s' % ', '.join('%s %s -> %s' % (k, labenv.CURRENT[k], v) for k, v in moved))
         if self.node_cpu_log:
             self.account_node_cpu()
 
@@ -644,8 +644,8 @@ def run(args: argparse.Namespace) -> int:
             what = 'the whole rollout completed'
         else:
             what = ('the fault on %s stopped expansion, the node stays cordoned and its rollback restored kernel %s '
-                    'with driver %s (injected: %s)' % (lab.fault, labenv.KERNEL, labenv.SOURCE_DRIVER,
-                                                      FAULT_KINDS[lab.fault_kind]))
+                    'with driver %s (injected: %s)'
+                    % (lab.fault, labenv.KERNEL, labenv.SOURCE_DRIVER, FAULT_KINDS[lab.fault_kind]))
         log('OK in %.0fs: %s' % (time.monotonic() - t0, what))
         return 0
     except LabError as exc:

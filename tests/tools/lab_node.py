@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
     if ready and dcgm_tag:
         misreport_dcgm_exporter(api, name, dcgm_tag)
     if kind == 'kernel':
-        fault = fault_node and any(not up for _, _, up in boots)
+        fault = fault_node and any(not boot_try[2] for boot_try in boots)
     else:
         fault = fault_node and driver == conf['target_driver']
     when = _stamp()
