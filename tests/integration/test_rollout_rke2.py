@@ -53,15 +53,7 @@ def approved_records(lab: Lab, plan: dict, target: dict) -> None:
 
 def control_plane_node(name: str) -> dict:
     """An RKE2 server that already runs the target (servers first); no GPU node, so not in the plan."""
-    alloc = {'cpu': '16', 'memory': '65536000Ki', 'pods': '110'}
-    info = dict(labenv.node_info(name, labenv.KERNEL), kubeletVersion=TARGET_RKE2, kubeProxyVersion=TARGET_RKE2)
-    return {'apiVersion': 'v1', 'kind': 'Node',
-            'metadata': {'name': name, 'labels': {'kubernetes.io/hostname': name, 'kubernetes.io/os': 'linux',
-                                                  'node-role.kubernetes.io/control-plane': 'true'}},
-            'spec': {'taints': [{'key': 'CriticalAddonsOnly', 'value': 'true', 'effect': 'NoExecute'}]},
-            'status': {'capacity': alloc, 'allocatable': alloc, 'nodeInfo': info,
-                       'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady',
-                                       'message': 'kubelet is posting ready status'}]}}
+    return labenv.control_plane_node(name, TARGET_RKE2)
 
 
 def rke2_lab(tmp_path: pathlib.Path, **lab_vars) -> tuple[Lab, SucStandIn]:
