@@ -69,10 +69,11 @@ system-deps:
 	fi
 
 # The test control plane (tests/cluster): etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-# and KWOK built from their Go modules (tests/cluster/go/go.mod + go.sum) into ~/.cache/gpufleet
+# and KWOK built from their Go modules (tests/cluster/go/go.mod + go.sum), and NVIDIA's GPU Operator
+# (tests/cluster/gpu-operator), into ~/.cache/gpufleet
 # (GPUFLEET_CACHE), once per machine: prints progress and how long the build took; reused after.
 controlplane: collection
-	@$(VPY) tests/cluster/build.py >/dev/null
+	@$(VPY) tests/cluster/build.py --gpu-operator >/dev/null
 
 # The control plane in the foreground (Ctrl-C stops it); CLUSTER_FLEET=file.yml seeds it.
 CLUSTER_KUBECONFIG ?= .cluster/kubeconfig

@@ -603,8 +603,10 @@ class Cluster:
         ('upgrade.cattle.io/v1', 'Plan'), ('v1', 'ConfigMap'), ('v1', 'Secret'), ('v1', 'Service'),
         ('v1', 'PersistentVolumeClaim'), ('v1', 'Pod'),
         ('rbac.authorization.k8s.io/v1', 'RoleBinding'), ('rbac.authorization.k8s.io/v1', 'Role'),
-        ('kwok.x-k8s.io/v1alpha1', 'Logs'),
+        ('kwok.x-k8s.io/v1alpha1', 'Logs'), ('helm.cattle.io/v1', 'HelmChart'),
     ]
+    # Kinds removed from the system namespaces too (a test's, never the control plane's own).
+    CLEAN_EVERYWHERE = {'Pod', 'HelmChart'}
     CLEAN_CLUSTER = [('v1', 'Node'), ('resource.k8s.io/v1', 'ResourceSlice'), ('resource.k8s.io/v1', 'DeviceClass'),
                      ('nvidia.com/v1', 'ClusterPolicy')]
     KEEP = {('v1', 'ConfigMap', 'kube-root-ca.crt'), ('v1', 'Service', 'kubernetes')}
@@ -626,7 +628,7 @@ class Cluster:
                 ns = meta.get('namespace')
                 # Pods go from every namespace: this control plane runs none of its own (no kubelet,
                 # static pods or add-ons), so a pod in kube-system (a fixture's mirror pod) is a test's.
-                if (ns not in test_ns and kind != 'Pod') or (api_version, kind, meta['name']) in self.KEEP:
+                if (ns not in test_ns and kind not in self.CLEAN_EVERYWHERE) or (api_version, kind, meta['name']) in self.KEEP:
                     continue
                 if kind == 'Secret' and obj.get('type') == 'kubernetes.io/service-account-token':
                     continue

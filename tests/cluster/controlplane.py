@@ -36,7 +36,7 @@ from . import build
 from .pki import Pki
 
 HERE = pathlib.Path(__file__).resolve().parent
-KUBERNETES_VERSION = 'v1.36.3'
+KUBERNETES_VERSION = build.KUBERNETES_VERSION
 SERVICE_CIDR = '10.43.0.0/16'
 TESTED_GROUP = 'gpufleet:tested'
 # Where the API server finds a node's kubelet (KWOK's HTTPS server, which serves pod logs): every

@@ -424,6 +424,66 @@ def cluster_policy(name: str = 'cluster-policy', driver_version: str = '580.126.
             'status': {'state': state}}
 
 
+# The GPU Operator's chart values (deployments/gpu-operator/values.yaml, the parts its templates put
+# into the ClusterPolicy), at the versions the seed's record names; the chart version is the operator's.
+OPERATOR_VERSION = 'v26.3.3'
+DCGM_EXPORTER_VERSION = '4.3.1-4.4.0-ubuntu22.04'
+
+
+def operator_values(dcgm_exporter: str = DCGM_EXPORTER_VERSION, update_strategy: str = 'RollingUpdate',
+                    auto_upgrade: bool = True, driver_enabled: bool = False, driver_version: str = '580.126.20',
+                    device_plugin: str = 'v0.17.4', toolkit: str = 'v1.17.8-ubuntu20.04') -> dict:
+    """Values of the GPU Operator chart: host drivers by default (`driver.enabled: false`), the
+    chart's defaults for the update strategy (RollingUpdate) and driver upgrade policy (autoUpgrade)."""
+    def image(repository: str, name: str, version: str, enabled: bool = True) -> dict:
+        return {'enabled': enabled, 'repository': repository, 'image': name, 'version': version,
+                'imagePullPolicy': 'IfNotPresent'}
+
+    return {
+        'operator': {'repository': 'nvcr.io/nvidia', 'image': 'gpu-operator', 'defaultRuntime': 'containerd',
+                     'runtimeClass': 'nvidia',
+                     'initContainer': {'repository': 'nvcr.io/nvidia', 'image': 'cuda', 'version': '13.0.1-base-ubi9'}},
+        'daemonsets': {'updateStrategy': update_strategy, 'rollingUpdate': {'maxUnavailable': '1'},
+                       'priorityClassName': 'system-node-critical'},
+        'validator': {'repository': 'nvcr.io/nvidia/cloud-native', 'image': 'gpu-operator-validator',
+                      'plugin': {'env': [{'name': 'WITH_WORKLOAD', 'value': 'false'}]}},
+        'mig': {'strategy': 'single'}, 'psp': {'enabled': False}, 'cdi': {}, 'sandboxWorkloads': {'enabled': False},
+        'driver': dict(image('nvcr.io/nvidia', 'driver', driver_version, driver_enabled), upgradePolicy={
+            'autoUpgrade': auto_upgrade, 'maxParallelUpgrades': 1, 'maxUnavailable': '25%',
+            'drain': {'enable': False, 'force': False, 'deleteEmptyDir': False, 'timeoutSeconds': 300},
+            'podDeletion': {'force': False, 'deleteEmptyDir': False, 'timeoutSeconds': 300},
+            'waitForCompletion': {'timeoutSeconds': 0}},
+            manager={'repository': 'nvcr.io/nvidia/cloud-native', 'image': 'k8s-driver-manager', 'version': 'v0.8.1'}),
+        'toolkit': image('nvcr.io/nvidia/k8s', 'container-toolkit', toolkit),
+        'devicePlugin': image('nvcr.io/nvidia', 'k8s-device-plugin', device_plugin),
+        'dcgm': image('nvcr.io/nvidia/cloud-native', 'dcgm', '4.3.1-1-ubuntu22.04'),
+        'dcgmExporter': image('nvcr.io/nvidia/k8s', 'dcgm-exporter', dcgm_exporter),
+        'gfd': image('nvcr.io/nvidia', 'k8s-device-plugin', device_plugin),
+        'migManager': image('nvcr.io/nvidia/cloud-native', 'k8s-mig-manager', 'v0.12.3-ubuntu20.04'),
+        'nodeStatusExporter': {'enabled': False}, 'gds': {'enabled': False}, 'vgpuManager': {'enabled': False},
+        'vgpuDeviceManager': {'enabled': False}, 'vfioManager': {'enabled': False},
+        'sandboxDevicePlugin': {'enabled': False}, 'kataManager': {'enabled': False}, 'ccManager': {'enabled': False},
+    }
+
+
+def operator_cluster_policy(name: str = 'cluster-policy', version: str = OPERATOR_VERSION, **values: Any) -> dict:
+    """The ClusterPolicy the chart renders from `operator_values(**values)` (no status: the operator writes it)."""
+    vals = operator_values(**values)
+    vals['validator']['version'] = version
+    return {'apiVersion': 'nvidia.com/v1', 'kind': 'ClusterPolicy', 'metadata': {'name': name}, 'spec': vals}
+
+
+def helm_chart(version: str = OPERATOR_VERSION, values: dict | None = None, name: str = 'gpu-operator',
+               namespace: str = 'kube-system') -> dict:
+    """RKE2's HelmChart of the GPU Operator (helm.cattle.io/v1)."""
+    import yaml
+    return {'apiVersion': 'helm.cattle.io/v1', 'kind': 'HelmChart', 'metadata': _meta(name, namespace),
+            'spec': {'chart': 'gpu-operator', 'repo': 'https://helm.ngc.nvidia.com/nvidia', 'version': version,
+                     'targetNamespace': 'gpu-operator', 'createNamespace': True,
+                     'valuesContent': yaml.safe_dump(values if values is not None else operator_values(),
+                                                     sort_keys=False)}}
+
+
 def plan(name: str, namespace: str = 'system-upgrade', version: str = 'v1.34.2+rke2r1',
          node_selector: dict | None = None, concurrency: int = 1) -> dict:
     return {'apiVersion': 'upgrade.cattle.io/v1', 'kind': 'Plan', 'metadata': _meta(name, namespace),

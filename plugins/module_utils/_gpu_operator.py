@@ -1,0 +1,512 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise.
+"""The NVIDIA GPU Operator's deployment: what it runs, one reviewed cluster change, and each node's
+operands moved inside that node's maintenance window (docs/gpu-operator.md).
+
+Pure functions over the objects read from the API (the modules read and write):
+
+- `read_state(...)`: the `ClusterPolicy`, the RKE2 `HelmChart` (or none), the operator's version (its
+  Deployment's image tag), the operand DaemonSets (update strategy, current ControllerRevision hash,
+  template images) and every operand pod (node, revision, image, Ready, at the current revision).
+- `plan_change(values, target)`: the values after the change: the target's values merged in,
+  `dcgmExporter.version`, and always `daemonsets.updateStrategy: OnDelete` and
+  `driver.upgradePolicy.autoUpgrade: false`, so that the change itself restarts no pod on any node;
+  with what those two were (recorded once, on the object, for `restore_values`).
+- `reconciled(state, values)`: has the operator rendered the new templates (every operand DaemonSet of
+  a changed component carries the image the values name, its generation observed, `OnDelete`), and is
+  the ClusterPolicy free of an error condition.
+- `node_restarts(state, node)` and `node_settled(state, node, operands)`: the node's operand pods not
+  at their DaemonSet's current revision (deleting them brings them back at it), and whether each is
+  back Running, Ready and current, the validator included.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = ['OPERANDS', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'image_of', 'merge_values', 'node_restarts',
+           'node_settled', 'plan_change', 'read_state', 'reconciled', 'restore_values', 'recorded_restore',
+           'values_of']
+
+Obj = Dict[str, Any]
+
+# Operand DaemonSet name -> the ClusterPolicy component whose image it runs and the suffix of its
+# `nvidia.com/gpu.deploy.<suffix>` node label. DaemonSets the ClusterPolicy owns that are not listed
+# are still operands (component None).
+OPERANDS: Dict[str, Tuple[str, str]] = {
+    'nvidia-driver-daemonset': ('driver', 'driver'),
+    'nvidia-container-toolkit-daemonset': ('toolkit', 'container-toolkit'),
+    'nvidia-operator-validator': ('validator', 'operator-validator'),
+    'nvidia-device-plugin-daemonset': ('devicePlugin', 'device-plugin'),
+    'nvidia-device-plugin-mps-control-daemon': ('devicePlugin', 'device-plugin'),
+    'nvidia-dcgm': ('dcgm', 'dcgm'),
+    'nvidia-dcgm-exporter': ('dcgmExporter', 'dcgm-exporter'),
+    'gpu-feature-discovery': ('gfd', 'gpu-feature-discovery'),
+    'nvidia-mig-manager': ('migManager', 'mig-manager'),
+    'nvidia-node-status-exporter': ('nodeStatusExporter', 'node-status-exporter'),
+}
+VALIDATOR = 'nvidia-operator-validator'
+# What the first change recorded: the update strategy and driver auto-upgrade the operator had, so
+# that a rerun never records its own OnDelete as "before" and the end of the rollout can put them back.
+RESTORE_ANNOTATION = 'gpufleet.io/gpu-operator-restore'
+
+
+class GpuOperatorError(Exception):
+    """Input or cluster state that stops the change; the message names the field and the value."""
+
+
+# ---------------------------------------------------------------------- values
+def merge_values(base: Any, extra: Any) -> Any:
+    """`extra` deep-merged into a copy of `base` (mappings key by key; anything else replaces)."""
+    if not isinstance(base, dict) or not isinstance(extra, dict):
+        return copy.deepcopy(extra)
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = merge_values(out.get(key), value) if isinstance(value, dict) else copy.deepcopy(value)
+    return out
+
+
+def _get(values: Mapping[str, Any], dotted: str) -> Any:
+    cur: Any = values
+    for part in dotted.split('.'):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _set(values: Obj, dotted: str, value: Any) -> None:
+    parts = dotted.split('.')
+    cur = values
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = cur[part] = {}
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def values_of(helm_chart: Optional[Obj], cluster_policy: Optional[Obj]) -> Obj:
+    """The values the change works on: the HelmChart's `valuesContent` (YAML) when the operator is a
+    HelmChart, else the ClusterPolicy's spec (the same tree for the keys the chart puts there)."""
+    if helm_chart is not None:
+        import yaml  # only on the controller: the modules run there
+        text = ((helm_chart.get('spec') or {}).get('valuesContent')) or ''
+        try:
+            values = yaml.safe_load(text) if text.strip() else {}
+        except yaml.YAMLError as exc:
+            raise GpuOperatorError("HelmChart %s/%s: spec.valuesContent does not parse as YAML: %s" % (
+                _ns(helm_chart), _name(helm_chart), str(exc).splitlines()[0]))
+        if not isinstance(values, dict):
+            raise GpuOperatorError('HelmChart %s/%s: spec.valuesContent is %s, not a mapping of values' % (
+                _ns(helm_chart), _name(helm_chart), type(values).__name__))
+        return values
+    if cluster_policy is None:
+        raise GpuOperatorError('no ClusterPolicy and no HelmChart: the GPU Operator is not deployed')
+    return copy.deepcopy(cluster_policy.get('spec') or {})
+
+
+SAFE_SETTINGS = (('daemonsets.updateStrategy', 'OnDelete'), ('driver.upgradePolicy.autoUpgrade', False))
+
+
+def recorded_restore(obj: Optional[Obj]) -> Optional[Obj]:
+    """What the first change recorded on `obj` (RESTORE_ANNOTATION), or None."""
+    ann = ((obj or {}).get('metadata') or {}).get('annotations') or {}
+    raw = ann.get(RESTORE_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise GpuOperatorError('annotation %s of %s is not JSON: %r' % (RESTORE_ANNOTATION, _name(obj or {}), raw))
+    return data if isinstance(data, dict) else None
+
+
+def plan_change(values: Obj, target: Mapping[str, Any], recorded: Optional[Obj] = None) -> Tuple[Obj, Obj]:
+    """(values after the change, what to record for the restore).
+
+    `target`: `values` (merged in), `dcgm_exporter_version` (dcgmExporter.version). The safe settings
+    always win over `target['values']` (an update strategy other than OnDelete there is refused).
+    `recorded`: what an earlier run recorded (kept as it is)."""
+    extra = target.get('values') or {}
+    if not isinstance(extra, dict):
+        raise GpuOperatorError('values: expected a mapping of chart values, got %s' % type(extra).__name__)
+    for key, safe in SAFE_SETTINGS:
+        given = _get(extra, key)
+        if given is not None and given != safe:
+            raise GpuOperatorError('values.%s: %r would let the change restart operands on every node at once; the '
+                                   'change sets %r and the end of the rollout restores what it was' % (key, given, safe))
+    after = merge_values(values, extra)
+    dcgm = target.get('dcgm_exporter_version')
+    if dcgm:
+        _set(after, 'dcgmExporter.version', str(dcgm))
+    restore = dict(recorded) if recorded else {
+        'daemonsets.updateStrategy': _get(values, 'daemonsets.updateStrategy') or 'RollingUpdate',
+        'driver.upgradePolicy.autoUpgrade': _get(values, 'driver.upgradePolicy.autoUpgrade'),
+    }
+    for key, safe in SAFE_SETTINGS:
+        _set(after, key, safe)
+    return after, restore
+
+
+def restore_values(values: Obj, recorded: Mapping[str, Any]) -> Obj:
+    """The values with the recorded update strategy and driver auto-upgrade put back."""
+    out = copy.deepcopy(values)
+    for key, _safe in SAFE_SETTINGS:
+        if key in recorded:
+            if recorded[key] is None:
+                continue
+            _set(out, key, recorded[key])
+    return out
+
+
+def image_of(component: Any) -> Optional[str]:
+    """The image a component's values name (`repository/image:version`, or `@sha256:...`), None
+    when they name no version (the operator then uses its own default)."""
+    if not isinstance(component, dict) or not component.get('image') or not component.get('version'):
+        return None
+    version = str(component['version'])
+    repo = str(component.get('repository') or '').rstrip('/')
+    name = '%s/%s' % (repo, component['image']) if repo else str(component['image'])
+    return '%s@%s' % (name, version) if version.startswith('sha256:') else '%s:%s' % (name, version)
+
+
+def _tag(image: str) -> str:
+    last = image.rsplit('/', 1)[-1]
+    if '@' in last:
+        return last.split('@', 1)[1]
+    return last.split(':', 1)[1] if ':' in last else ''
+
+
+# ---------------------------------------------------------------------- state
+def _name(obj: Obj) -> str:
+    return str((obj.get('metadata') or {}).get('name') or '')
+
+
+def _ns(obj: Obj) -> str:
+    return str((obj.get('metadata') or {}).get('namespace') or '')
+
+
+def _owned_by(obj: Obj, kind: str, uid: Optional[str] = None) -> bool:
+    return any(r.get('kind') == kind and (uid is None or r.get('uid') == uid)
+               for r in (obj.get('metadata') or {}).get('ownerReferences') or [])
+
+
+def _current_hash(ds: Obj, revisions: Sequence[Obj]) -> Optional[str]:
+    uid = (ds.get('metadata') or {}).get('uid')
+    own = [r for r in revisions if _owned_by(r, 'DaemonSet', uid)]
+    if not own:
+        return None
+    latest = max(own, key=lambda r: int(r.get('revision') or 0))
+    labels = (latest.get('metadata') or {}).get('labels') or {}
+    return labels.get('controller-revision-hash') or _name(latest)[len(_name(ds)) + 1:] or None
+
+
+def _ready(pod: Obj) -> bool:
+    conds = {c.get('type'): c.get('status') for c in (pod.get('status') or {}).get('conditions') or []}
+    return (pod.get('status') or {}).get('phase') == 'Running' and conds.get('Ready') == 'True' \
+        and not (pod.get('metadata') or {}).get('deletionTimestamp')
+
+
+def _condition(obj: Obj, ctype: str) -> Optional[Obj]:
+    return next((c for c in (obj.get('status') or {}).get('conditions') or [] if c.get('type') == ctype), None)
+
+
+def read_state(cluster_policy: Optional[Obj], daemonsets: Sequence[Obj], revisions: Sequence[Obj],
+               pods: Sequence[Obj], helm_chart: Optional[Obj] = None, deployment: Optional[Obj] = None) -> Obj:
+    """The operator's deployment as one plain dict (the `gpu_operator` result of gpu_operator_info)."""
+    cp = cluster_policy or {}
+    cp_uid = (cp.get('metadata') or {}).get('uid')
+    spec = cp.get('spec') or {}
+    operands: List[Obj] = []
+    current: Dict[str, Optional[str]] = {}
+    for ds in sorted(daemonsets, key=_name):
+        name = _name(ds)
+        if not (_owned_by(ds, 'ClusterPolicy', cp_uid) or name in OPERANDS):
+            continue
+        component, label = OPERANDS.get(name, (None, None))
+        status = ds.get('status') or {}
+        containers = (((ds.get('spec') or {}).get('template') or {}).get('spec') or {}).get('containers') or []
+        current[name] = _current_hash(ds, revisions)
+        operands.append({
+            'name': name, 'component': component, 'deploy_label': 'nvidia.com/gpu.deploy.%s' % label if label else None,
+            'update_strategy': (((ds.get('spec') or {}).get('updateStrategy') or {}).get('type')) or 'RollingUpdate',
+            'image': containers[0].get('image') if containers else None,
+            'revision': current[name],
+            'generation': (ds.get('metadata') or {}).get('generation'),
+            'observed_generation': status.get('observedGeneration'),
+            'desired': status.get('desiredNumberScheduled', 0), 'ready': status.get('numberReady', 0),
+            'unavailable': status.get('numberUnavailable', 0),
+        })
+    nodes: Dict[str, List[Obj]] = {}
+    for pod in sorted(pods, key=_name):
+        owner = next((r.get('name') for r in (pod.get('metadata') or {}).get('ownerReferences') or []
+                      if r.get('kind') == 'DaemonSet' and r.get('name') in current), None)
+        node = (pod.get('spec') or {}).get('nodeName')
+        if not owner or not node:
+            continue
+        labels = (pod.get('metadata') or {}).get('labels') or {}
+        containers = (pod.get('spec') or {}).get('containers') or []
+        revision = labels.get('controller-revision-hash')
+        nodes.setdefault(node, []).append({
+            'operand': owner, 'pod': _name(pod), 'revision': revision,
+            'image': containers[0].get('image') if containers else None,
+            'phase': (pod.get('status') or {}).get('phase'), 'ready': _ready(pod),
+            'current': revision is not None and revision == current.get(owner),
+        })
+    version = None
+    if deployment is not None:
+        containers = (((deployment.get('spec') or {}).get('template') or {}).get('spec') or {}).get('containers') or []
+        version = _tag(containers[0].get('image') or '') if containers else None
+    chart = None
+    if helm_chart is not None:
+        hspec = helm_chart.get('spec') or {}
+        failed = _condition(helm_chart, 'Failed')
+        chart = {'name': _name(helm_chart), 'namespace': _ns(helm_chart), 'chart': hspec.get('chart'),
+                 'version': hspec.get('version'), 'repo': hspec.get('repo'),
+                 'failed': bool(failed and failed.get('status') == 'True'),
+                 'message': (failed or {}).get('message') or ''}
+    error = _condition(cp, 'Error')
+    return {
+        'version': version, 'chart': chart,
+        'cluster_policy': None if cluster_policy is None else {
+            'name': _name(cp), 'state': (cp.get('status') or {}).get('state'),
+            # Error=True with reason OperandNotReady is the operator saying operands are not all ready
+            # (under OnDelete: not all at the current revision), not a failed reconcile.
+            'error': (error or {}).get('message') or (error or {}).get('reason') if (
+                error and error.get('status') == 'True' and error.get('reason') != 'OperandNotReady') else None,
+            'not_ready': (error or {}).get('message') if (
+                error and error.get('status') == 'True' and error.get('reason') == 'OperandNotReady') else None,
+            'update_strategy': _get(spec, 'daemonsets.updateStrategy') or 'RollingUpdate',
+            'driver_enabled': bool(_get(spec, 'driver.enabled')),
+            'auto_upgrade': _get(spec, 'driver.upgradePolicy.autoUpgrade'),
+            'dcgm_exporter_version': _get(spec, 'dcgmExporter.version'),
+            'restore': recorded_restore(helm_chart if helm_chart is not None else cluster_policy),
+        },
+        'operands': operands, 'nodes': nodes,
+    }
+
+
+# ---------------------------------------------------------------------- judging
+def expected_images(values: Mapping[str, Any]) -> Dict[str, str]:
+    """Component -> the image its values name (components without a version left out)."""
+    out = {}
+    for component in sorted({c for c, _ in OPERANDS.values()}):
+        image = image_of(values.get(component))
+        if image:
+            out[component] = image
+    return out
+
+
+def reconciled(state: Obj, values: Mapping[str, Any]) -> Tuple[bool, List[str]]:
+    """(done, what is not yet) for the operator having rendered `values` into its DaemonSets."""
+    cp = state.get('cluster_policy')
+    if cp is None:
+        return False, ['the ClusterPolicy does not exist']
+    waiting = []
+    if cp.get('error'):
+        waiting.append('ClusterPolicy %s reports an error: %s' % (cp['name'], cp['error']))
+    want = expected_images(values)
+    for op in state['operands']:
+        if op['observed_generation'] is None or (op['generation'] or 0) > op['observed_generation']:
+            waiting.append('DaemonSet %s: generation %s not yet observed' % (op['name'], op['generation']))
+        if op['name'] != 'nvidia-driver-daemonset' and op['update_strategy'] != 'OnDelete':
+            waiting.append('DaemonSet %s: update strategy %s, not OnDelete' % (op['name'], op['update_strategy']))
+        image = want.get(op['component'] or '')
+        if image and op['image'] != image:
+            waiting.append('DaemonSet %s: image %s, not %s' % (op['name'], op['image'], image))
+    return not waiting, waiting
+
+
+def node_restarts(state: Obj, node: str, operands: Optional[Sequence[str]] = None) -> List[Obj]:
+    """The node's operand pods not at their DaemonSet's current revision (in `operands` if given)."""
+    return [p for p in state['nodes'].get(node, [])
+            if not p['current'] and (operands is None or p['operand'] in operands)]
+
+
+def node_settled(state: Obj, node: str, operands: Sequence[str]) -> Tuple[bool, List[str]]:
+    """(settled, what is not yet): each of `operands` (the validator's pod among them, where it runs:
+    Ready once it has validated the node) has one pod on `node`, Running, Ready and at its DaemonSet's
+    current revision."""
+    pods = state['nodes'].get(node, [])
+    waiting = []
+    for name in operands:
+        mine = [p for p in pods if p['operand'] == name]
+        if not mine:
+            waiting.append('%s: no pod on %s yet' % (name, node))
+            continue
+        if not any(p['current'] and p['ready'] for p in mine):
+            p = mine[0]
+            waiting.append('%s: pod %s at revision %s (%s, %s)' % (
+                name, p['pod'], p['revision'], p['phase'], 'Ready' if p['ready'] else 'not Ready'))
+        elif len(mine) > 1:
+            waiting.append('%s: %d pods on %s (an old one is still terminating)' % (name, len(mine), node))
+    return not waiting, waiting
+
+
+# ---------------------------------------------------------------------- reading (the client's requests, GETs only)
+CP_PATH = '/apis/nvidia.com/v1/clusterpolicies'
+
+
+def helm_chart_path(namespace: str, name: Optional[str] = None) -> str:
+    base = '/apis/helm.cattle.io/v1/namespaces/%s/helmcharts' % namespace
+    return base + ('/' + name if name else '')
+
+
+def read_objects(client: Any, namespace: str, cluster_policy: Optional[str], helm_chart: Optional[Tuple[str, str]],
+                 manage: str = 'auto') -> Obj:
+    """Everything `read_state` needs, with GETs only: {'cluster_policy', 'helm_chart', 'daemonsets',
+    'revisions', 'pods', 'deployment'}. `helm_chart` (namespace, name) is looked up when `manage` is
+    `auto` or `helm_chart` (absent, or no HelmChart API: None; required with `helm_chart`)."""
+    policies = client.list_optional(CP_PATH)
+    if cluster_policy:
+        policies = [p for p in policies if _name(p) == cluster_policy]
+        if not policies:
+            raise GpuOperatorError("cluster_policy: ClusterPolicy %r does not exist" % cluster_policy)
+    elif len(policies) > 1:
+        raise GpuOperatorError('cluster_policy: %d ClusterPolicies (%s); name the one to use'
+                               % (len(policies), ', '.join(sorted(_name(p) for p in policies))))
+    chart = None
+    if manage in ('auto', 'helm_chart') and helm_chart:
+        try:
+            chart = client.get_or_none(helm_chart_path(helm_chart[0], helm_chart[1]))
+        except Exception as exc:  # the HelmChart API is not served (not RKE2): a 404 on the group
+            if getattr(exc, 'status', None) != 404:
+                raise
+            chart = None
+        if chart is None and manage == 'helm_chart':
+            raise GpuOperatorError('helm_chart: HelmChart %s/%s does not exist' % helm_chart)
+    ds_path = '/apis/apps/v1/namespaces/%s/daemonsets' % namespace
+    return {
+        'cluster_policy': policies[0] if policies else None,
+        'helm_chart': chart,
+        'daemonsets': client.list_all(ds_path),
+        'revisions': client.list_all('/apis/apps/v1/namespaces/%s/controllerrevisions' % namespace),
+        'pods': client.list_all('/api/v1/namespaces/%s/pods' % namespace),
+        'deployment': client.get_or_none('/apis/apps/v1/namespaces/%s/deployments/gpu-operator' % namespace),
+    }
+
+
+def state_of(objs: Obj) -> Obj:
+    return read_state(objs['cluster_policy'], objs['daemonsets'], objs['revisions'], objs['pods'],
+                      objs['helm_chart'], objs['deployment'])
+
+
+# ---------------------------------------------------------------------- the steps (the modules' sequences)
+def _dump_values(values: Obj) -> str:
+    import yaml
+    return yaml.safe_dump(values, sort_keys=False, default_flow_style=False)
+
+
+def _usable(state: Obj, rerun: bool) -> None:
+    cp = state.get('cluster_policy')
+    if cp is None:
+        raise GpuOperatorError('the ClusterPolicy does not exist: the GPU Operator is not deployed (or not yet '
+                               'reconciled)')
+    if cp.get('error'):
+        raise GpuOperatorError('ClusterPolicy %s is in an error state (%s): fix the operator before changing it; '
+                               'nothing was changed' % (cp['name'], cp['error']))
+    # Under OnDelete the operator reports notReady until every node runs the current revision, so a
+    # rerun after this collection's own change cannot wait for `ready`.
+    if cp.get('state') != 'ready' and not rerun:
+        raise GpuOperatorError('ClusterPolicy %s is %r, not ready: the operator has not reconciled its operands; '
+                               'nothing was changed' % (cp['name'], cp.get('state')))
+
+
+def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
+    """What the cluster step writes: {'kind', 'path', 'patch', 'values', 'restore', 'changed',
+    'before', 'after'} (before/after: the parts of the object it changes)."""
+    chart = objs['helm_chart']
+    policy = objs['cluster_policy']
+    owner = chart if chart is not None else policy
+    recorded = recorded_restore(owner)
+    _usable(state_of(objs), rerun=recorded is not None)
+    values = values_of(chart, policy)
+    if target.get('replace_values'):
+        base = copy.deepcopy(target.get('values') or {})
+        new_values, restore = plan_change(base, dict(target, values={}), recorded)
+        if recorded is None:  # a replacement names what the strategy was to be in its own values
+            restore = {k: _get(values, k) for k, _ in SAFE_SETTINGS}
+    else:
+        new_values, restore = plan_change(values, target, recorded)
+    ann = {RESTORE_ANNOTATION: json.dumps(restore, sort_keys=True)}
+    if chart is not None:
+        spec = chart.get('spec') or {}
+        version = str(target.get('version') or spec.get('version') or '')
+        before = {'version': spec.get('version'), 'values': values}
+        after = {'version': version or None, 'values': new_values}
+        patch = {'metadata': {'annotations': ann}, 'spec': {'valuesContent': _dump_values(new_values)}}
+        if version:
+            patch['spec']['version'] = version
+        return {'kind': 'HelmChart', 'path': helm_chart_path(_ns(chart), _name(chart)), 'patch': patch,
+                'values': new_values, 'restore': restore, 'version': version or None,
+                'changed': before != after or recorded is None, 'before': before, 'after': after,
+                'undo': {'spec': {'valuesContent': spec.get('valuesContent'), 'version': spec.get('version')},
+                         'metadata': {'annotations': {RESTORE_ANNOTATION: (
+                             json.dumps(recorded, sort_keys=True) if recorded else None)}}}}
+    if target.get('version'):
+        raise GpuOperatorError('version: %r needs the operator\'s HelmChart (the chart version); this operator is '
+                               'managed as a ClusterPolicy (change its operator Deployment with its installer)'
+                               % target['version'])
+    before = {'values': values}
+    after = {'values': new_values}
+    return {'kind': 'ClusterPolicy', 'path': '%s/%s' % (CP_PATH, _name(policy)),
+            'patch': {'metadata': {'annotations': ann}, 'spec': new_values}, 'values': new_values,
+            'restore': restore, 'version': None, 'changed': before != after or recorded is None,
+            'before': before, 'after': after, 'undo': None}
+
+
+def plan_restore(objs: Obj) -> Obj:
+    """What the end of the rollout writes: the recorded update strategy and driver auto-upgrade put
+    back, the record removed. Nothing to do (changed False) when nothing was recorded."""
+    chart = objs['helm_chart']
+    policy = objs['cluster_policy']
+    owner = chart if chart is not None else policy
+    if owner is None:
+        raise GpuOperatorError('no ClusterPolicy and no HelmChart: the GPU Operator is not deployed')
+    recorded = recorded_restore(owner)
+    values = values_of(chart, policy)
+    if recorded is None:
+        return {'kind': 'HelmChart' if chart is not None else 'ClusterPolicy', 'path': None, 'patch': None,
+                'values': values, 'restore': None, 'changed': False, 'before': {'values': values},
+                'after': {'values': values}}
+    new_values = restore_values(values, recorded)
+    ann = {RESTORE_ANNOTATION: None}
+    if chart is not None:
+        return {'kind': 'HelmChart', 'path': helm_chart_path(_ns(chart), _name(chart)),
+                'patch': {'metadata': {'annotations': ann}, 'spec': {'valuesContent': _dump_values(new_values)}},
+                'values': new_values, 'restore': recorded, 'changed': True,
+                'before': {'values': values}, 'after': {'values': new_values}}
+    # A merge patch: keys recorded as absent stay as the change set them (the operator's default
+    # for a missing updateStrategy is RollingUpdate, which restore_values wrote explicitly).
+    return {'kind': 'ClusterPolicy', 'path': '%s/%s' % (CP_PATH, _name(policy)),
+            'patch': {'metadata': {'annotations': ann}, 'spec': new_values}, 'values': new_values,
+            'restore': recorded, 'changed': True, 'before': {'values': values}, 'after': {'values': new_values}}
+
+
+def rendered(objs: Obj, plan: Obj) -> Tuple[bool, List[str]]:
+    """(done, waiting) for the cluster step: the HelmChart rendered (when there is one), the
+    operator's Deployment at the chart version, the operand DaemonSets at the new templates."""
+    waiting: List[str] = []
+    chart = objs['helm_chart']
+    if plan['kind'] == 'HelmChart' and chart is not None:
+        failed = _condition(chart, 'Failed')
+        if failed and failed.get('status') == 'True':
+            raise GpuOperatorError('HelmChart %s/%s failed: %s' % (_ns(chart), _name(chart),
+                                                                   failed.get('message') or failed.get('reason')))
+        state = state_of(objs)
+        want = _get(plan['values'], 'operator.version') or plan.get('version')
+        if want and state['version'] != want:
+            waiting.append('operator Deployment at %s, not %s' % (state['version'], want))
+        cp = objs['cluster_policy'] or {}
+        if _get(cp.get('spec') or {}, 'daemonsets.updateStrategy') != _get(plan['values'], 'daemonsets.updateStrategy'):
+            waiting.append('ClusterPolicy not yet rendered from the HelmChart\'s values')
+    state = state_of(objs)
+    done, more = reconciled(state, plan['values'])
+    return done and not waiting, waiting + more

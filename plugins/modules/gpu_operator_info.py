@@ -1,0 +1,148 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_operator_info
+short_description: Read the NVIDIA GPU Operator's deployment, its operands and each node's operand pods
+version_added: 0.1.0
+description:
+  - Reads, with GET requests only, what the GPU Operator runs - the snapshot of the "operator values" a
+    rollback must preserve and what the rollout's per-node operand step works from (docs/gpu-operator.md).
+  - The RKE2 C(HelmChart) (C(helm.cattle.io/v1)) of the operator when there is one - chart, version, values
+    (C(spec.valuesContent)); the C(ClusterPolicy) (C(nvidia.com/v1)) - state, error, update strategy, driver
+    auto-upgrade, DCGM exporter version, what an earlier M(gpufleet.upgrade.gpu_operator_update) recorded to
+    restore; the operator's version (the image tag of its C(gpu-operator) Deployment).
+  - The operand DaemonSets (owned by the ClusterPolicy) with their update strategy, template image, current
+    C(ControllerRevision) hash and counts; per node, every operand pod with its revision, image, readiness and
+    whether it runs its DaemonSet's current revision.
+author:
+  - gpufleet.upgrade contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.upgrade.k8s_auth_options
+  - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.info_module
+requirements:
+  - PyYAML
+options:
+  namespace:
+    description: Namespace of the operator and its operands.
+    type: str
+    default: gpu-operator
+  cluster_policy:
+    description: Name of the ClusterPolicy. Default - the only one (several fail the task).
+    type: str
+  manage:
+    description:
+      - How the operator is deployed. V(auto) - its HelmChart when O(helm_chart_name) exists in
+        O(helm_chart_namespace), else the ClusterPolicy; V(helm_chart) requires the HelmChart;
+        V(cluster_policy) ignores any HelmChart.
+    type: str
+    choices: [auto, helm_chart, cluster_policy]
+    default: auto
+  helm_chart_name:
+    description: Name of the operator's RKE2 HelmChart.
+    type: str
+    default: gpu-operator
+  helm_chart_namespace:
+    description: Namespace of the HelmChart (RKE2's helm-controller watches C(kube-system)).
+    type: str
+    default: kube-system
+  nodes:
+    description: Report only these nodes in RV(gpu_operator.nodes) (default every node with an operand pod).
+    type: list
+    elements: str
+seealso:
+  - module: gpufleet.upgrade.gpu_operator_update
+"""
+
+EXAMPLES = r"""
+---
+- name: Snapshot the GPU Operator's deployment before the change
+  gpufleet.upgrade.gpu_operator_info:
+    kubeconfig: ~/.kube/config
+  register: operator_before
+
+- name: Show one node's operands
+  gpufleet.upgrade.gpu_operator_info:
+    nodes: [gpu-a-01]
+  register: operands
+"""
+
+RETURN = r"""
+gpu_operator:
+  description: The operator's deployment.
+  returned: success
+  type: dict
+  contains:
+    version:
+      description: The operator's version (its Deployment's image tag), null without the Deployment.
+      type: str
+    chart:
+      description: The HelmChart (name, namespace, chart, version, repo, failed, message), null without one.
+      type: dict
+    cluster_policy:
+      description:
+        - name, state, error, update_strategy, driver_enabled, auto_upgrade, dcgm_exporter_version, and
+          restore (what a change recorded to put back, or null).
+      type: dict
+    operands:
+      description: One entry per operand DaemonSet (name, component, deploy_label, update_strategy, image, revision,
+        generation, observed_generation, desired, ready, unavailable).
+      type: list
+      elements: dict
+    nodes:
+      description: Node name to its operand pods (operand, pod, revision, image, phase, ready, current).
+      type: dict
+  sample:
+    version: v26.3.3
+    chart: {name: gpu-operator, namespace: kube-system, chart: gpu-operator, version: v26.3.3, failed: false}
+    cluster_policy: {name: cluster-policy, state: ready, update_strategy: RollingUpdate, auto_upgrade: true,
+                     dcgm_exporter_version: 4.3.1-4.4.0-ubuntu22.04, restore: null}
+    operands:
+      - {name: nvidia-dcgm-exporter, component: dcgmExporter, update_strategy: RollingUpdate, revision: 6d54b6979,
+         image: "nvcr.io/nvidia/k8s/dcgm-exporter:4.3.1-4.4.0-ubuntu22.04", desired: 2, ready: 2}
+    nodes:
+      gpu-a-01:
+        - {operand: nvidia-dcgm-exporter, pod: nvidia-dcgm-exporter-6zshx, revision: 6d54b6979, ready: true,
+           current: true, image: "nvcr.io/nvidia/k8s/dcgm-exporter:4.3.1-4.4.0-ubuntu22.04"}
+values:
+  description: The values a change works on (the HelmChart's values, or the ClusterPolicy's spec) - keep them
+    to restore the operator after a failed canary.
+  returned: success
+  type: dict
+"""
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
+    GpuOperatorError, read_objects, state_of, values_of)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
+
+
+def main() -> None:
+    module = K8sModule('gpu_operator_info', dict(
+        namespace=dict(type='str', default='gpu-operator'),
+        cluster_policy=dict(type='str'),
+        manage=dict(type='str', choices=['auto', 'helm_chart', 'cluster_policy'], default='auto'),
+        helm_chart_name=dict(type='str', default='gpu-operator'),
+        helm_chart_namespace=dict(type='str', default='kube-system'),
+        nodes=dict(type='list', elements='str'),
+    ))
+    p = module.params
+    with module.errors(expected=(GpuOperatorError,), prefixes={GpuOperatorError: 'gpu_operator_info: '}):
+        objs = read_objects(module.client, p['namespace'], p['cluster_policy'],
+                            (p['helm_chart_namespace'], p['helm_chart_name']), p['manage'])
+        state = state_of(objs)
+        values = values_of(objs['helm_chart'], objs['cluster_policy']) if (
+            objs['helm_chart'] is not None or objs['cluster_policy'] is not None) else {}
+    if p['nodes'] is not None:
+        state['nodes'] = {n: state['nodes'].get(n, []) for n in p['nodes']}
+    module.exit_json(changed=False, gpu_operator=state, values=values)
+
+
+if __name__ == '__main__':
+    main()

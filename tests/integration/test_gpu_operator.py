@@ -1,0 +1,218 @@
+"""gpufleet.upgrade.gpu_operator_info and gpu_operator_update on the real control plane with NVIDIA's real GPU
+Operator (tests/cluster/gpuoperator.py: built from its Go module, reconciling the real ClusterPolicy CRD into
+its operand DaemonSets, which the real DaemonSet controller runs and KWOK plays). The modules run as service
+accounts bound to docs/rbac's roles (the reader for the info module, gpufleet-upgrade-gpu-operator for the
+update), so the API server's authorizer refuses what a role lacks.
+
+What the operator cannot do here (no containers, no Helm): its operands run nothing (the validator's pod
+is Ready when KWOK says so), and the RKE2 HelmChart is rendered by HelmChartStandIn, not by helm-controller.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from cluster import fixtures as f
+from cluster import rbac
+from cluster.gpuoperator import GpuOperator, HelmChartStandIn, deployment
+
+pytestmark = pytest.mark.slow
+
+NODES = ('gpu-1', 'gpu-2', 'gpu-3')
+NS = 'gpu-operator'
+OLD_DCGM = f.DCGM_EXPORTER_VERSION
+NEW_DCGM = '4.4.1-4.5.0-ubuntu22.04'
+NEW_OPERATOR = 'v26.3.4'
+EXPORTER = 'nvidia-dcgm-exporter'
+
+
+@pytest.fixture(scope='module')
+def operator(control_plane):
+    with GpuOperator(control_plane) as op:
+        yield op
+
+
+@pytest.fixture
+def fleet(cluster, operator):
+    """Three GPU nodes (labelled as NFD labels them), the operator's Deployment and the ClusterPolicy the
+    chart renders (RollingUpdate, driver auto-upgrade on: the chart's defaults), reconciled to ready."""
+    nodes = []
+    for name in NODES:
+        node = f.gpu_node(name)
+        node['metadata']['labels'] = {k: v for k, v in node['metadata']['labels'].items()
+                                      if not k.startswith('nvidia.com/gpu.deploy.')}
+        nodes.append(node)
+    cluster.apply(nodes + [f.namespace(NS), deployment(f.OPERATOR_VERSION)], settle=False)
+    cluster.apply([f.operator_cluster_policy()], settle=False)
+    operator.wait_ready()
+    cluster.wait_for(lambda: len(operator.operand_pods()) >= 5 * len(NODES), timeout=60,
+                     message='the operands on every node')
+    cluster.info_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')
+    cluster.update_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-gpu-operator')
+    yield cluster
+
+
+def _play(kubeconfig, module, args, check=False, diff=False, name='step'):
+    return [{'name': module, 'hosts': 'localhost', 'gather_facts': False, 'check_mode': check, 'diff': diff,
+             'tasks': [{'name': name, 'gpufleet.upgrade.%s' % module: dict(args, kubeconfig=kubeconfig),
+                        'register': 'out', 'ignore_errors': True}]}]
+
+
+def _update(cluster, run_playbook, args, check=False, diff=False):
+    run = run_playbook(_play(cluster.update_kubeconfig, 'gpu_operator_update',
+                             dict({'interval': 0.5, 'timeout': 120}, **args), check=check, diff=diff))
+    return run.result('step')
+
+
+def _pods(operator):
+    """uid -> (node, operand, image) of every operand pod."""
+    out = {}
+    for p in operator.operand_pods():
+        owner = next(r['name'] for r in p['metadata']['ownerReferences'] if r['kind'] == 'DaemonSet')
+        out[p['metadata']['uid']] = (p['spec']['nodeName'], owner, p['spec']['containers'][0]['image'])
+    return out
+
+
+def _exporter_images(operator):
+    return {p['spec']['nodeName']: p['spec']['containers'][0]['image'] for p in operator.operand_pods()
+            if p['metadata']['labels'].get('app') == EXPORTER and not p['metadata'].get('deletionTimestamp')}
+
+
+def test_info_reads_the_real_operator_read_only(fleet, operator, run_playbook):
+    mark = fleet.audit_mark()
+    run = run_playbook(_play(fleet.info_kubeconfig, 'gpu_operator_info', {}))
+    res = run.result('step')
+    assert res['_event'] == 'runner_on_ok', res
+    op = res['gpu_operator']
+    assert op['version'] == f.OPERATOR_VERSION and op['chart'] is None
+    assert op['cluster_policy']['state'] == 'ready' and op['cluster_policy']['update_strategy'] == 'RollingUpdate'
+    assert op['cluster_policy']['dcgm_exporter_version'] == OLD_DCGM and op['cluster_policy']['restore'] is None
+    exporter = next(o for o in op['operands'] if o['name'] == EXPORTER)
+    assert exporter['component'] == 'dcgmExporter' and exporter['revision']
+    assert exporter['image'] == 'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM
+    assert exporter['desired'] == exporter['ready'] == len(NODES)
+    assert sorted(op['nodes']) == list(NODES)
+    assert all(p['current'] and p['ready'] for pods in op['nodes'].values() for p in pods)
+    assert res['values']['dcgmExporter']['version'] == OLD_DCGM
+    events = fleet.audit_events(since=mark, user=rbac.user('reader'))
+    assert events and rbac.non_reads(events) == [] and rbac.refused(events) == []
+
+
+def test_cluster_step_restarts_nothing_then_each_node_moves_in_its_own_window(fleet, operator, run_playbook):
+    before = _pods(operator)
+    args = {'state': 'cluster', 'dcgm_exporter_version': NEW_DCGM}
+
+    # Check mode: the change predicted, no write.
+    mark = fleet.audit_mark()
+    res = _update(fleet, run_playbook, args, check=True, diff=True)
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True, res
+    assert res['diff']['after']['values']['daemonsets']['updateStrategy'] == 'OnDelete'
+    assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
+
+    res = _update(fleet, run_playbook, args)
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    assert res['kind'] == 'ClusterPolicy'
+    assert res['restore'] == {'daemonsets.updateStrategy': 'RollingUpdate', 'driver.upgradePolicy.autoUpgrade': True}
+    exporter = next(o for o in res['gpu_operator']['operands'] if o['name'] == EXPORTER)
+    assert exporter['image'] == 'nvcr.io/nvidia/k8s/dcgm-exporter:' + NEW_DCGM
+    assert exporter['update_strategy'] == 'OnDelete'
+    fleet.settle(horizon=3)
+    assert _pods(operator) == before                     # the cluster step restarted no operand pod
+    assert set(_exporter_images(operator).values()) == {'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM}
+
+    # A rerun changes nothing and keeps the first record (never its own OnDelete as "before").
+    res = _update(fleet, run_playbook, args)
+    assert res['_event'] == 'runner_on_ok', res
+    assert res['changed'] is False and res['restore']['daemonsets.updateStrategy'] == 'RollingUpdate', res
+
+    # Restoring now would restart the nodes not yet upgraded: refused.
+    res = _update(fleet, run_playbook, {'state': 'restore'})
+    assert res['_event'] == 'runner_on_failed' and 'outside their maintenance window' in res['msg'], res
+
+    # gpu-1's window: its exporter moves, the others' pods are the same pods.
+    others = {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'}
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    assert [p['operand'] for p in res['restarted']] == [EXPORTER]
+    mine = {p['operand']: p for p in res['operands']}
+    assert mine[EXPORTER]['image'] == 'nvcr.io/nvidia/k8s/dcgm-exporter:' + NEW_DCGM
+    assert all(p['current'] and p['ready'] for p in res['operands'])
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+    assert _exporter_images(operator) == {
+        'gpu-1': 'nvcr.io/nvidia/k8s/dcgm-exporter:' + NEW_DCGM,
+        'gpu-2': 'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM,
+        'gpu-3': 'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM}
+
+    # A second run of gpu-1's step restarts nothing.
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
+    assert res['changed'] is False and res['restarted'] == [], res
+
+    for node in ('gpu-2', 'gpu-3'):
+        assert _update(fleet, run_playbook, {'state': 'node', 'node': node})['waited']['done'] is True
+    settled = _pods(operator)
+    res = _update(fleet, run_playbook, {'state': 'restore'})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True, res
+    policy = fleet.get('nvidia.com/v1', 'ClusterPolicy', 'cluster-policy')
+    assert policy['spec']['daemonsets']['updateStrategy'] == 'RollingUpdate'
+    assert policy['spec']['driver']['upgradePolicy']['autoUpgrade'] is True
+    assert 'gpufleet.io/gpu-operator-restore' not in (policy['metadata'].get('annotations') or {})
+    operator.wait_ready()
+    fleet.settle(horizon=3)
+    assert _pods(operator) == settled                    # restoring RollingUpdate restarted nothing
+    assert set(_exporter_images(operator).values()) == {'nvcr.io/nvidia/k8s/dcgm-exporter:' + NEW_DCGM}
+
+
+def test_helm_chart_step_moves_the_operator_version_and_a_missing_chart_is_put_back(fleet, operator, run_playbook):
+    values = f.operator_values()
+    fleet.apply([f.helm_chart(values=values)], settle=False)
+    with HelmChartStandIn(fleet, missing_versions=('v99.0.0',)) as helm:
+        fleet.wait_for(lambda: helm.rendered, timeout=30, message='the HelmChart rendered once')
+        operator.wait_ready()
+        before = _pods(operator)
+        chart_before = copy.deepcopy(fleet.get('helm.cattle.io/v1', 'HelmChart', 'gpu-operator', 'kube-system')['spec'])
+
+        res = _update(fleet, run_playbook, {'state': 'cluster', 'version': 'v99.0.0', 'dcgm_exporter_version': NEW_DCGM})
+        assert res['_event'] == 'runner_on_failed', res
+        assert 'version "v99.0.0" not found' in res['msg'] and 'put back as it was' in res['msg'], res
+        chart = fleet.get('helm.cattle.io/v1', 'HelmChart', 'gpu-operator', 'kube-system')
+        assert chart['spec']['version'] == chart_before['version']
+        assert chart['spec']['valuesContent'] == chart_before['valuesContent']
+        assert _pods(operator) == before
+
+        res = _update(fleet, run_playbook, {'state': 'cluster', 'version': NEW_OPERATOR,
+                                            'dcgm_exporter_version': NEW_DCGM})
+        assert res['_event'] == 'runner_on_ok' and res['kind'] == 'HelmChart' and res['waited']['done'], res
+        assert res['gpu_operator']['version'] == NEW_OPERATOR
+        assert res['gpu_operator']['chart']['version'] == NEW_OPERATOR
+        validator = next(o for o in res['gpu_operator']['operands'] if o['name'] == 'nvidia-operator-validator')
+        assert validator['image'].endswith(':' + NEW_OPERATOR)
+        fleet.settle(horizon=3)
+        assert _pods(operator) == before
+
+        # Every operand's template moved: their init containers run the validator's image, which follows
+        # the operator version. gpu-2's window restarts them all, and nothing elsewhere.
+        others = {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-2'}
+        on_node = sorted(v[1] for v in before.values() if v[0] == 'gpu-2')
+        res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-2'})
+        assert res['waited']['done'] is True, res
+        assert sorted(p['operand'] for p in res['restarted']) == on_node
+        assert {p['operand']: p['image'] for p in res['operands']}['nvidia-operator-validator'].endswith(NEW_OPERATOR)
+        assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-2'} == others
+
+
+def test_bad_input_changes_nothing(fleet, operator, run_playbook):
+    mark = fleet.audit_mark()
+    cases = [
+        ({'state': 'cluster', 'values': {'daemonsets': {'updateStrategy': 'RollingUpdate'}}},
+         'values.daemonsets.updateStrategy'),
+        ({'state': 'cluster', 'version': NEW_OPERATOR}, "version: 'v26.3.4' needs the operator's HelmChart"),
+        ({'state': 'cluster', 'cluster_policy': 'nope'}, "ClusterPolicy 'nope' does not exist"),
+        ({'state': 'node'}, 'state is node but all of the following are missing: node'),
+        ({'state': 'cluster', 'timeout': 0}, 'must be positive'),
+    ]
+    for args, message in cases:
+        res = _update(fleet, run_playbook, args)
+        assert res['_event'] == 'runner_on_failed' and message in res['msg'], (args, res)
+        assert 'Traceback' not in res['msg']
+    assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
