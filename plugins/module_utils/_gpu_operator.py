@@ -146,23 +146,38 @@ def plan_change(values: Obj, target: Mapping[str, Any], recorded: Optional[Obj] 
     dcgm = target.get('dcgm_exporter_version')
     if dcgm:
         _set(after, 'dcgmExporter.version', str(dcgm))
-    restore = dict(recorded) if recorded else {
-        'daemonsets.updateStrategy': _get(values, 'daemonsets.updateStrategy') or 'RollingUpdate',
-        'driver.upgradePolicy.autoUpgrade': _get(values, 'driver.upgradePolicy.autoUpgrade'),
-    }
+    restore = dict(recorded) if recorded else settings_of(values)
     for key, safe in SAFE_SETTINGS:
         _set(after, key, safe)
     return after, restore
 
 
+def settings_of(values: Mapping[str, Any]) -> Obj:
+    """What the change records to restore: the update strategy (the operator's default, RollingUpdate,
+    when unset) and the driver auto-upgrade (None when unset: the restore removes the key again)."""
+    return {'daemonsets.updateStrategy': _get(values, 'daemonsets.updateStrategy') or 'RollingUpdate',
+            'driver.upgradePolicy.autoUpgrade': _get(values, 'driver.upgradePolicy.autoUpgrade')}
+
+
+def _unset(values: Obj, dotted: str) -> None:
+    parts = dotted.split('.')
+    cur: Any = values
+    for part in parts[:-1]:
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    if isinstance(cur, dict):
+        cur.pop(parts[-1], None)
+
+
 def restore_values(values: Obj, recorded: Mapping[str, Any]) -> Obj:
-    """The values with the recorded update strategy and driver auto-upgrade put back."""
+    """The values with the recorded update strategy and driver auto-upgrade put back (a setting
+    recorded as None, unset before the change, is removed: the chart's default applies again)."""
     out = copy.deepcopy(values)
-    for key, _safe in SAFE_SETTINGS:
+    for key in (k for k, _v in SAFE_SETTINGS):
         if key in recorded:
             if recorded[key] is None:
-                continue
-            _set(out, key, recorded[key])
+                _unset(out, key)
+            else:
+                _set(out, key, recorded[key])
     return out
 
 
@@ -297,7 +312,7 @@ def read_state(cluster_policy: Optional[Obj], daemonsets: Sequence[Obj], revisio
 def expected_images(values: Mapping[str, Any]) -> Dict[str, str]:
     """Component -> the image its values name (components without a version left out)."""
     out = {}
-    for component in sorted({c for c, _ in OPERANDS.values()}):
+    for component in sorted({pair[0] for pair in OPERANDS.values()}):
         image = image_of(values.get(component))
         if image:
             out[component] = image
@@ -429,10 +444,10 @@ def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
     _usable(state_of(objs), rerun=recorded is not None)
     values = values_of(chart, policy)
     if target.get('replace_values'):
-        base = copy.deepcopy(target.get('values') or {})
-        new_values, restore = plan_change(base, dict(target, values={}), recorded)
-        if recorded is None:  # a replacement names what the strategy was to be in its own values
-            restore = {k: _get(values, k) for k, _ in SAFE_SETTINGS}
+        # The replacement (a snapshot's values) is checked as any target's values; what to restore
+        # is what the operator has now (or what an earlier run recorded).
+        new_values, _restore = plan_change({}, target, recorded)
+        restore = dict(recorded) if recorded else settings_of(values)
     else:
         new_values, restore = plan_change(values, target, recorded)
     ann = {RESTORE_ANNOTATION: json.dumps(restore, sort_keys=True)}
@@ -483,10 +498,12 @@ def plan_restore(objs: Obj) -> Obj:
                 'patch': {'metadata': {'annotations': ann}, 'spec': {'valuesContent': _dump_values(new_values)}},
                 'values': new_values, 'restore': recorded, 'changed': True,
                 'before': {'values': values}, 'after': {'values': new_values}}
-    # A merge patch: keys recorded as absent stay as the change set them (the operator's default
-    # for a missing updateStrategy is RollingUpdate, which restore_values wrote explicitly).
+    spec_patch = copy.deepcopy(new_values)
+    for key, value in recorded.items():
+        if value is None and key in dict(SAFE_SETTINGS):
+            _set(spec_patch, key, None)  # null in a merge patch removes the key
     return {'kind': 'ClusterPolicy', 'path': '%s/%s' % (CP_PATH, _name(policy)),
-            'patch': {'metadata': {'annotations': ann}, 'spec': new_values}, 'values': new_values,
+            'patch': {'metadata': {'annotations': ann}, 'spec': spec_patch}, 'values': new_values,
             'restore': recorded, 'changed': True, 'before': {'values': values}, 'after': {'values': new_values}}
 
 

@@ -111,7 +111,7 @@ gpu_operator:
       gpu-a-01:
         - {operand: nvidia-dcgm-exporter, pod: nvidia-dcgm-exporter-6zshx, revision: 6d54b6979, ready: true,
            current: true, image: "nvcr.io/nvidia/k8s/dcgm-exporter:4.3.1-4.4.0-ubuntu22.04"}
-values:
+chart_values:
   description: The values a change works on (the HelmChart's values, or the ClusterPolicy's spec) - keep them
     to restore the operator after a failed canary.
   returned: success
@@ -141,7 +141,7 @@ def main() -> None:
             objs['helm_chart'] is not None or objs['cluster_policy'] is not None) else {}
     if p['nodes'] is not None:
         state['nodes'] = {n: state['nodes'].get(n, []) for n in p['nodes']}
-    module.exit_json(changed=False, gpu_operator=state, values=values)
+    module.exit_json(changed=False, gpu_operator=state, chart_values=values)
 
 
 if __name__ == '__main__':

@@ -38,7 +38,7 @@ description:
     revision (restoring C(RollingUpdate) would restart it outside its node's window), unless
     O(allow_stale=true).
   - To roll the cluster step back after a failed canary, run O(state=cluster) with the snapshot's chart version
-    and values (RV(gpufleet.upgrade.gpu_operator_info#module:values)) and O(replace_values=true), then
+    and values (RV(gpufleet.upgrade.gpu_operator_info#module:chart_values)) and O(replace_values=true), then
     O(state=node) on each canary.
 author:
   - gpufleet.upgrade contributors (@gpufleet)
@@ -51,7 +51,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reads and reports what would be written (RV(changed), RV(restarted), the diff) without writing or waiting.
+      - Reads and reports what would be written (C(changed), RV(restarted), the diff) without writing or waiting.
   diff_mode:
     support: full
     details:

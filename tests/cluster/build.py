@@ -7,7 +7,8 @@ into a cache outside the work tree, once per machine and module set.
 
 The cache is ``$GPUFLEET_CACHE`` (default ``~/.cache/gpufleet``)``/controlplane-<digest>/bin``, where
 the digest covers go.mod, go.sum and this file's package list, so a version bump builds anew and an
-unchanged set is reused; the GPU Operator goes to ``gpu-operator-<digest>/bin`` the same way. Nothing is downloaded but Go modules (through the machine's Go module proxy).
+unchanged set is reused; the GPU Operator goes to ``gpu-operator-<digest>/bin`` the same way. Nothing
+is downloaded but Go modules (through the machine's Go module proxy).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ PACKAGES = {
 # Operator, refuse). Must match go.mod's k8s.io/kubernetes.
 KUBERNETES_VERSION = 'v1.36.3'
 _STAMP = ' '.join('-X k8s.io/component-base/version.%s=%s' % kv for kv in (
-    ('gitVersion', KUBERNETES_VERSION), ('gitMajor', KUBERNETES_VERSION[1:].split('.')[0]),
+    ('gitVersion', KUBERNETES_VERSION), ('gitMajor', KUBERNETES_VERSION[1:].split('.', maxsplit=1)[0]),
     ('gitMinor', KUBERNETES_VERSION.split('.')[1]), ('gitTreeState', 'clean'),
     ('buildDate', '2026-01-01T00:00:00Z')))
 LDFLAGS = {name: '-s -w' + (' ' + _STAMP if pkg.startswith('k8s.io/kubernetes/') else '')
@@ -180,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         print(bin_dir())
         return 0
     try:
-        log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        def log(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+
         print(ensure(log=log))
         if args.gpu_operator:
             print(ensure_operator(log=log))

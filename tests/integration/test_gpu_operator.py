@@ -94,7 +94,7 @@ def test_info_reads_the_real_operator_read_only(fleet, operator, run_playbook):
     assert exporter['desired'] == exporter['ready'] == len(NODES)
     assert sorted(op['nodes']) == list(NODES)
     assert all(p['current'] and p['ready'] for pods in op['nodes'].values() for p in pods)
-    assert res['values']['dcgmExporter']['version'] == OLD_DCGM
+    assert res['chart_values']['dcgmExporter']['version'] == OLD_DCGM
     events = fleet.audit_events(since=mark, user=rbac.user('reader'))
     assert events and rbac.non_reads(events) == [] and rbac.refused(events) == []
 
