@@ -137,7 +137,7 @@ def test_plan_change_always_sets_ondelete_and_no_auto_upgrade_and_records_what_w
 
 def test_plan_change_keeps_the_recorded_restore_on_a_rerun():
     recorded = {'daemonsets.updateStrategy': 'RollingUpdate', 'driver.upgradePolicy.autoUpgrade': True}
-    after_first, _ = G.plan_change(cluster_policy()['spec'], {})
+    after_first = G.plan_change(cluster_policy()['spec'], {})[0]
     after, restore = G.plan_change(after_first, {}, recorded)
     assert restore == recorded and restore is not recorded
     assert after['daemonsets']['updateStrategy'] == 'OnDelete'
@@ -151,7 +151,7 @@ def test_plan_change_refuses_values_that_undo_the_safe_settings(extra, key):
     with pytest.raises(G.GpuOperatorError, match=key):
         G.plan_change({}, {'values': extra})
     # the safe values themselves are accepted
-    after, _ = G.plan_change({}, {'values': {'daemonsets': {'updateStrategy': 'OnDelete'}}})
+    after = G.plan_change({}, {'values': {'daemonsets': {'updateStrategy': 'OnDelete'}}})[0]
     assert after['daemonsets']['updateStrategy'] == 'OnDelete'
 
 
@@ -161,7 +161,7 @@ def test_plan_change_refuses_non_mapping_values():
 
 
 def test_restore_values_puts_back_recorded_and_removes_what_was_unset():
-    after, _ = G.plan_change(cluster_policy()['spec'], {})
+    after = G.plan_change(cluster_policy()['spec'], {})[0]
     out = G.restore_values(after, {'daemonsets.updateStrategy': 'RollingUpdate',
                                    'driver.upgradePolicy.autoUpgrade': None})
     assert out['daemonsets']['updateStrategy'] == 'RollingUpdate'
@@ -319,7 +319,7 @@ def test_plan_cluster_refuses_an_unusable_cluster_policy_before_the_first_change
 
 def test_plan_cluster_allows_not_ready_on_a_rerun_but_never_an_error():
     recorded = {'daemonsets.updateStrategy': 'RollingUpdate', 'driver.upgradePolicy.autoUpgrade': True}
-    after, _ = G.plan_change(cluster_policy()['spec'], {'dcgm_exporter_version': NEW_DCGM})
+    after = G.plan_change(cluster_policy()['spec'], {'dcgm_exporter_version': NEW_DCGM})[0]
     cp = cluster_policy('notReady', error=('OperandNotReady', 'not all at the current revision'),
                         annotations={ANN: json.dumps(recorded)}, spec=after)
     plan = G.plan_cluster(objs(cp=cp), {'dcgm_exporter_version': NEW_DCGM})
@@ -380,7 +380,7 @@ def test_plan_restore_without_a_record_changes_nothing():
 
 def test_plan_restore_puts_back_the_record_and_removes_the_annotation():
     recorded = {'daemonsets.updateStrategy': 'RollingUpdate', 'driver.upgradePolicy.autoUpgrade': True}
-    after, _ = G.plan_change(cluster_policy()['spec'], {})
+    after = G.plan_change(cluster_policy()['spec'], {})[0]
     cp = cluster_policy(annotations={ANN: json.dumps(recorded)}, spec=after)
     plan = G.plan_restore(objs(cp=cp))
     assert plan['changed'] is True and plan['restore'] == recorded
