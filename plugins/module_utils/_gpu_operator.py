@@ -30,7 +30,8 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ['OPERANDS', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'image_of', 'merge_values', 'node_restarts',
+__all__ = ['OPERANDS', 'PAUSE_VALUE', 'PAUSED_ANNOTATION', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'node_paused',
+           'plan_pause', 'plan_resume', 'image_of', 'merge_values', 'node_restarts',
            'node_settled', 'plan_change', 'read_state', 'reconciled', 'restore_values', 'recorded_restore',
            'values_of']
 
@@ -527,3 +528,79 @@ def rendered(objs: Obj, plan: Obj) -> Tuple[bool, List[str]]:
     state = state_of(objs)
     done, more = reconciled(state, plan['values'])
     return done and not waiting, waiting + more
+
+
+# ---------------------------------------------------------------------- pausing a node's operands (host driver reload)
+# The value NVIDIA's driver manager (k8s-driver-manager) gives a `nvidia.com/gpu.deploy.<operand>`
+# label while it unloads the driver: any value but "true" takes the operand's pod off the node (the
+# DaemonSets select `=true`), and the operator honours an existing label's value.
+PAUSE_VALUE = 'paused-for-driver-upgrade'
+PAUSED_ANNOTATION = 'gpufleet.io/operands-paused'
+# The operands whose pods hold /dev/nvidia* (the driver manager's list; not the toolkit, which holds no device).
+DEVICE_HOLDERS = ('nvidia-device-plugin-daemonset', 'nvidia-device-plugin-mps-control-daemon', 'nvidia-dcgm',
+                  'nvidia-dcgm-exporter', 'gpu-feature-discovery', 'nvidia-mig-manager', 'nvidia-operator-validator',
+                  'nvidia-node-status-exporter')
+
+
+def plan_pause(node: Obj, present: Sequence[str], operands: Optional[Sequence[str]] = None) -> Obj:
+    """{'patch', 'labels', 'operands', 'changed'}: the node's deploy labels of `operands` (default
+    DEVICE_HOLDERS) that are "true" set to PAUSE_VALUE; what they were, and which of those operands had
+    a pod on the node (`present`: what the resume waits for), recorded in PAUSED_ANNOTATION (a rerun
+    keeps the first record and adds to it). A label that is not "true" (an operand someone disabled) is
+    left alone."""
+    names = list(operands) if operands is not None else list(DEVICE_HOLDERS)
+    unknown = [n for n in names if n not in OPERANDS]
+    if unknown:
+        raise GpuOperatorError('operands: %s not operand DaemonSets (known: %s)' % (
+            ', '.join(repr(n) for n in unknown), ', '.join(sorted(OPERANDS))))
+    labels = (node.get('metadata') or {}).get('labels') or {}
+    recorded = _paused_record(node)
+    record = {'labels': dict((recorded or {}).get('labels') or {}),
+              'operands': list((recorded or {}).get('operands') or [])}
+    patch_labels = {}
+    for name in names:
+        key = 'nvidia.com/gpu.deploy.%s' % OPERANDS[name][1]
+        if labels.get(key) == 'true':
+            patch_labels[key] = PAUSE_VALUE
+            record['labels'].setdefault(key, 'true')
+        if name in present and key in record['labels'] and name not in record['operands']:
+            record['operands'].append(name)
+    record['operands'].sort()
+    if not patch_labels:
+        return {'patch': None, 'labels': sorted(record['labels']), 'operands': record['operands'], 'changed': False}
+    patch = {'metadata': {'labels': patch_labels,
+                          'annotations': {PAUSED_ANNOTATION: json.dumps(record, sort_keys=True)}}}
+    return {'patch': patch, 'labels': sorted(record['labels']), 'operands': record['operands'], 'changed': True}
+
+
+def plan_resume(node: Obj) -> Obj:
+    """{'patch', 'labels', 'operands', 'changed'}: every label the pause recorded set back to what it
+    was, the record removed; a label someone changed since (no longer PAUSE_VALUE) is left as it is.
+    `operands`: the paused operands whose pods the resume waits for."""
+    recorded = _paused_record(node)
+    if recorded is None:
+        return {'patch': None, 'labels': [], 'operands': [], 'changed': False}
+    labels = (node.get('metadata') or {}).get('labels') or {}
+    back = {k: v for k, v in (recorded.get('labels') or {}).items() if labels.get(k) == PAUSE_VALUE}
+    return {'patch': {'metadata': {'labels': back, 'annotations': {PAUSED_ANNOTATION: None}}},
+            'labels': sorted(back), 'operands': sorted(recorded.get('operands') or []), 'changed': True}
+
+
+def _paused_record(node: Obj) -> Optional[Obj]:
+    raw = (((node.get('metadata') or {}).get('annotations')) or {}).get(PAUSED_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get('labels'), dict):
+        raise GpuOperatorError('annotation %s of node %s is not what a pause records: %r'
+                               % (PAUSED_ANNOTATION, _name(node), raw))
+    return data
+
+
+def node_paused(state: Obj, node: str, operands: Sequence[str]) -> Tuple[bool, List[str]]:
+    """(done, waiting): no pod of `operands` left on `node` (terminating ones included)."""
+    left = [p for p in state['nodes'].get(node, []) if p['operand'] in operands]
+    return not left, ['%s: pod %s still on %s (%s)' % (p['operand'], p['pod'], node, p['phase']) for p in left]

@@ -37,6 +37,15 @@ description:
     auto-upgrade and removes the record. Refuses while any operand pod is not at its DaemonSet's current
     revision (restoring C(RollingUpdate) would restart it outside its node's window), unless
     O(allow_stale=true).
+  - O(state=pause) - the host driver's reload path, before M(gpufleet.upgrade.driver_unload). Sets the node's
+    C(nvidia.com/gpu.deploy.<operand>) labels of the operands that hold C(/dev/nvidia*) (O(operands); default the
+    device plugin, DCGM, DCGM exporter, GPU feature discovery, MIG manager, validator and node status exporter)
+    from C(true) to C(paused-for-driver-upgrade), the value NVIDIA's driver manager uses (the operator keeps a
+    label's existing value; the DaemonSets select C(true)), recording what they were and which operands had a
+    pod on the node in the Node's annotation C(gpufleet.io/operands-paused). Waits, at most O(timeout) seconds,
+    until none of their pods is left on the node. A label that is not C(true) is left alone.
+  - O(state=resume) - after the reload. Sets the recorded labels back (those still paused), removes the
+    record, and waits until each operand that had a pod on the node has one again, Running, Ready and current.
   - To roll the cluster step back after a failed canary, run O(state=cluster) with the snapshot's chart version
     and values (RV(gpufleet.upgrade.gpu_operator_info#module:chart_values)) and O(replace_values=true), then
     O(state=node) on each canary.
@@ -63,7 +72,7 @@ options:
   state:
     description: Which step (see the description).
     type: str
-    choices: [cluster, node, restore]
+    choices: [cluster, node, restore, pause, resume]
     required: true
   namespace:
     description: Namespace of the operator and its operands.
@@ -102,12 +111,13 @@ options:
     type: bool
     default: false
   node:
-    description: With O(state=node), the node whose operands to move.
+    description: With O(state=node), O(state=pause) and O(state=resume), the node.
     type: str
   operands:
     description:
       - With O(state=node), only these operand DaemonSets (by name, for example C(nvidia-dcgm-exporter)). Default
         - every operand pod on the node that is not current.
+      - With O(state=pause), the operands to pause. Default - those that hold C(/dev/nvidia*).
     type: list
     elements: str
   allow_stale:
@@ -158,6 +168,12 @@ restore:
   description: The settings recorded to put back (C(daemonsets.updateStrategy), C(driver.upgradePolicy.autoUpgrade)).
   returned: when I(state) is C(cluster) or C(restore)
   type: dict
+paused:
+  description: With O(state=pause) and O(state=resume), the deploy labels paused (or set back) and the operands waited for.
+  returned: when I(state) is C(pause) or C(resume)
+  type: dict
+  sample: {labels: [nvidia.com/gpu.deploy.dcgm-exporter, nvidia.com/gpu.deploy.device-plugin],
+           operands: [nvidia-dcgm-exporter, nvidia-device-plugin-daemonset]}
 restarted:
   description: With O(state=node), the operand pods deleted (operand, pod, revision, image).
   returned: when I(state=node)
@@ -181,7 +197,8 @@ gpu_operator:
 import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
-    GpuOperatorError, node_restarts, node_settled, plan_cluster, plan_restore, read_objects, rendered, state_of)
+    GpuOperatorError, node_paused, node_restarts, node_settled, plan_cluster, plan_pause, plan_restore, plan_resume,
+    read_objects, rendered, state_of)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
@@ -197,7 +214,7 @@ def _wait(fn, timeout, interval):
 
 def main() -> None:
     module = K8sModule('gpu_operator_update', dict(
-        state=dict(type='str', choices=['cluster', 'node', 'restore'], required=True),
+        state=dict(type='str', choices=['cluster', 'node', 'restore', 'pause', 'resume'], required=True),
         namespace=dict(type='str', default='gpu-operator'),
         cluster_policy=dict(type='str'),
         manage=dict(type='str', choices=['auto', 'helm_chart', 'cluster_policy'], default='auto'),
@@ -213,7 +230,7 @@ def main() -> None:
         wait=dict(type='bool', default=True),
         timeout=dict(type='int', default=600),
         interval=dict(type='float', default=2.0),
-    ), required_if=[('state', 'node', ('node',))])
+    ), required_if=[('state', 'node', ('node',)), ('state', 'pause', ('node',)), ('state', 'resume', ('node',))])
     p = module.params
     if p['timeout'] <= 0 or p['interval'] <= 0:
         module.fail_json(msg='timeout (%r) and interval (%r) must be positive' % (p['timeout'], p['interval']))
@@ -260,6 +277,29 @@ def main() -> None:
 
         node = p['node']
         state = state_of(objs)
+        if p['state'] in ('pause', 'resume'):
+            node_path = '/api/v1/nodes/%s' % node
+            node_obj = client.get(node_path)
+            present = sorted({x['operand'] for x in state['nodes'].get(node, [])})
+            plan = plan_pause(node_obj, present, p['operands']) if p['state'] == 'pause' else plan_resume(node_obj)
+            out = dict(changed=plan['changed'], paused={'labels': plan['labels'], 'operands': plan['operands']})
+            if plan['patch'] and not module.check_mode:
+                client.patch(node_path, plan['patch'])
+            if waiting:
+                if p['state'] == 'pause':
+                    def check():
+                        return node_paused(state_of(read()), node, plan['operands'])
+                else:
+                    def check():
+                        return node_settled(state_of(read()), node, plan['operands'])
+                polled, out['waited'] = _wait(check, p['timeout'], p['interval'])
+                if not polled.done:
+                    module.fail_json(msg='gpu_operator_update: the operands of %s did not %s within %d s: %s' % (
+                        node, 'stop' if p['state'] == 'pause' else 'come back current and Ready', p['timeout'],
+                        '; '.join(polled.value[1])), **out)
+            out['operands'] = state_of(read())['nodes'].get(node, []) if not module.check_mode else \
+                state['nodes'].get(node, [])
+            module.exit_json(**out)
         restart = node_restarts(state, node, p['operands'])
         out = dict(changed=bool(restart), restarted=restart)
         if restart and not module.check_mode:

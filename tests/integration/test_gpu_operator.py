@@ -216,3 +216,41 @@ def test_bad_input_changes_nothing(fleet, operator, run_playbook):
         assert res['_event'] == 'runner_on_failed' and message in res['msg'], (args, res)
         assert 'Traceback' not in res['msg']
     assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
+
+
+def test_pause_takes_the_device_holders_off_one_node_and_resume_brings_them_back(fleet, operator, run_playbook):
+    # Someone disabled DCGM on gpu-1 before: the pause leaves that label alone and the resume does not enable it.
+    fleet.patch('v1', 'Node', 'gpu-1', {'metadata': {'labels': {'nvidia.com/gpu.deploy.dcgm': 'false'}}})
+    fleet.wait_for(lambda: not [p for p in operator.operand_pods('gpu-1') if p['metadata']['labels'].get('app') ==
+                                'nvidia-dcgm'], timeout=60, message="gpu-1's DCGM pod gone")
+    others = {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'}
+    toolkit = {uid for uid, v in _pods(operator).items() if v[0] == 'gpu-1' and v[1] == 'nvidia-container-toolkit-daemonset'}
+
+    res = _update(fleet, run_playbook, {'state': 'pause', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    assert 'nvidia.com/gpu.deploy.dcgm' not in res['paused']['labels']
+    assert 'nvidia-device-plugin-daemonset' in res['paused']['operands']
+    left = {v[1] for v in _pods(operator).values() if v[0] == 'gpu-1'}
+    assert left == {'nvidia-container-toolkit-daemonset'}        # the toolkit holds no device: it stays
+    assert {uid for uid, v in _pods(operator).items() if v[0] == 'gpu-1'} == toolkit
+    labels = fleet.get('v1', 'Node', 'gpu-1')['metadata']['labels']
+    assert labels['nvidia.com/gpu.deploy.device-plugin'] == 'paused-for-driver-upgrade'
+    assert labels['nvidia.com/gpu.deploy.dcgm'] == 'false'
+    fleet.settle(horizon=3)                                      # the operator keeps a label's value
+    assert fleet.get('v1', 'Node', 'gpu-1')['metadata']['labels'][
+        'nvidia.com/gpu.deploy.device-plugin'] == 'paused-for-driver-upgrade'
+
+    again = _update(fleet, run_playbook, {'state': 'pause', 'node': 'gpu-1'})
+    assert again['changed'] is False and again['paused'] == res['paused'], again
+
+    res = _update(fleet, run_playbook, {'state': 'resume', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    node = fleet.get('v1', 'Node', 'gpu-1')
+    assert node['metadata']['labels']['nvidia.com/gpu.deploy.device-plugin'] == 'true'
+    assert node['metadata']['labels']['nvidia.com/gpu.deploy.dcgm'] == 'false'
+    assert 'gpufleet.io/operands-paused' not in (node['metadata'].get('annotations') or {})
+    back = {v[1] for v in _pods(operator).values() if v[0] == 'gpu-1'}
+    assert 'nvidia-device-plugin-daemonset' in back and 'nvidia-dcgm' not in back
+    assert all(p['ready'] and p['current'] for p in res['operands'])
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+    assert _update(fleet, run_playbook, {'state': 'resume', 'node': 'gpu-1'})['changed'] is False

@@ -418,3 +418,47 @@ def test_rendered_waits_for_the_operator_deployment_version_and_the_cluster_poli
     assert any('not yet rendered' in w for w in waiting)
     o = _rendered_objs(helm_chart(values, version='v25.3.0'), 'nvcr.io/nvidia/gpu-operator:v25.3.0')
     assert G.rendered(o, plan) == (True, [])
+
+
+# -- pausing a node's operands -------------------------------------------------------------------------
+def node_obj(labels, annotations=None):
+    return {'apiVersion': 'v1', 'kind': 'Node',
+            'metadata': {'name': 'gpu-1', 'labels': dict(labels), 'annotations': dict(annotations or {})}}
+
+
+def test_plan_pause_pauses_only_true_labels_and_records_what_they_were():
+    node = node_obj({'nvidia.com/gpu.deploy.device-plugin': 'true', 'nvidia.com/gpu.deploy.dcgm': 'false',
+                     'nvidia.com/gpu.deploy.container-toolkit': 'true'})
+    plan = G.plan_pause(node, present=['nvidia-device-plugin-daemonset', 'nvidia-container-toolkit-daemonset'])
+    assert plan['changed'] is True
+    assert plan['patch']['metadata']['labels'] == {'nvidia.com/gpu.deploy.device-plugin': G.PAUSE_VALUE}
+    record = json.loads(plan['patch']['metadata']['annotations'][G.PAUSED_ANNOTATION])
+    assert record == {'labels': {'nvidia.com/gpu.deploy.device-plugin': 'true'},
+                      'operands': ['nvidia-device-plugin-daemonset']}
+    with pytest.raises(G.GpuOperatorError, match="operands: 'nope' not operand DaemonSets"):
+        G.plan_pause(node, present=[], operands=['nope'])
+
+
+def test_plan_pause_rerun_keeps_the_record_and_resume_sets_back_only_what_is_still_paused():
+    record = {'labels': {'nvidia.com/gpu.deploy.device-plugin': 'true', 'nvidia.com/gpu.deploy.dcgm-exporter': 'true'},
+              'operands': ['nvidia-dcgm-exporter', 'nvidia-device-plugin-daemonset']}
+    node = node_obj({'nvidia.com/gpu.deploy.device-plugin': G.PAUSE_VALUE,
+                     'nvidia.com/gpu.deploy.dcgm-exporter': 'false'},       # changed by someone since
+                    {G.PAUSED_ANNOTATION: json.dumps(record)})
+    again = G.plan_pause(node, present=[])
+    assert again['changed'] is False and again['patch'] is None and again['operands'] == record['operands']
+    resume = G.plan_resume(node)
+    assert resume['patch']['metadata']['labels'] == {'nvidia.com/gpu.deploy.device-plugin': 'true'}
+    assert resume['patch']['metadata']['annotations'] == {G.PAUSED_ANNOTATION: None}
+    assert resume['operands'] == record['operands']
+    assert G.plan_resume(node_obj({}))['changed'] is False
+    with pytest.raises(G.GpuOperatorError, match='is not what a pause records'):
+        G.plan_resume(node_obj({}, {G.PAUSED_ANNOTATION: '["x"]'}))
+
+
+def test_node_paused_waits_for_every_pod_of_the_paused_operands():
+    st = {'nodes': {'gpu-1': [{'operand': 'nvidia-dcgm-exporter', 'pod': 'e', 'phase': 'Running'},
+                              {'operand': 'nvidia-container-toolkit-daemonset', 'pod': 't', 'phase': 'Running'}]}}
+    done, waiting = G.node_paused(st, 'gpu-1', ['nvidia-dcgm-exporter'])
+    assert not done and waiting == ['nvidia-dcgm-exporter: pod e still on gpu-1 (Running)']
+    assert G.node_paused(st, 'gpu-1', ['nvidia-dcgm'])[0] is True
