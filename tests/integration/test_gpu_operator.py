@@ -144,6 +144,15 @@ def test_cluster_step_restarts_nothing_then_each_node_moves_in_its_own_window(fl
         'gpu-2': 'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM,
         'gpu-3': 'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM}
 
+    # The node gate measures each node's DCGM exporter from the operand pod that runs there.
+    run = run_playbook([{'name': 'gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': node, 'gpufleet.upgrade.node_gate': {'kubeconfig': fleet.info_kubeconfig, 'node': node,
+                                                      'expected_gpus': {'nvidia.com/gpu': 8}},
+         'ignore_errors': True} for node in ('gpu-1', 'gpu-2')]}])
+    assert run.result('gpu-1')['measured']['dcgm_exporter'] == NEW_DCGM, run.result('gpu-1')
+    assert run.result('gpu-2')['measured']['dcgm_exporter'] == OLD_DCGM
+    assert run.result('gpu-1')['measured']['gpu_operator'] == f.OPERATOR_VERSION
+
     # A second run of gpu-1's step restarts nothing.
     res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
     assert res['changed'] is False and res['restarted'] == [], res
