@@ -165,7 +165,23 @@ class GpuOperator:
                     return conds.get('Established') == 'True'
 
                 self.cluster.wait_for(established, timeout=30, message='CRD %s established' % name)
+                # A changed schema makes the API server re-initialize the resource's storage: until then a
+                # list answers 429 ("storage is (re)initializing"), which the next test's reset would meet.
+                version = next(v['name'] for v in doc['spec']['versions'] if v.get('storage'))
+                path = '/apis/%s/%s/%s' % (doc['spec']['group'], version, doc['spec']['names']['plural'])
+                self.cluster.wait_for(lambda path=path: self._lists(path), timeout=30,
+                                      message='%s served again' % path)
         self.cluster._discover()
+
+    def _lists(self, path: str) -> bool:
+        from .client import ApiError
+        try:
+            self.cluster.api.request('GET', path, query={'limit': 1})
+        except ApiError as exc:
+            if exc.status in (404, 429, 503):
+                return False
+            raise
+        return True
 
     # ------------------------------------------------------------------ waiting
     def wait_ready(self, timeout: float = 90, name: str = 'cluster-policy') -> dict:
