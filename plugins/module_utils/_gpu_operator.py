@@ -30,7 +30,7 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ['OPERANDS', 'PAUSE_VALUE', 'PAUSED_ANNOTATION', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'node_paused',
+__all__ = ['OPERANDS', 'OPERATOR_ARG_SPEC', 'PAUSE_VALUE', 'PAUSED_ANNOTATION', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'node_paused',
            'plan_pause', 'plan_resume', 'image_of', 'merge_values', 'node_restarts',
            'node_settled', 'plan_change', 'read_state', 'reconciled', 'restore_values', 'recorded_restore',
            'values_of']
@@ -56,6 +56,16 @@ VALIDATOR = 'nvidia-operator-validator'
 # What the first change recorded: the update strategy and driver auto-upgrade the operator had, so
 # that a rerun never records its own OnDelete as "before" and the end of the rollout can put them back.
 RESTORE_ANNOTATION = 'gpufleet.io/gpu-operator-restore'
+
+
+# The options gpu_operator_info and gpu_operator_update share (doc fragment gpufleet.upgrade.gpu_operator).
+OPERATOR_ARG_SPEC: Dict[str, Dict[str, Any]] = {
+    'namespace': {'type': 'str', 'default': 'gpu-operator'},
+    'cluster_policy': {'type': 'str'},
+    'manage': {'type': 'str', 'choices': ['auto', 'helm_chart', 'cluster_policy'], 'default': 'auto'},
+    'helm_chart_name': {'type': 'str', 'default': 'gpu-operator'},
+    'helm_chart_namespace': {'type': 'str', 'default': 'kube-system'},
+}
 
 
 class GpuOperatorError(Exception):

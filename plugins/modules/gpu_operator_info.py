@@ -25,34 +25,12 @@ author:
   - gpufleet.upgrade contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
+  - gpufleet.upgrade.gpu_operator
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.info_module
 requirements:
   - PyYAML
 options:
-  namespace:
-    description: Namespace of the operator and its operands.
-    type: str
-    default: gpu-operator
-  cluster_policy:
-    description: Name of the ClusterPolicy. Default - the only one (several fail the task).
-    type: str
-  manage:
-    description:
-      - How the operator is deployed. V(auto) - its HelmChart when O(helm_chart_name) exists in
-        O(helm_chart_namespace), else the ClusterPolicy; V(helm_chart) requires the HelmChart;
-        V(cluster_policy) ignores any HelmChart.
-    type: str
-    choices: [auto, helm_chart, cluster_policy]
-    default: auto
-  helm_chart_name:
-    description: Name of the operator's RKE2 HelmChart.
-    type: str
-    default: gpu-operator
-  helm_chart_namespace:
-    description: Namespace of the HelmChart (RKE2's helm-controller watches C(kube-system)).
-    type: str
-    default: kube-system
   nodes:
     description: Report only these nodes in RV(gpu_operator.nodes) (default every node with an operand pod).
     type: list
@@ -119,19 +97,12 @@ chart_values:
 """
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
-    GpuOperatorError, read_objects, state_of, values_of)
+    OPERATOR_ARG_SPEC, GpuOperatorError, read_objects, state_of, values_of)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
 def main() -> None:
-    module = K8sModule('gpu_operator_info', dict(
-        namespace=dict(type='str', default='gpu-operator'),
-        cluster_policy=dict(type='str'),
-        manage=dict(type='str', choices=['auto', 'helm_chart', 'cluster_policy'], default='auto'),
-        helm_chart_name=dict(type='str', default='gpu-operator'),
-        helm_chart_namespace=dict(type='str', default='kube-system'),
-        nodes=dict(type='list', elements='str'),
-    ))
+    module = K8sModule('gpu_operator_info', dict(OPERATOR_ARG_SPEC, nodes=dict(type='list', elements='str')))
     p = module.params
     with module.errors(expected=(GpuOperatorError,), prefixes={GpuOperatorError: 'gpu_operator_info: '}):
         objs = read_objects(module.client, p['namespace'], p['cluster_policy'],

@@ -53,6 +53,7 @@ author:
   - gpufleet.upgrade contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
+  - gpufleet.upgrade.gpu_operator
   - gpufleet.upgrade.attributes
 requirements:
   - PyYAML
@@ -74,28 +75,6 @@ options:
     type: str
     choices: [cluster, node, restore, pause, resume]
     required: true
-  namespace:
-    description: Namespace of the operator and its operands.
-    type: str
-    default: gpu-operator
-  cluster_policy:
-    description: Name of the ClusterPolicy. Default - the only one.
-    type: str
-  manage:
-    description:
-      - How the operator is deployed; as in M(gpufleet.upgrade.gpu_operator_info). V(auto) - its HelmChart when it
-        exists, else the ClusterPolicy.
-    type: str
-    choices: [auto, helm_chart, cluster_policy]
-    default: auto
-  helm_chart_name:
-    description: Name of the operator's RKE2 HelmChart.
-    type: str
-    default: gpu-operator
-  helm_chart_namespace:
-    description: Namespace of the HelmChart.
-    type: str
-    default: kube-system
   version:
     description: With O(state=cluster), the target chart version (the operator's version). Needs the HelmChart.
     type: str
@@ -197,8 +176,8 @@ gpu_operator:
 import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
-    GpuOperatorError, node_paused, node_restarts, node_settled, plan_cluster, plan_pause, plan_restore, plan_resume,
-    read_objects, rendered, state_of)
+    OPERATOR_ARG_SPEC, GpuOperatorError, node_paused, node_restarts, node_settled, plan_cluster, plan_pause,
+    plan_restore, plan_resume, read_objects, rendered, state_of)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
@@ -215,11 +194,7 @@ def _wait(fn, timeout, interval):
 def main() -> None:
     module = K8sModule('gpu_operator_update', dict(
         state=dict(type='str', choices=['cluster', 'node', 'restore', 'pause', 'resume'], required=True),
-        namespace=dict(type='str', default='gpu-operator'),
-        cluster_policy=dict(type='str'),
-        manage=dict(type='str', choices=['auto', 'helm_chart', 'cluster_policy'], default='auto'),
-        helm_chart_name=dict(type='str', default='gpu-operator'),
-        helm_chart_namespace=dict(type='str', default='kube-system'),
+        **OPERATOR_ARG_SPEC,
         version=dict(type='str'),
         dcgm_exporter_version=dict(type='str'),
         values=dict(type='dict'),
