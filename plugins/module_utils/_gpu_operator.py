@@ -30,7 +30,7 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ['OPERANDS', 'OPERATOR_ARG_SPEC', 'PAUSE_VALUE', 'PAUSED_ANNOTATION', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'node_paused',
+__all__ = ['NVIDIADRIVERS_PATH', 'OPERANDS', 'drivers_of', 'read_drivers', 'OPERATOR_ARG_SPEC', 'PAUSE_VALUE', 'PAUSED_ANNOTATION', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'node_paused',
            'plan_pause', 'plan_resume', 'image_of', 'merge_values', 'node_restarts',
            'node_settled', 'plan_change', 'read_state', 'reconciled', 'restore_values', 'recorded_restore',
            'values_of']
@@ -419,6 +419,34 @@ def read_objects(client: Any, namespace: str, cluster_policy: Optional[str], hel
     }
 
 
+NVIDIADRIVERS_PATH = '/apis/nvidia.com/v1alpha1/nvidiadrivers'
+
+
+def read_drivers(client: Any) -> List[Obj]:
+    """Every NVIDIADriver (cluster-scoped; [] where the CRD is not served)."""
+    try:
+        return client.list_all(NVIDIADRIVERS_PATH)
+    except Exception as exc:  # the NVIDIADriver API is not served: a 404 on the group
+        if getattr(exc, 'status', None) != 404:
+            raise
+        return []
+
+
+def drivers_of(drivers: Sequence[Obj]) -> List[Obj]:
+    """The operator-managed drivers per node pool (NVIDIADriver objects, `driver.nvidiaDriverCRD`):
+    name, driver type, version, image, node selector, precompiled/open modules, state, by name."""
+    out = []
+    for drv in sorted(drivers, key=_name):
+        spec = drv.get('spec') or {}
+        out.append({'name': _name(drv), 'driver_type': spec.get('driverType'), 'version': spec.get('version'),
+                    'image': image_of(spec) if spec.get('image') else None,
+                    'node_selector': dict(spec.get('nodeSelector') or {}),
+                    'use_precompiled': bool(spec.get('usePrecompiled')),
+                    'use_open_kernel_modules': bool(spec.get('useOpenKernelModules')),
+                    'state': (drv.get('status') or {}).get('state')})
+    return out
+
+
 def state_of(objs: Obj) -> Obj:
     return read_state(objs['cluster_policy'], objs['daemonsets'], objs['revisions'], objs['pods'],
                       objs['helm_chart'], objs['deployment'])
@@ -445,6 +473,21 @@ def _usable(state: Obj, rerun: bool) -> None:
                                'nothing was changed' % (cp['name'], cp.get('state')))
 
 
+def _without_recorded(values: Any, restore: Mapping[str, Any]) -> Any:
+    """A snapshot's values taken before the first change carry the settings that change recorded
+    (an explicit ``daemonsets.updateStrategy: RollingUpdate``): they are what the restore puts back
+    at the end, so they are left out of the replacement rather than refused. Any other value of a
+    safe setting is still refused by plan_change."""
+    if not isinstance(values, dict):
+        return values
+    out = copy.deepcopy(values)
+    for key, _safe in SAFE_SETTINGS:
+        given = _get(out, key)
+        if given is not None and key in restore and given == restore[key]:
+            _unset(out, key)
+    return out
+
+
 def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
     """What the cluster step writes: {'kind', 'path', 'patch', 'values', 'restore', 'changed',
     'before', 'after'} (before/after: the parts of the object it changes)."""
@@ -457,8 +500,9 @@ def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
     if target.get('replace_values'):
         # The replacement (a snapshot's values) is checked as any target's values; what to restore
         # is what the operator has now (or what an earlier run recorded).
-        new_values, _restore = plan_change({}, target, recorded)
         restore = dict(recorded) if recorded else settings_of(values)
+        new_values, _restore = plan_change({}, dict(target, values=_without_recorded(target.get('values'), restore)),
+                                           recorded)
     else:
         new_values, restore = plan_change(values, target, recorded)
     ann = {RESTORE_ANNOTATION: json.dumps(restore, sort_keys=True)}

@@ -67,6 +67,8 @@ class Step(NamedTuple):
 EVIDENCE_EXCLUDED = ('preflight', 'progress', 'vms')
 # The steps that run only when the target changes the kernel.
 KERNEL_STEPS = ('kernel_check', 'kernel_default')
+# The steps that run only where the GPU Operator runs the node's operands.
+OPERATOR_STEPS = ('operands',)
 STEPS = (
     Step('preflight', None, False),
     Step('progress', None, False),
@@ -81,6 +83,9 @@ STEPS = (
     Step('ready', 'activated', False,
          'it did not come back Ready within node_upgrade_reboot_timeout: recover it by hand, then run '
          'gpufleet.upgrade.rollback'),
+    # The GPU Operator's operands of the node moved to their DaemonSets' current revision (fleets whose
+    # operands the operator runs; docs/gpu-operator.md): before the gates, which read them.
+    Step('operands', None, True),
     # What came up after the activation: the target kernel (a trial boot falls back to the saved one) and driver.
     Step('verify', None, True),
     Step('gates', 'validated', True),
@@ -124,10 +129,12 @@ def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]
     return ordered[:ordered.index(failed)] if failed in ordered else []
 
 
-def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool, kernel: bool = False) -> List[str]:
+def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool, kernel: bool = False,
+                    operands: bool = False) -> List[str]:
     """The `phases` of a node's evidence entry: the steps it went through up to the failed one
     (RKE2 only when its Plan was applied, the postflight only on DRA nodes, the kernel's own steps
-    only when the target changed the kernel). The failed step ran
+    only when the target changed the kernel, the operands' step only where the GPU Operator runs
+    them). The failed step ran
     whatever it is (an RKE2 step that failed before its Plan was applied, the VMs): the steps before
     it are listed."""
     skip = set(EVIDENCE_EXCLUDED)
@@ -137,6 +144,8 @@ def evidence_phases(failed: Optional[str], rke2_applied: bool, dra: bool, kernel
         skip.add('postflight')
     if not kernel:
         skip.update(KERNEL_STEPS)
+    if not operands:
+        skip.update(OPERATOR_STEPS)
     skip.discard(failed)
     went = steps_through(failed, [n for n in STEP_NAMES if n not in skip])
     return [n for n in went if n not in EVIDENCE_EXCLUDED]

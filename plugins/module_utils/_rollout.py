@@ -171,7 +171,8 @@ def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]]
         'name': name, 'role': 'canary' if name in (plan.get('canaries') or []) else 'batch', 'batch': batch,
         'pci_ids': combo['key']['pci_ids'].split(','), 'tuple_before': before, 'tuple_after': after,
         'verdict': 'failed' if failed_phase else 'upgraded',
-        'phases': evidence_phases(failed_phase, bool(result.get('rke2_applied')), dra, bool(result.get('kernel_changed'))),
+        'phases': evidence_phases(failed_phase, bool(result.get('rke2_applied')), dra, bool(result.get('kernel_changed')),
+                                  bool(result.get('operands_moved'))),
         'finished': finished or rfc3339(utcnow()), 'rolled_back': bool(result.get('rolled_back')),
     }
     if started:

@@ -21,6 +21,8 @@ description:
   - The operand DaemonSets (owned by the ClusterPolicy) with their update strategy, template image, current
     C(ControllerRevision) hash and counts; per node, every operand pod with its revision, image, readiness and
     whether it runs its DaemonSet's current revision.
+  - The C(NVIDIADriver) objects (C(nvidia.com/v1alpha1)) of operator-managed drivers per node pool, when the API
+    serves them (RV(drivers)).
 author:
   - gpufleet.upgrade contributors (@gpufleet)
 extends_documentation_fragment:
@@ -89,6 +91,41 @@ gpu_operator:
       gpu-a-01:
         - {operand: nvidia-dcgm-exporter, pod: nvidia-dcgm-exporter-6zshx, revision: 6d54b6979, ready: true,
            current: true, image: "nvcr.io/nvidia/k8s/dcgm-exporter:4.3.1-4.4.0-ubuntu22.04"}
+drivers:
+  description:
+    - The operator-managed drivers per node pool (C(NVIDIADriver) objects, with C(driver.nvidiaDriverCRD.enabled)), by name;
+      empty where the CRD is not served or no pool has one.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The NVIDIADriver's name.
+      type: str
+    driver_type:
+      description: C(gpu), C(vgpu) or C(vgpu-host-manager).
+      type: str
+    version:
+      description: The driver version (or branch, for precompiled drivers).
+      type: str
+    image:
+      description: The driver image (repository/image:version).
+      type: str
+    node_selector:
+      description: The nodes of the pool.
+      type: dict
+    use_precompiled:
+      description: Precompiled modules.
+      type: bool
+    use_open_kernel_modules:
+      description: The open kernel modules.
+      type: bool
+    state:
+      description: The operator's state of it (C(ready), C(notReady), C(ignored)), null before its first reconcile.
+      type: str
+  sample:
+    - {name: a100-pool, driver_type: gpu, version: 580.130.00, image: "nvcr.io/nvidia/driver:580.130.00",
+       node_selector: {gpufleet.io/model: a100}, use_precompiled: false, use_open_kernel_modules: false, state: ready}
 chart_values:
   description: The values a change works on (the HelmChart's values, or the ClusterPolicy's spec) - keep them
     to restore the operator after a failed canary.
@@ -97,7 +134,7 @@ chart_values:
 """
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
-    OPERATOR_ARG_SPEC, GpuOperatorError, read_objects, state_of, values_of)
+    OPERATOR_ARG_SPEC, GpuOperatorError, drivers_of, read_drivers, read_objects, state_of, values_of)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
@@ -108,11 +145,12 @@ def main() -> None:
         objs = read_objects(module.client, p['namespace'], p['cluster_policy'],
                             (p['helm_chart_namespace'], p['helm_chart_name']), p['manage'])
         state = state_of(objs)
+        drivers = drivers_of(read_drivers(module.client))
         values = values_of(objs['helm_chart'], objs['cluster_policy']) if (
             objs['helm_chart'] is not None or objs['cluster_policy'] is not None) else {}
     if p['nodes'] is not None:
         state['nodes'] = {n: state['nodes'].get(n, []) for n in p['nodes']}
-    module.exit_json(changed=False, gpu_operator=state, chart_values=values)
+    module.exit_json(changed=False, gpu_operator=state, chart_values=values, drivers=drivers)
 
 
 if __name__ == '__main__':

@@ -10,8 +10,12 @@ is Ready when KWOK says so), and the RKE2 HelmChart is rendered by HelmChartStan
 from __future__ import annotations
 
 import copy
+import json
+import pathlib
+import sys
 
 import pytest
+import yaml
 
 from cluster import fixtures as f
 from cluster import rbac
@@ -79,10 +83,23 @@ def _exporter_images(operator):
             if p['metadata']['labels'].get('app') == EXPORTER and not p['metadata'].get('deletionTimestamp')}
 
 
+DRIVER_POOL = {'apiVersion': 'nvidia.com/v1alpha1', 'kind': 'NVIDIADriver', 'metadata': {'name': 'h100-pool'},
+               'spec': {'driverType': 'gpu', 'repository': 'nvcr.io/nvidia', 'image': 'driver', 'version': '580.130.00',
+                        'nodeSelector': {'gpufleet.io/model': 'h100'}}}
+
+
 def test_info_reads_the_real_operator_read_only(fleet, operator, run_playbook):
+    # One node pool's operator-managed driver, on the operator's real NVIDIADriver CRD (the ClusterPolicy does
+    # not enable driver.nvidiaDriverCRD, so the operator leaves it alone).
+    fleet.apply([DRIVER_POOL], settle=False)
     mark = fleet.audit_mark()
-    run = run_playbook(_play(fleet.info_kubeconfig, 'gpu_operator_info', {}))
+    try:
+        run = run_playbook(_play(fleet.info_kubeconfig, 'gpu_operator_info', {}))
+    finally:
+        fleet.delete('nvidia.com/v1alpha1', 'NVIDIADriver', 'h100-pool')
     res = run.result('step')
+    assert [(d['name'], d['driver_type'], d['version'], d['image'], d['node_selector']) for d in res['drivers']] == [
+        ('h100-pool', 'gpu', '580.130.00', 'nvcr.io/nvidia/driver:580.130.00', {'gpufleet.io/model': 'h100'})], res
     assert res['_event'] == 'runner_on_ok', res
     op = res['gpu_operator']
     assert op['version'] == f.OPERATOR_VERSION and op['chart'] is None
@@ -263,3 +280,116 @@ def test_pause_takes_the_device_holders_off_one_node_and_resume_brings_them_back
     assert all(p['ready'] and p['current'] for p in res['operands'])
     assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
     assert _update(fleet, run_playbook, {'state': 'resume', 'node': 'gpu-1'})['changed'] is False
+
+
+# -- the playbooks' and roles' own tasks on the real operator ----------------------------------------
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HOOK = [sys.executable, '-c', 'import json; print(json.dumps({"changed": True}))']
+
+
+def _wiring_play(kubeconfig, tasks, canaries, qdir, target):
+    """A localhost play that runs the collection's own task files as canary.yml and node_upgrade run them."""
+    pre = [{'name': 'plan', 'ansible.builtin.set_fact': {'__canary_plan': {'target': target, 'canaries': canaries}}}]
+    return [{'name': 'wiring', 'hosts': 'localhost', 'gather_facts': False,
+             'module_defaults': {'group/gpufleet.upgrade.k8s': {'kubeconfig': kubeconfig}},
+             'vars': {'gpufleet_qualification_dir': str(qdir), 'gpufleet_kubeconfig': kubeconfig,
+                      'gpufleet_gpu_operator_managed': True, 'gpufleet_gpu_operator_timeout': 120},
+             'tasks': pre + tasks}]
+
+
+def _include(name):
+    return {'name': name, 'ansible.builtin.include_tasks': str(ROOT / 'playbooks' / 'tasks' / name)}
+
+
+def _role(tasks_from, **role_vars):
+    return {'name': tasks_from, 'ansible.builtin.include_role': {'name': 'gpufleet.upgrade.node_upgrade',
+                                                                 'tasks_from': tasks_from}, 'vars': role_vars}
+
+
+def _snapshot_back(qdir):
+    (path,) = qdir.glob('gpu-operator--*.json')
+    return {'name': 'snapshot', 'ansible.builtin.set_fact': {
+        '__canary_operator_snapshot': json.loads(path.read_text())}}
+
+
+def test_canary_cluster_step_node_windows_reload_path_and_the_failed_canarys_way_back(
+        fleet, operator, run_playbook, tmp_path):
+    """canary.yml's cluster step (playbooks/tasks/gpu_operator_cluster.yml), node_upgrade's operands step
+    (tasks/operands.yml) and its reload path's pause and resume (tasks/activate.yml), and the failed canary's
+    way back (playbooks/tasks/gpu_operator_back.yml), as the playbooks run them, on the real operator: gpu-3,
+    never in a window, keeps every operand pod it had from the start to the end."""
+    kubeconfig = rbac.kubeconfig_for(fleet, 'gpufleet-upgrade-reader', sa='gpu-operator')
+    kubeconfig = rbac.kubeconfig_for(fleet, 'gpufleet-upgrade-gpu-operator')
+    values = f.operator_values()
+    fleet.apply([f.helm_chart(values=values)], settle=False)
+    qdir = tmp_path / 'qualification'
+    qdir.mkdir()
+    target = {'gpu_operator': NEW_OPERATOR, 'dcgm_exporter': NEW_DCGM}
+    with HelmChartStandIn(fleet) as helm:
+        fleet.wait_for(lambda: helm.rendered, timeout=30, message='the HelmChart rendered once')
+        operator.wait_ready()
+        start = _pods(operator)
+        gpu3 = {uid: v for uid, v in start.items() if v[0] == 'gpu-3'}
+
+        # The cluster step, twice (a rerun keeps the snapshot taken before the change and changes nothing).
+        for attempt in (1, 2):
+            run = run_playbook(_wiring_play(kubeconfig, [_include('gpu_operator_cluster.yml')], ['gpu-1', 'gpu-2'],
+                                            qdir, target))
+            assert run.rc == 0, run.stdout
+            step = run.result('GPU Operator | The cluster step (target chart and DCGM exporter, under OnDelete; '
+                              'restarts no operand pod)')
+            assert step['changed'] is (attempt == 1), step
+            fleet.settle(horizon=3)
+            assert _pods(operator) == start
+        (snap_path,) = qdir.glob('gpu-operator--*.json')
+        snap = json.loads(snap_path.read_text())
+        assert snap['gpu_operator']['chart']['version'] == f.OPERATOR_VERSION
+        assert snap['chart_values']['dcgmExporter']['version'] == OLD_DCGM
+        assert snap['chart_values']['daemonsets']['updateStrategy'] == 'RollingUpdate'
+        chart = fleet.get('helm.cattle.io/v1', 'HelmChart', 'gpu-operator', 'kube-system')
+        assert chart['spec']['version'] == NEW_OPERATOR
+
+        # gpu-1's window: node_upgrade's operands step moves every operand of gpu-1 and nothing else.
+        run = run_playbook(_wiring_play(kubeconfig, [_role('operands', node_upgrade_node='gpu-1')], [], qdir, target))
+        assert run.rc == 0, run.stdout
+        moved = run.result("Operands | Move the node's operands to their DaemonSets' current revision, each Running "
+                           "and Ready")
+        assert moved['waited']['done'] is True and moved['restarted'], moved
+        assert _exporter_images(operator)['gpu-1'].endswith(':' + NEW_DCGM)
+        assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == {
+            uid: v for uid, v in start.items() if v[0] != 'gpu-1'}
+
+        # gpu-2's reload path: the device holders leave before the (lab) unload and come back after it.
+        holders = {uid for uid, v in start.items() if v[0] == 'gpu-2' and v[1] != 'nvidia-container-toolkit-daemonset'}
+        run = run_playbook(_wiring_play(kubeconfig, [_role(
+            'activate', node_upgrade_node='gpu-2', node_upgrade_activation='lab', node_upgrade_lab_hook=HOOK,
+            __node_upgrade_reboot=False, node_upgrade_gpu_operator_managed=True)], [], qdir, target))
+        assert run.rc == 0, run.stdout
+        order = [e['event_data']['task'] for e in run.events if e.get('event') == 'runner_on_ok']
+        pause = "Activate | Take the node's device-holding GPU Operator operands off it before the driver unloads"
+        hook = 'Activate | Lab reboot path (emulated reboot or driver reload of a lab node)'
+        resume = 'Activate | Bring the paused operands back (they load the new modules; each Ready and current)'
+        assert order.index(pause) < order.index(hook) < order.index(resume), order
+        assert run.result(pause)['changed'] is True and run.result(resume)['waited']['done'] is True
+        now = _pods(operator)
+        assert not holders & set(now)                                # every device holder of gpu-2 came back new
+        assert _exporter_images(operator)['gpu-2'].endswith(':' + NEW_DCGM)
+        assert 'gpufleet.io/operands-paused' not in (fleet.get('v1', 'Node', 'gpu-2')['metadata'].get('annotations') or {})
+
+        # A canary failed: canary.yml's rescue puts the cluster step back from the snapshot, moves the canaries'
+        # operands back and restores the update strategy.
+        load = _snapshot_back(qdir)
+        run = run_playbook(_wiring_play(kubeconfig, [load, _include('gpu_operator_back.yml')], ['gpu-1', 'gpu-2'],
+                                        qdir, target))
+        assert run.rc == 0, run.stdout
+        chart = fleet.get('helm.cattle.io/v1', 'HelmChart', 'gpu-operator', 'kube-system')
+        assert chart['spec']['version'] == f.OPERATOR_VERSION
+        back = yaml.safe_load(chart['spec']['valuesContent'])
+        assert back['dcgmExporter']['version'] == OLD_DCGM
+        assert back['daemonsets']['updateStrategy'] == 'RollingUpdate'
+        assert back['driver']['upgradePolicy']['autoUpgrade'] is True
+        assert 'gpufleet.io/gpu-operator-restore' not in (chart['metadata'].get('annotations') or {})
+        images = _exporter_images(operator)
+        assert images['gpu-1'].endswith(':' + OLD_DCGM) and images['gpu-2'].endswith(':' + OLD_DCGM), images
+        fleet.settle(horizon=3)
+        assert {uid: v for uid, v in _pods(operator).items() if v[0] == 'gpu-3'} == gpu3

@@ -189,7 +189,31 @@ def test_plan_cluster_replace_values_records_the_defaults_and_checks_the_replace
     assert plan['values']['daemonsets']['updateStrategy'] == 'OnDelete'
     with pytest.raises(G.GpuOperatorError, match='values.daemonsets.updateStrategy'):
         G.plan_cluster(objs(cp=cp), {'replace_values': True,
-                                     'values': {'daemonsets': {'updateStrategy': 'RollingUpdate'}}})
+                                     'values': {'daemonsets': {'updateStrategy': 'OnFailure'}}})
+
+
+def test_plan_cluster_replace_values_takes_a_snapshot_with_the_settings_the_change_recorded():
+    """The failed canary's way back: the snapshot (gpu_operator_info's chart_values before the cluster
+    step) names RollingUpdate and autoUpgrade true, which the change recorded; the replacement keeps
+    OnDelete until the restore, and the record is kept as it was."""
+    snapshot = cluster_policy()['spec']
+    ann = {ANN: json.dumps({'daemonsets.updateStrategy': 'RollingUpdate', 'driver.upgradePolicy.autoUpgrade': True})}
+    changed = copy.deepcopy(snapshot)
+    changed['daemonsets']['updateStrategy'] = 'OnDelete'
+    changed['driver']['upgradePolicy']['autoUpgrade'] = False
+    changed['dcgmExporter']['version'] = NEW_DCGM
+    cp = cluster_policy(state='notReady', annotations=ann, spec=changed)
+    plan = G.plan_cluster(objs(cp=cp), {'replace_values': True, 'values': snapshot})
+    assert plan['values']['dcgmExporter'] == DCGM
+    assert plan['values']['daemonsets']['updateStrategy'] == 'OnDelete'
+    assert plan['values']['driver']['upgradePolicy']['autoUpgrade'] is False
+    assert plan['restore'] == json.loads(ann[ANN])
+    assert snapshot['daemonsets']['updateStrategy'] == 'RollingUpdate'   # the input is not changed
+    # autoUpgrade true where the record says it was unset: refused
+    ann_unset = {ANN: json.dumps({'daemonsets.updateStrategy': 'RollingUpdate', 'driver.upgradePolicy.autoUpgrade': None})}
+    cp = cluster_policy(state='notReady', annotations=ann_unset, spec=changed)
+    with pytest.raises(G.GpuOperatorError, match='values.driver.upgradePolicy.autoUpgrade'):
+        G.plan_cluster(objs(cp=cp), {'replace_values': True, 'values': snapshot})
 
 
 def test_recorded_restore_reads_json_and_refuses_bad_json():
@@ -462,3 +486,46 @@ def test_node_paused_waits_for_every_pod_of_the_paused_operands():
     done, waiting = G.node_paused(st, 'gpu-1', ['nvidia-dcgm-exporter'])
     assert not done and waiting == ['nvidia-dcgm-exporter: pod e still on gpu-1 (Running)']
     assert G.node_paused(st, 'gpu-1', ['nvidia-dcgm'])[0] is True
+
+
+def test_drivers_of_reads_each_pool_and_sorts_by_name():
+    drivers = [
+        {'metadata': {'name': 'h100-pool'}, 'spec': {
+            'driverType': 'gpu', 'repository': 'nvcr.io/nvidia', 'image': 'driver', 'version': '580.130.00',
+            'nodeSelector': {'gpufleet.io/model': 'h100'}, 'usePrecompiled': False, 'useOpenKernelModules': True},
+         'status': {'state': 'ready'}},
+        {'metadata': {'name': 'a100-pool'}, 'spec': {'driverType': 'gpu', 'image': 'driver', 'version': '580'}},
+    ]
+    out = G.drivers_of(drivers)
+    assert [d['name'] for d in out] == ['a100-pool', 'h100-pool']
+    assert out[1] == {'name': 'h100-pool', 'driver_type': 'gpu', 'version': '580.130.00',
+                      'image': 'nvcr.io/nvidia/driver:580.130.00', 'node_selector': {'gpufleet.io/model': 'h100'},
+                      'use_precompiled': False, 'use_open_kernel_modules': True, 'state': 'ready'}
+    assert out[0]['state'] is None and out[0]['image'] == 'driver:580' and out[0]['node_selector'] == {}
+    assert G.drivers_of([]) == []
+
+
+class _Client:
+    def __init__(self, exc=None, items=()):
+        self.exc, self.items, self.paths = exc, list(items), []
+
+    def list_all(self, path):
+        self.paths.append(path)
+        if self.exc:
+            raise self.exc
+        return self.items
+
+
+class _ApiError(Exception):
+    def __init__(self, status):
+        super().__init__('HTTP %d' % status)
+        self.status = status
+
+
+def test_read_drivers_is_empty_where_the_api_is_not_served_and_raises_other_errors():
+    client = _Client(items=[{'metadata': {'name': 'x'}}])
+    assert G.read_drivers(client) == [{'metadata': {'name': 'x'}}]
+    assert client.paths == [G.NVIDIADRIVERS_PATH]
+    assert G.read_drivers(_Client(exc=_ApiError(404))) == []
+    with pytest.raises(_ApiError):
+        G.read_drivers(_Client(exc=_ApiError(403)))

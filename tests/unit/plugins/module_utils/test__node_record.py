@@ -5,7 +5,7 @@ import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record
 
-ROLLED_BACK = ('install', 'activate', 'verify', 'gates', 'kernel_default')
+ROLLED_BACK = ('install', 'activate', 'operands', 'verify', 'gates', 'kernel_default')
 NOT_ROLLED_BACK = ('preflight', 'progress', 'kernel_check', 'drain', 'snapshot', 'rke2', 'ready', 'vms', 'postflight',
                    'uncordon')
 
@@ -61,7 +61,7 @@ def test_step_records():
     assert dict((s.name, s.records) for s in _node_record.STEPS) == {
         'preflight': None, 'progress': None, 'drain': 'drained', 'snapshot': 'snapshotted', 'rke2': None,
         'install': 'installed', 'activate': None, 'ready': 'activated', 'gates': 'validated', 'vms': None,
-        'postflight': None, 'uncordon': 'done', 'kernel_check': None, 'verify': None, 'kernel_default': None}
+        'postflight': None, 'uncordon': 'done', 'kernel_check': None, 'verify': None, 'kernel_default': None, 'operands': None}
 
 
 @pytest.mark.parametrize('name', ['holders', 'Install', '', None, 'gates '])
@@ -117,6 +117,22 @@ def test_evidence_phases_with_a_kernel_change():
     # a failed kernel step is listed up to it even if not marked as a kernel change
     assert _node_record.evidence_phases('kernel_default', rke2_applied=False, dra=False) == [
         'drain', 'snapshot', 'install', 'activate', 'ready', 'verify', 'gates']
+
+
+def test_evidence_phases_with_the_gpu_operators_operands():
+    assert _node_record.evidence_phases(None, rke2_applied=False, dra=False, operands=True) == [
+        'drain', 'snapshot', 'install', 'activate', 'ready', 'operands', 'verify', 'gates', 'uncordon']
+    # the node's new operands did not come up: listed up to the step before
+    assert _node_record.evidence_phases('operands', rke2_applied=False, dra=False, operands=True) == [
+        'drain', 'snapshot', 'install', 'activate', 'ready']
+    # a failed operands step is listed up to it even where the result did not say the operator runs them
+    assert _node_record.evidence_phases('operands', rke2_applied=False, dra=False) == [
+        'drain', 'snapshot', 'install', 'activate', 'ready']
+
+
+def test_an_operands_failure_rolls_the_node_back():
+    assert _node_record.failure('operands') == {'phase': 'operands', 'rollback': True, 'hint': ''}
+    assert _node_record.failure('operands', rollback_on_failure=False)['rollback'] is False
 
 
 def test_kernel_failures_roll_back_but_its_preflight_does_not():
