@@ -30,10 +30,11 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ['NVIDIADRIVERS_PATH', 'OPERANDS', 'drivers_of', 'read_drivers', 'OPERATOR_ARG_SPEC', 'PAUSE_VALUE', 'PAUSED_ANNOTATION', 'RESTORE_ANNOTATION', 'GpuOperatorError', 'node_paused',
-           'plan_pause', 'plan_resume', 'image_of', 'merge_values', 'node_restarts',
-           'node_settled', 'plan_change', 'read_state', 'reconciled', 'restore_values', 'recorded_restore',
-           'values_of']
+__all__ = ['CHART_TOLERATIONS', 'DAEMONSET_TOLERATIONS', 'GpuOperatorError', 'NVIDIADRIVERS_PATH', 'OPERANDS',
+           'OPERATOR_ARG_SPEC', 'PAUSED_ANNOTATION', 'PAUSE_VALUE', 'RESTORE_ANNOTATION', 'drivers_of',
+           'image_of', 'merge_values', 'node_paused', 'node_restarts', 'node_settled', 'plan_change',
+           'plan_pause', 'plan_resume', 'read_drivers', 'read_state', 'reconciled', 'recorded_restore',
+           'restore_values', 'tolerates', 'untolerated', 'values_of']
 
 Obj = Dict[str, Any]
 
@@ -124,6 +125,51 @@ def values_of(helm_chart: Optional[Obj], cluster_policy: Optional[Obj]) -> Obj:
 
 
 SAFE_SETTINGS = (('daemonsets.updateStrategy', 'OnDelete'), ('driver.upgradePolicy.autoUpgrade', False))
+# The chart's own `daemonsets.tolerations` (values.yaml), what the operands tolerate where the values set none.
+CHART_TOLERATIONS = ({'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'},)
+# What the DaemonSet controller adds to every DaemonSet pod (pkg/controller/daemon/util): a node tainted
+# with only these still runs the pods.
+DAEMONSET_TOLERATIONS = (
+    {'key': 'node.kubernetes.io/not-ready', 'operator': 'Exists', 'effect': 'NoExecute'},
+    {'key': 'node.kubernetes.io/unreachable', 'operator': 'Exists', 'effect': 'NoExecute'},
+    {'key': 'node.kubernetes.io/disk-pressure', 'operator': 'Exists', 'effect': 'NoSchedule'},
+    {'key': 'node.kubernetes.io/memory-pressure', 'operator': 'Exists', 'effect': 'NoSchedule'},
+    {'key': 'node.kubernetes.io/pid-pressure', 'operator': 'Exists', 'effect': 'NoSchedule'},
+    {'key': 'node.kubernetes.io/unschedulable', 'operator': 'Exists', 'effect': 'NoSchedule'},
+)
+
+
+def tolerates(tolerations: Sequence[Obj], taint: Obj) -> bool:
+    """Whether `tolerations` tolerate `taint`, as the scheduler decides (an empty effect matches every
+    effect; operator Exists with no key matches every taint; Equal, the default, compares the value)."""
+    for tol in tolerations or []:
+        if tol.get('effect') and tol.get('effect') != taint.get('effect'):
+            continue
+        if (tol.get('operator') or 'Equal') == 'Exists':
+            if not tol.get('key') or tol.get('key') == taint.get('key'):
+                return True
+        elif tol.get('key') == taint.get('key') and (tol.get('value') or '') == (taint.get('value') or ''):
+            return True
+    return False
+
+
+def untolerated(node: Obj, daemonsets: Sequence[Obj], operands: Sequence[str]) -> List[str]:
+    """For each of `operands` (DaemonSet names), the node's NoSchedule/NoExecute taints its pod template
+    does not tolerate: a pod of it deleted from the node (or paused off it) would not come back."""
+    taints = [t for t in ((node.get('spec') or {}).get('taints') or [])
+              if t.get('effect') in ('NoSchedule', 'NoExecute')]
+    out = []
+    for ds in sorted(daemonsets, key=_name):
+        if _name(ds) not in operands:
+            continue
+        tols = list(((((ds.get('spec') or {}).get('template') or {}).get('spec') or {}).get('tolerations')) or [])
+        tols += list(DAEMONSET_TOLERATIONS)
+        for t in taints:
+            if not tolerates(tols, t):
+                out.append('%s does not tolerate the taint %s%s:%s of %s' % (
+                    _name(ds), t.get('key'), '=%s' % t['value'] if t.get('value') else '', t.get('effect'),
+                    _name(node)))
+    return out
 
 
 def recorded_restore(obj: Optional[Obj]) -> Optional[Obj]:
@@ -157,6 +203,16 @@ def plan_change(values: Obj, target: Mapping[str, Any], recorded: Optional[Obj] 
     dcgm = target.get('dcgm_exporter_version')
     if dcgm:
         _set(after, 'dcgmExporter.version', str(dcgm))
+    extra_tolerations = target.get('tolerations') or []
+    if extra_tolerations:
+        current = _get(after, 'daemonsets.tolerations')
+        merged = list(copy.deepcopy(current)) if isinstance(current, list) else copy.deepcopy(list(CHART_TOLERATIONS))
+        for tol in extra_tolerations:
+            if not isinstance(tol, dict) or not tol.get('key'):
+                raise GpuOperatorError('tolerations: %r is not a toleration with a key' % (tol,))
+            if tol not in merged:
+                merged.append(dict(tol))
+        _set(after, 'daemonsets.tolerations', merged)
     restore = dict(recorded) if recorded else settings_of(values)
     for key, safe in SAFE_SETTINGS:
         _set(after, key, safe)

@@ -89,6 +89,14 @@ options:
     description: With O(state=cluster), O(values) replace the current values whole (a rollback to a snapshot).
     type: bool
     default: false
+  tolerations:
+    description:
+      - With O(state=cluster), tolerations every operand DaemonSet must have (appended to C(daemonsets.tolerations)
+        unless there; where the values set none, to the chart's default C(nvidia.com/gpu:NoSchedule)). The canary
+        playbook adds the canary taint's, so the canaries' operands come back while they are isolated. Never removed
+        by O(state=restore) (removing one would change every operand's template again).
+    type: list
+    elements: dict
   node:
     description: With O(state=node), O(state=pause) and O(state=resume), the node.
     type: str
@@ -177,7 +185,7 @@ import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
     OPERATOR_ARG_SPEC, GpuOperatorError, node_paused, node_restarts, node_settled, plan_cluster, plan_pause,
-    plan_restore, plan_resume, read_objects, rendered, state_of)
+    plan_restore, plan_resume, read_objects, rendered, state_of, untolerated)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
@@ -199,6 +207,7 @@ def main() -> None:
         dcgm_exporter_version=dict(type='str'),
         values=dict(type='dict'),
         replace_values=dict(type='bool', default=False),
+        tolerations=dict(type='list', elements='dict'),
         node=dict(type='str'),
         operands=dict(type='list', elements='str'),
         allow_stale=dict(type='bool', default=False),
@@ -224,7 +233,7 @@ def main() -> None:
             if p['state'] == 'cluster':
                 plan = plan_cluster(objs, {'version': p['version'], 'values': p['values'],
                                            'dcgm_exporter_version': p['dcgm_exporter_version'],
-                                           'replace_values': p['replace_values']})
+                                           'replace_values': p['replace_values'], 'tolerations': p['tolerations']})
             else:
                 plan = plan_restore(objs)
                 stale = sorted({n for n, pods in state_of(objs)['nodes'].items() for x in pods if not x['current']})
@@ -257,6 +266,11 @@ def main() -> None:
             node_obj = client.get(node_path)
             present = sorted({x['operand'] for x in state['nodes'].get(node, [])})
             plan = plan_pause(node_obj, present, p['operands']) if p['state'] == 'pause' else plan_resume(node_obj)
+            if p['state'] == 'pause' and plan['patch']:
+                blocked = untolerated(node_obj, objs['daemonsets'], plan['operands'])
+                if blocked:
+                    module.fail_json(msg='gpu_operator_update: %s; their pods would not come back after the pause, '
+                                     'nothing was changed' % '; '.join(blocked))
             out = dict(changed=plan['changed'], paused={'labels': plan['labels'], 'operands': plan['operands']})
             if plan['patch'] and not module.check_mode:
                 client.patch(node_path, plan['patch'])
@@ -276,6 +290,13 @@ def main() -> None:
                 state['nodes'].get(node, [])
             module.exit_json(**out)
         restart = node_restarts(state, node, p['operands'])
+        if restart:
+            blocked = untolerated(client.get('/api/v1/nodes/%s' % node), objs['daemonsets'],
+                                  sorted({x['operand'] for x in restart}))
+            if blocked:
+                module.fail_json(msg='gpu_operator_update: %s; its pod would not come back after the restart, nothing '
+                                 'was deleted (add the toleration with tolerations at the cluster step)'
+                                 % '; '.join(blocked))
         out = dict(changed=bool(restart), restarted=restart)
         if restart and not module.check_mode:
             for pod in restart:

@@ -144,6 +144,51 @@ def test_lab_without_fault_completes(tmp_path):
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
 
 
+def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:
+    """node -> the tuple measured after its upgrade (the canary bundles, then the rollout's evidence)."""
+    out = {}
+    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    for path in bundles + [lab / 'evidence' / 'rollout.json']:
+        for n in json.loads(path.read_text())['nodes'].values():
+            if n.get('tuple_after'):
+                out[n['name']] = n['tuple_after']
+    return out
+
+
+def test_lab_with_the_real_gpu_operator_moves_every_component_of_the_tuple(tmp_path):
+    """NVIDIA's real GPU Operator runs the operands (issue 15): the canary's cluster step, each node's operands
+    moved in its window, the update strategy restored at the end; the lab's own verdict (Lab.operand_problems)
+    checks every node's operand pods at the target operator's current revision and RollingUpdate back."""
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--metrics', 'off', '--gpu-operator')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert 'gpu_operator v26.3.3 -> v26.3.4' in out.stdout and 'the whole rollout completed' in out.stdout
+    table = rows(out.stdout)
+    assert all(measured(r) == [K1, D1, R1, 'no', 'done'] for r in table.values()), table
+    lab = tmp_path / 'lab'
+    after = _tuple_after(lab)
+    assert sorted(after) == sorted(table)
+    assert all(t['gpu_operator'] == labenv.TARGET_GPU_OPERATOR and t['dcgm_exporter'] == labenv.DCGM_EXPORTER
+               for t in after.values()), after
+    (snapshot,) = (lab / 'qualification').glob('gpu-operator--*.json')
+    kept = json.loads(snapshot.read_text())
+    assert kept['gpu_operator']['chart']['version'] == labenv.GPU_OPERATOR
+    assert kept['chart_values']['daemonsets']['updateStrategy'] == 'RollingUpdate'
+
+
+def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_back(tmp_path):
+    """FAULT_KIND=operand: the faulty node's new DCGM exporter never starts (admission refuses it); its operands
+    step fails, the node stays cordoned and its host side is rolled back; the later batch keeps the old operands
+    and the update strategy stays OnDelete (Lab.operand_problems)."""
+    out = run_lab(tmp_path, '--nodes', '4', '--metrics', 'off', '--gpu-operator', '--fault-kind', 'operand')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    table = rows(out.stdout)
+    faulty = [n for n, r in table.items() if 'INJECTED' in ' '.join(r)]
+    assert len(faulty) == 1, table
+    assert measured(table[faulty[0]]) == [K0, D0, R1, 'yes', 'rolled-back'], table
+    assert 'operands failed' in out.stdout and 'nvidia-dcgm-exporter: no pod on %s yet' % faulty[0] in out.stdout
+    assert 'its rollback restored kernel %s with driver %s' % (K0, D0) in out.stdout
+
+
 def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # gpu-02 never comes back Ready after its (lab) reboot: the wait is bounded, the node stays
     # cordoned, no rollback is attempted on a node that is not up, and the run fails saying why.

@@ -75,7 +75,8 @@ SIMULATED = {'drain': 600, 'install': 300, 'activate': 300, 'gates': 600}
 METRIC_GATE = {'presets': ['xid', 'ecc', 'row_remap', 'temperature'], 'window': '10s', 'step': '1s',
                'min_samples': 5, 'temperature_max': 85}
 FAULT_KINDS = {'xid': 'Xid 79', 'temperature': 'GPU %d at %d C under load' % (lab_dcgm.HOT_GPU, lab_dcgm.HOT_C),
-               'kernel': 'kernel %s does not come up' % labenv.TARGET_KERNEL}
+               'kernel': 'kernel %s does not come up' % labenv.TARGET_KERNEL,
+               'operand': 'its new DCGM exporter (GPU Operator %s) does not start' % labenv.TARGET_GPU_OPERATOR}
 # The System Upgrade Controller stand-in: a node's RKE2 Job completes after SUC_DELAY; it polls the
 # API every SUC_INTERVAL (a few list requests each time: kept low on a shared 2-core machine).
 SUC_DELAY, SUC_INTERVAL = 0.2, 0.5
@@ -96,14 +97,21 @@ class Lab:
     def __init__(self, lab: pathlib.Path, nodes: int, fault: str, stuck: list[str], quiet: bool,
                  lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto',
                  account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
-                 misreport: dict[str, dict[str, str]] | None = None) -> None:
+                 misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False) -> None:
         """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
         stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
         {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
-        of the truth (a test of the measured tuple)."""
+        of the truth (a test of the measured tuple); `gpu_operator`: NVIDIA's real GPU Operator
+        (tests/cluster/gpuoperator.py, as root) runs the operands from an RKE2 HelmChart, the target moves
+        it to labenv.TARGET_GPU_OPERATOR and the playbooks run with gpufleet_gpu_operator_managed."""
         self.dir = lab
         self.change = change
         self.target = labenv.CHANGES[change]
+        self.gpu_operator = gpu_operator
+        self.operator: Any = None
+        self.helm: Any = None
+        if gpu_operator:
+            self.target = dict(self.target, gpu_operator=labenv.TARGET_GPU_OPERATOR)
         self.suc_enabled = suc
         self.suc: SucStandIn | None = None
         self.misreport = misreport or {}
@@ -165,8 +173,13 @@ class Lab:
         work = self.dir / 'cluster'
         shutil.rmtree(work, ignore_errors=True)
         self._cp, self._proxy, self.cluster = start_cluster(work, log=log)
-        labenv.apply_pool(self.cluster, self.names)
-        self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig')
+        if self.gpu_operator:
+            from cluster.gpuoperator import GpuOperator, HelmChartStandIn
+            self.operator = GpuOperator(self.cluster, log=log).start()
+            self.helm = HelmChartStandIn(self.cluster).__enter__()
+            log('NVIDIA GPU Operator (built from its Go module) running; RKE2 helm-controller stand-in for its HelmChart')
+        labenv.apply_pool(self.cluster, self.names, operator=self.operator)
+        self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig', gpu_operator=self.gpu_operator)
         log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
         if self.suc_enabled:
             # The RKE2 server runs the target already (servers first); the stand-in plays SUC's
@@ -264,6 +277,10 @@ class Lab:
         }
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
+        if self.gpu_operator:
+            # FAULT_KIND=operand: the faulty node's exporter never starts; its operands step fails at this bound.
+            v.update({'gpufleet_gpu_operator_managed': True,
+                      'gpufleet_gpu_operator_timeout': 20 if self.fault_kind == 'operand' else 120})
         v.update(self.lab_vars)
         return v
 
@@ -339,11 +356,40 @@ class Lab:
             later = plan['batches'][max(1, min(3, len(plan['batches']) - 2))]
             self.fault = later[len(later) // 2]
             self.write_conf()
+        if self.fault != 'none' and self.fault_kind == 'operand':
+            self.inject_operand_fault(self.fault)
         log('plan: %d combinations, canaries %s, %d batches of at most %d; injected fault: %s'
             % (len(plan['combinations']), ', '.join(plan['canaries']), len(plan['batches']), plan['batch_size'],
                '%s on %s after its upgrade' % (FAULT_KINDS[self.fault_kind], self.fault)
                if self.fault != 'none' else 'none'))
         return plan
+
+    def inject_operand_fault(self, node: str) -> None:
+        """FAULT_KIND=operand: the API server's admission (a real ValidatingAdmissionPolicy) refuses the DCGM
+        exporter pod of the target operator's revision on `node`, as an image that cannot be pulled or a pod
+        that cannot start would keep it from becoming Ready: its window's operands step waits and fails.
+        Every other pod of it, and that exporter on every other node, is admitted."""
+        affinity = 'object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution'
+        on_node = ('has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && has(%s) && '
+                   '%s.nodeSelectorTerms.exists(t, has(t.matchFields) && t.matchFields.exists(f, '
+                   'f.values.exists(v, v == %s)))' % (affinity, affinity, json.dumps(node)))
+        new = ('has(object.spec.initContainers) && object.spec.initContainers.exists(c, c.image.endsWith(%s))'
+               % json.dumps(':' + self.target['gpu_operator']))
+        exporter = "has(object.metadata.labels) && object.metadata.labels.?app.orValue('') == 'nvidia-dcgm-exporter'"
+        name = 'gpufleet-lab-operand-fault'
+        self.cluster.apply([
+            {'apiVersion': 'admissionregistration.k8s.io/v1', 'kind': 'ValidatingAdmissionPolicy',
+             'metadata': {'name': name},
+             'spec': {'failurePolicy': 'Fail',
+                      'matchConstraints': {'resourceRules': [{'apiGroups': [''], 'apiVersions': ['v1'],
+                                                              'operations': ['CREATE'], 'resources': ['pods']}]},
+                      'validations': [{'expression': '!(%s && %s && %s)' % (exporter, on_node, new),
+                                       'message': 'lab fault: the new DCGM exporter of %s does not start' % node}]}},
+            {'apiVersion': 'admissionregistration.k8s.io/v1', 'kind': 'ValidatingAdmissionPolicyBinding',
+             'metadata': {'name': name},
+             'spec': {'policyName': name, 'validationActions': ['Deny'],
+                      'matchResources': {'namespaceSelector': {'matchLabels': {
+                          'kubernetes.io/metadata.name': 'gpu-operator'}}}}}], settle=False)
 
     def approve(self) -> None:
         records = sorted((self.dir / 'qualification').glob('*.yaml'))
@@ -398,6 +444,51 @@ class Lab:
             got.append(('RKE2 (nodeInfo.kubeletVersion)', r['kubelet'], tup['rke2']))
         return ['%s %s' % (what, have) for what, have, want in got if have != want]
 
+    def operand_view(self) -> dict[str, Any]:
+        """With the real GPU Operator: per node, its operand pods not at their DaemonSet's current revision and
+        the operator version its validator pod runs (the image tag); the DaemonSets' update strategies."""
+        ns = 'gpu-operator'
+        current: dict[str, tuple[int, str]] = {}
+        for rev in self.cluster.list('apps/v1', 'ControllerRevision', ns):
+            owner = next((o['name'] for o in rev['metadata'].get('ownerReferences') or [] if o['kind'] == 'DaemonSet'), None)
+            if owner and rev.get('revision', 0) >= current.get(owner, (-1, ''))[0]:
+                current[owner] = (rev['revision'], rev['metadata'].get('labels', {}).get('controller-revision-hash', ''))
+        nodes: dict[str, dict[str, Any]] = {n: {'stale': [], 'validator': None} for n in self.names}
+        for pod in self.cluster.list('v1', 'Pod', ns):
+            owner = next((o['name'] for o in pod['metadata'].get('ownerReferences') or [] if o['kind'] == 'DaemonSet'), None)
+            node = pod['spec'].get('nodeName')
+            if not owner or node not in nodes or pod['metadata'].get('deletionTimestamp'):
+                continue
+            if pod['metadata'].get('labels', {}).get('controller-revision-hash') != current.get(owner, (0, None))[1]:
+                nodes[node]['stale'].append(owner)
+            if owner == 'nvidia-operator-validator':
+                nodes[node]['validator'] = pod['spec']['containers'][0]['image'].rsplit(':', 1)[-1]
+        strategies = {ds['metadata']['name']: (ds['spec'].get('updateStrategy') or {}).get('type')
+                      for ds in self.cluster.list('apps/v1', 'DaemonSet', ns)}
+        return {'nodes': nodes, 'strategies': strategies}
+
+    def operand_problems(self, upgraded: list[str], untouched: list[str], finished: bool) -> list[str]:
+        """The operator's side of the verdict: upgraded nodes run the target operator's operands at the current
+        revision, untouched nodes still the source's; the update strategy restored only when the rollout finished."""
+        view = self.operand_view()
+        problems = []
+        for name in upgraded:
+            n = view['nodes'][name]
+            if n['stale'] or n['validator'] != self.target['gpu_operator']:
+                problems.append('%s: operands not at the target operator %s (validator %s, not current: %s)' % (
+                    name, self.target['gpu_operator'], n['validator'], ', '.join(sorted(n['stale'])) or '-'))
+        for name in untouched:
+            n = view['nodes'][name]
+            if n['validator'] != labenv.CURRENT['gpu_operator']:
+                problems.append('%s (never in a window) runs operator %s operands, not %s' % (
+                    name, n['validator'], labenv.CURRENT['gpu_operator']))
+        want = 'RollingUpdate' if finished else 'OnDelete'
+        wrong = sorted(k for k, v in view['strategies'].items() if v != want)
+        if wrong:
+            problems.append('operand DaemonSets not %s %s: %s' % (
+                want, 'after the restore' if finished else 'while the rollout is unfinished', ', '.join(wrong)))
+        return problems
+
     def verdict(self, plan: dict, rollout_status: str) -> list[str]:
         rows = {r['node']: r for r in self.node_view()}
         problems = self.metric_verdict(rows)
@@ -411,6 +502,8 @@ class Lab:
                     problems.append('%s is not measured at the target: %s' % (r['node'], ', '.join(off)))
                 if r['cordoned']:
                     problems.append('%s is still cordoned' % r['node'])
+            if self.gpu_operator:
+                problems += self.operand_problems(list(rows), [], rollout_status == 'successful')
             return problems
         fb = next(i for i, b in enumerate(plan['batches']) if self.fault in b)
         if rollout_status == 'successful':
@@ -435,6 +528,10 @@ class Lab:
                                     % (name, i, ', '.join(self.off(r, target)) or 'cordoned'))
                 if i > fb and (self.off(r, source) or r['cordoned'] or r['state'] != '-'):
                     problems.append('%s (batch %d, after the fault) was touched: expansion did not stop' % (name, i))
+        if self.gpu_operator:
+            before = sorted(set(plan['canaries']) | {n for i, b in enumerate(plan['batches']) if i < fb for n in b})
+            after = [n for i, b in enumerate(plan['batches']) if i > fb for n in b]
+            problems += self.operand_problems(before, after, False)
         return problems
 
     def gate_verdicts(self) -> dict[str, dict[str, dict]]:
@@ -516,6 +613,15 @@ class Lab:
                 suc.__exit__(None, None, None)
             except AssertionError as exc:      # its errors, said (the run's verdict is made already)
                 log(str(exc))
+        if self.helm is not None:
+            helm, self.helm = self.helm, None
+            helm.__exit__(None, None, None)
+        if self.operator is not None:
+            operator, self.operator = self.operator, None
+            try:
+                operator.stop()
+            except Exception as exc:  # the control plane stops next anyway
+                log('gpu-operator stop: %s' % exc)
         if self._proxy is not None:
             self._proxy.stop()
             self._proxy = None
@@ -601,7 +707,8 @@ def run(args: argparse.Namespace) -> int:
                              % item)
         misreport.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
-              metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport)
+              metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
+              gpu_operator=args.gpu_operator)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -612,6 +719,8 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault != 'none' and lab.fault_kind == 'kernel' and lab.target['kernel'] == labenv.KERNEL:
             raise LabError('--fault-kind kernel needs a change of the kernel (--change %s keeps %s)'
                            % (lab.change, labenv.KERNEL))
+        if lab.fault != 'none' and lab.fault_kind == 'operand' and not lab.gpu_operator:
+            raise LabError('--fault-kind operand needs the real GPU Operator (--gpu-operator, GPU_OPERATOR=1)')
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
@@ -663,7 +772,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--fault-kind', choices=sorted(FAULT_KINDS), default=os.environ.get('FAULT_KIND', 'xid'),
                         help='xid: a new Xid 79 in the kernel log (the GPU gate sees it); temperature: a GPU runs '
                              'hot under load with the new driver (only the metric gate sees it; needs Prometheus); '
-                             'kernel: the target kernel does not come up (the trial boot falls back to the saved one)')
+                             'kernel: the target kernel does not come up (the trial boot falls back to the saved one); '
+                             'operand: the node\'s new DCGM exporter does not start (needs --gpu-operator)')
     parser.add_argument('--change', choices=sorted(labenv.CHANGES), default=os.environ.get('CHANGE', 'seed'),
                         help='seed: kernel, RKE2 and driver (the seed\'s example change); driver: the driver alone')
     parser.add_argument('--misreport', action='append', default=[], metavar='NODE:FIELD=VALUE',
@@ -671,6 +781,10 @@ def main(argv: list[str] | None = None) -> int:
                              '(FIELD dcgm_exporter: the image tag of the node\'s dcgm-exporter pod after its activation)')
     parser.add_argument('--metrics', choices=('auto', 'off'), default=os.environ.get('METRICS', 'auto'),
                         help='auto: run the metric gate when Prometheus is available; off: without it')
+    parser.add_argument('--gpu-operator', action='store_true', default=os.environ.get('GPU_OPERATOR', '') == '1',
+                        help='NVIDIA\'s real GPU Operator runs the operands (built from its Go module; as root): the '
+                             'target moves it to %s, canary.yml makes the cluster step, each node moves its own '
+                             'operands' % labenv.TARGET_GPU_OPERATOR)
     parser.add_argument('--nodes', type=int, default=40)
     parser.add_argument('--stuck', action='append', default=[], help='a node that does not come back Ready')
     parser.add_argument('--quiet', action='store_true', help='no ansible output')

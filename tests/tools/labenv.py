@@ -52,6 +52,8 @@ CURRENT = {'kernel': KERNEL, 'rke2': RKE2, 'driver': SOURCE_DRIVER, 'gpu_operato
 # The seed's example change (issue 14): kernel, RKE2 and driver move; the GPU Operator part
 # follows in its own issue.
 TARGET = dict(CURRENT, kernel=TARGET_KERNEL, rke2=TARGET_RKE2, driver=TARGET_DRIVER)
+# With the real GPU Operator (Lab(gpu_operator=True), `make lab GPU_OPERATOR=1`): the seed's operator change too.
+TARGET_GPU_OPERATOR = 'v26.3.4'
 # `lab.py --change driver`: the lab's earlier change, the driver alone (a reload, no reboot).
 CHANGES = {'seed': TARGET, 'driver': dict(CURRENT, driver=TARGET_DRIVER)}
 DRIVER_PRESET = 'ubuntu-server-prebuilt'
@@ -166,7 +168,19 @@ def _container(name: str, image: str, gpus: int = 0) -> dict:
     return c
 
 
-def kubernetes_objects(names: list[str]) -> list[dict]:
+def operator_objects() -> list[dict]:
+    """With NVIDIA's real GPU Operator (Lab(gpu_operator=True)): its Deployment at the source version, the RKE2
+    HelmChart the operator is installed from (values: host drivers, RollingUpdate, the source DCGM exporter) and
+    the ClusterPolicy that chart renders; the operator (tests/cluster/gpuoperator.py) creates the operand
+    DaemonSets from it."""
+    from cluster import fixtures
+    from cluster.gpuoperator import deployment
+    values = fixtures.operator_values(dcgm_exporter=DCGM_EXPORTER)
+    return [deployment(GPU_OPERATOR), fixtures.helm_chart(version=GPU_OPERATOR, values=values),
+            fixtures.operator_cluster_policy(version=GPU_OPERATOR, dcgm_exporter=DCGM_EXPORTER)]
+
+
+def kubernetes_objects(names: list[str], operator: bool = False) -> list[dict]:
     """The pool and its workloads, run by the control plane's real controllers: the GPU Operator's
     Deployment, the device plugin's and the DCGM exporter's DaemonSets (one pod per GPU node, made by
     the DaemonSet controller), and per GPU model a training ReplicaSet with one pod per node of the
@@ -175,15 +189,18 @@ def kubernetes_objects(names: list[str]) -> list[dict]:
     gpu_nodes = {'nvidia.com/gpu.present': 'true'}
     objs: list[dict] = [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': ns}}
                         for ns in ('gpu-operator', 'ml')]
-    objs.append(_workload('Deployment', 'gpu-operator', 'gpu-operator', {'app': 'gpu-operator'},
-                          {'containers': [_container('gpu-operator', 'nvcr.io/nvidia/gpu-operator:' + GPU_OPERATOR)]},
-                          replicas=1))
-    objs.append(_workload('DaemonSet', 'nvidia-dcgm-exporter', 'gpu-operator', {'app': 'nvidia-dcgm-exporter'},
-                          {'nodeSelector': gpu_nodes, 'containers': [
-                              _container('dcgm-exporter', 'nvcr.io/nvidia/k8s/dcgm-exporter:' + DCGM_EXPORTER)]}))
-    objs.append(_workload('DaemonSet', 'nvidia-device-plugin-daemonset', 'gpu-operator', dict(DEVICE_PLUGIN),
-                          {'nodeSelector': gpu_nodes, 'containers': [
-                              _container('nvidia-device-plugin', 'nvcr.io/nvidia/k8s-device-plugin:v0.18.1')]}))
+    if operator:
+        objs += operator_objects()
+    else:
+        objs.append(_workload('Deployment', 'gpu-operator', 'gpu-operator', {'app': 'gpu-operator'},
+                              {'containers': [_container('gpu-operator', 'nvcr.io/nvidia/gpu-operator:' + GPU_OPERATOR)]},
+                              replicas=1))
+        objs.append(_workload('DaemonSet', 'nvidia-dcgm-exporter', 'gpu-operator', {'app': 'nvidia-dcgm-exporter'},
+                              {'nodeSelector': gpu_nodes, 'containers': [
+                                  _container('dcgm-exporter', 'nvcr.io/nvidia/k8s/dcgm-exporter:' + DCGM_EXPORTER)]}))
+        objs.append(_workload('DaemonSet', 'nvidia-device-plugin-daemonset', 'gpu-operator', dict(DEVICE_PLUGIN),
+                              {'nodeSelector': gpu_nodes, 'containers': [
+                                  _container('nvidia-device-plugin', 'nvcr.io/nvidia/k8s-device-plugin:v0.18.1')]}))
     for m in MODELS:
         short = m['group'].split('_')[1]
         app = {'app': 'train-' + short}
@@ -199,16 +216,21 @@ def kubernetes_objects(names: list[str]) -> list[dict]:
         objs.append({'apiVersion': 'policy/v1', 'kind': 'PodDisruptionBudget',
                      'metadata': {'name': 'train-' + short, 'namespace': 'ml'},
                      'spec': {'selector': {'matchLabels': app}, 'maxUnavailable': 4}})
-    return [_node(name, model_of(i, len(names))) for i, name in enumerate(names)] + objs
+    nodes = [_node(name, model_of(i, len(names))) for i, name in enumerate(names)]
+    if operator:   # the operator labels its nodes' nvidia.com/gpu.deploy.* itself
+        for node in nodes:
+            node['metadata']['labels'] = {k: v for k, v in node['metadata']['labels'].items()
+                                          if not k.startswith('nvidia.com/gpu.deploy.')}
+    return nodes + objs
 
 
-def apply_pool(cluster: Any, names: list[str], timeout: float = 180) -> None:
+def apply_pool(cluster: Any, names: list[str], timeout: float = 180, operator: Any = None) -> None:
     """The pool on the control plane: the nodes first, until each is Ready and free of taints (the
     node lifecycle controller lifts its not-ready taint), then the workloads, until they run
     (wait_workloads). In that order the scheduler spreads the training pods one per node, as on a
     fleet whose nodes were up before its jobs; created together, the pods would pile on the first
     node that came up."""
-    objs = kubernetes_objects(names)
+    objs = kubernetes_objects(names, operator=operator is not None)
     nodes = [o for o in objs if o['kind'] == 'Node']
     cluster.apply(nodes, settle=False)
 
@@ -221,16 +243,23 @@ def apply_pool(cluster: Any, names: list[str], timeout: float = 180) -> None:
 
     cluster.wait_for(schedulable, timeout=timeout, interval=0.2, message='the lab\'s nodes Ready and untainted')
     cluster.apply([o for o in objs if o['kind'] != 'Node'], settle=False)
-    wait_workloads(cluster, timeout=timeout)
+    if operator is not None:
+        # The operator reconciles the ClusterPolicy into its operand DaemonSets: ready once every one is.
+        operator.wait_ready(timeout=timeout)
+    wait_workloads(cluster, timeout=timeout, operands=operator is not None)
 
 
-def wait_workloads(cluster: Any, timeout: float = 180) -> None:
+def wait_workloads(cluster: Any, timeout: float = 180, operands: bool = False) -> None:
     """Bounded: every DaemonSet, ReplicaSet and Deployment of the lab has its pods Running and
     Ready (the controllers created them, the scheduler placed them, KWOK ran them), and every
     PodDisruptionBudget has been computed by the disruption controller."""
     def ready() -> bool:
         for ds in cluster.list('apps/v1', 'DaemonSet', 'gpu-operator'):
             st = ds.get('status') or {}
+            # The real operator's operands that no node needs (the MIG manager without MIG) schedule none.
+            if operands and st.get('observedGeneration') == ds['metadata'].get('generation') and \
+                    st.get('desiredNumberScheduled') == 0:
+                continue
             if not st.get('desiredNumberScheduled') or st.get('numberReady') != st['desiredNumberScheduled']:
                 return False
         for kind in ('ReplicaSet', 'Deployment'):
@@ -252,7 +281,7 @@ OPERATOR_SA = ('gpufleet-system', 'gpufleet-upgrade')
 RBAC_DIR = HERE.parents[1] / 'docs' / 'rbac'
 
 
-def operator_kubeconfig(cluster: Any, path: pathlib.Path) -> str:
+def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = False) -> str:
     """The identity the lab's playbooks run as: the ServiceAccount gpufleet-system/gpufleet-upgrade
     bound to the collection's ClusterRoles (docs/rbac) as docs/rbac/bindings-example.yml and the
     roles' own comments say (reader and operator cluster-wide, the SUC Plans role in the controller's
@@ -260,14 +289,15 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path) -> str:
     import yaml
     ns, sa = OPERATOR_SA
     roles = {}
-    for name in ('reader', 'operator', 'rke2-plans'):
+    bound = ('reader', 'operator') + (('gpu-operator',) if gpu_operator else ())
+    for name in bound + ('rke2-plans',):
         doc = yaml.safe_load((RBAC_DIR / ('gpufleet-upgrade-%s.yml' % name)).read_text())
         roles[name] = doc
     subject = [{'kind': 'ServiceAccount', 'name': sa, 'namespace': ns}]
     ref = {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole'}
     objs: list[dict] = list(roles.values()) + [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': n}}
                                                for n in (ns, 'system-upgrade')]
-    for name in ('reader', 'operator'):
+    for name in bound:
         objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'ClusterRoleBinding',
                      'metadata': {'name': 'gpufleet-upgrade-' + name},
                      'roleRef': dict(ref, name='gpufleet-upgrade-' + name), 'subjects': subject})

@@ -529,3 +529,45 @@ def test_read_drivers_is_empty_where_the_api_is_not_served_and_raises_other_erro
     assert G.read_drivers(_Client(exc=_ApiError(404))) == []
     with pytest.raises(_ApiError):
         G.read_drivers(_Client(exc=_ApiError(403)))
+
+
+CANARY_TAINT = {'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}
+CANARY_TOLERATION = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
+
+
+@pytest.mark.parametrize('tolerations, taint, expected', [
+    ([{'key': 'gpufleet.io/canary', 'operator': 'Exists'}], CANARY_TAINT, True),
+    ([CANARY_TOLERATION], dict(CANARY_TAINT, effect='NoExecute'), False),
+    ([{'operator': 'Exists'}], CANARY_TAINT, True),
+    ([{'key': 'gpufleet.io/canary', 'value': 'true'}], CANARY_TAINT, True),
+    ([{'key': 'gpufleet.io/canary', 'value': 'false'}], CANARY_TAINT, False),
+    ([{'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'}], CANARY_TAINT, False),
+    ([], CANARY_TAINT, False),
+])
+def test_tolerates_as_the_scheduler_matches(tolerations, taint, expected):
+    assert G.tolerates(tolerations, taint) is expected
+
+
+def test_untolerated_names_each_operand_and_taint_and_ignores_what_daemonsets_always_tolerate():
+    node = {'metadata': {'name': 'gpu-01'}, 'spec': {'unschedulable': True, 'taints': [
+        CANARY_TAINT, {'key': 'node.kubernetes.io/unschedulable', 'effect': 'NoSchedule'},
+        {'key': 'example.com/soft', 'effect': 'PreferNoSchedule'}]}}
+    exporter = daemonset('nvidia-dcgm-exporter', DCGM_IMAGE)
+    plugin = daemonset('nvidia-device-plugin-daemonset', 'plugin:1')
+    plugin['spec']['template']['spec']['tolerations'] = [CANARY_TOLERATION]
+    assert G.untolerated(node, [exporter, plugin], ['nvidia-dcgm-exporter', 'nvidia-device-plugin-daemonset']) == [
+        'nvidia-dcgm-exporter does not tolerate the taint gpufleet.io/canary=true:NoSchedule of gpu-01']
+    assert G.untolerated(node, [exporter, plugin], ['nvidia-device-plugin-daemonset']) == []
+    assert G.untolerated({'metadata': {'name': 'n'}, 'spec': {}}, [exporter], ['nvidia-dcgm-exporter']) == []
+
+
+def test_plan_change_appends_tolerations_to_the_values_or_to_the_charts_default():
+    after, _restore = G.plan_change({'daemonsets': {'tolerations': [{'key': 'a', 'operator': 'Exists'}]}},
+                                    {'tolerations': [CANARY_TOLERATION]})
+    assert after['daemonsets']['tolerations'] == [{'key': 'a', 'operator': 'Exists'}, CANARY_TOLERATION]
+    again, _restore = G.plan_change(after, {'tolerations': [CANARY_TOLERATION]})
+    assert again['daemonsets']['tolerations'] == after['daemonsets']['tolerations']
+    default, _restore = G.plan_change({}, {'tolerations': [CANARY_TOLERATION]})
+    assert default['daemonsets']['tolerations'] == list(G.CHART_TOLERATIONS) + [CANARY_TOLERATION]
+    with pytest.raises(G.GpuOperatorError, match='tolerations: .* is not a toleration with a key'):
+        G.plan_change({}, {'tolerations': [{'operator': 'Exists'}]})
