@@ -446,26 +446,20 @@ class Lab:
 
     def operand_view(self) -> dict[str, Any]:
         """With the real GPU Operator: per node, its operand pods not at their DaemonSet's current revision and
-        the operator version its validator pod runs (the image tag); the DaemonSets' update strategies."""
+        the operator version its validator pod runs (the image tag); the DaemonSets' update strategies. Read as
+        gpu_operator_info reads them (_gpu_operator.read_state), from the lab's administrator view."""
+        from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import read_state
         ns = 'gpu-operator'
-        current: dict[str, tuple[int, str]] = {}
-        for rev in self.cluster.list('apps/v1', 'ControllerRevision', ns):
-            owner = next((o['name'] for o in rev['metadata'].get('ownerReferences') or [] if o['kind'] == 'DaemonSet'), None)
-            if owner and rev.get('revision', 0) >= current.get(owner, (-1, ''))[0]:
-                current[owner] = (rev['revision'], rev['metadata'].get('labels', {}).get('controller-revision-hash', ''))
-        nodes: dict[str, dict[str, Any]] = {n: {'stale': [], 'validator': None} for n in self.names}
-        for pod in self.cluster.list('v1', 'Pod', ns):
-            owner = next((o['name'] for o in pod['metadata'].get('ownerReferences') or [] if o['kind'] == 'DaemonSet'), None)
-            node = pod['spec'].get('nodeName')
-            if not owner or node not in nodes or pod['metadata'].get('deletionTimestamp'):
-                continue
-            if pod['metadata'].get('labels', {}).get('controller-revision-hash') != current.get(owner, (0, None))[1]:
-                nodes[node]['stale'].append(owner)
-            if owner == 'nvidia-operator-validator':
-                nodes[node]['validator'] = pod['spec']['containers'][0]['image'].rsplit(':', 1)[-1]
-        strategies = {ds['metadata']['name']: (ds['spec'].get('updateStrategy') or {}).get('type')
-                      for ds in self.cluster.list('apps/v1', 'DaemonSet', ns)}
-        return {'nodes': nodes, 'strategies': strategies}
+        state = read_state(self.cluster.get('nvidia.com/v1', 'ClusterPolicy', 'cluster-policy'),
+                           self.cluster.list('apps/v1', 'DaemonSet', ns),
+                           self.cluster.list('apps/v1', 'ControllerRevision', ns), self.cluster.list('v1', 'Pod', ns))
+        nodes: dict[str, dict[str, Any]] = {}
+        for name in self.names:
+            pods = state['nodes'].get(name, [])
+            validator = next((x['image'] for x in pods if x['operand'] == 'nvidia-operator-validator'), None)
+            nodes[name] = {'stale': [x['operand'] for x in pods if not x['current']],
+                           'validator': validator.rsplit(':', 1)[-1] if validator else None}
+        return {'nodes': nodes, 'strategies': {o['name']: o['update_strategy'] for o in state['operands']}}
 
     def operand_problems(self, upgraded: list[str], untouched: list[str], finished: bool) -> list[str]:
         """The operator's side of the verdict: upgraded nodes run the target operator's operands at the current
