@@ -37,7 +37,8 @@ def snapshot_file(directory: str, node: str, target: Dict[str, Any]) -> str:
     if not isinstance(node, str) or not node:
         raise RolloutError('node: %r is not a node name' % (node,))
     slug = re.sub(r'[^A-Za-z0-9._-]+', '_', target_key(target))
-    return '%s/%s--%s.json' % (str(directory).rstrip('/') or '/', node, slug)
+    # the directory without its trailing slashes, then one: '/' gives '/<file>', not '//<file>'
+    return '%s/%s--%s.json' % (str(directory).rstrip('/'), node, slug)
 
 
 GATE_NAMES = ('gpu', 'node', 'tuple', 'metric', 'workload')
@@ -102,6 +103,9 @@ def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = N
     """The verdict of a node's gates from their registered results (name -> result; a skipped or
     absent gate is not counted): the evidence bundle's gate entries, whether every gate that ran
     passed, and the failure message naming each failed gate."""
+    if not isinstance(results, dict):
+        raise RolloutError('results: expected a mapping of gate name to registered result, got %s'
+                           % type(results).__name__)
     finished = finished or rfc3339(utcnow())
     entries: List[Dict[str, Any]] = []
     failed: List[str] = []

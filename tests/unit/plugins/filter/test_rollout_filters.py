@@ -39,6 +39,8 @@ def test_values():
     assert F.pci_slug(['10de:2330']) == '10de2330'
     assert F.snapshot_file('/snap', 'gpu-01', TARGET) == \
         '/snap/gpu-01--driver_580.126.20_kernel_6.8.0-134-generic_rke2_v1.35.3_rke2r3.json'
+    assert F.snapshot_file('/', 'gpu-01', TARGET) == \
+        '/gpu-01--driver_580.126.20_kernel_6.8.0-134-generic_rke2_v1.35.3_rke2r3.json'
     assert F.node_failure('install') == {'phase': 'install', 'rollback': True, 'hint': ''}
     assert F.node_failure('install', False)['rollback'] is False
     assert F.node_failure('drain', True)['rollback'] is False
@@ -89,6 +91,9 @@ def test_in_a_template():
     ('batch_admission', (fleet(), ['gpu-01'], {}), {},
      'plan.max_unavailable: None is not an integer (is this a reviewed plan?)'),
     ('batch_admission', ([{'gpus': 8}], ['gpu-01'], PLAN), {}, "nodes[0]: {'gpus': 8} is not a node with a name"),
+    ('gate_results', (['gpu'], 'gpu-01'), {}, 'results: expected a mapping of gate name to registered result, got list'),
+    ('gate_results', (None, 'gpu-01'), {},
+     'results: expected a mapping of gate name to registered result, got NoneType'),
     ('node_failure', ('holders',), {}, "step: 'holders' is not one of " + ', '.join(STEP_NAMES)),
     ('node_failure', ('Install | Step',), {}, "step: 'Install | Step' is not one of " + ', '.join(STEP_NAMES)),
     ('rollout_node_entry', (PLAN, 'gpu-99'), {}, "host 'gpu-99' is in no combination of the plan"),

@@ -88,6 +88,18 @@ def test_snapshot_file():
     assert re.fullmatch(r'[A-Za-z0-9._-]+', _rollout.snapshot_file('s', 'gpu-01', TARGET)[2:]) is not None
 
 
+@pytest.mark.parametrize('directory,path', [
+    ('/', '/gpu-01--driver_580.json'),                  # the root: one slash, not '//gpu-01--...'
+    ('//', '/gpu-01--driver_580.json'),
+    ('/var/lib/snaps', '/var/lib/snaps/gpu-01--driver_580.json'),
+    ('/var/lib/snaps/', '/var/lib/snaps/gpu-01--driver_580.json'),
+    ('/var/lib/snaps///', '/var/lib/snaps/gpu-01--driver_580.json'),
+    ('snaps', 'snaps/gpu-01--driver_580.json'),
+])
+def test_snapshot_file_joins_the_directory_with_one_slash(directory, path):
+    assert _rollout.snapshot_file(directory, 'gpu-01', {'driver': '580'}) == path
+
+
 @pytest.mark.parametrize('node', ['', None, 7])
 def test_snapshot_file_needs_a_node_name(node):
     with pytest.raises(_rollout.RolloutError) as err:
@@ -149,6 +161,15 @@ def test_gate_results_skipped_or_absent_gates_are_not_counted(absent):
     out = _rollout.gate_results(results, 'gpu-01', finished=NOW)
     assert [e['name'] for e in out['evidence']] == ['gpu', 'node']
     assert out['passed'] is True
+
+
+@pytest.mark.parametrize('results,kind', [
+    (None, 'NoneType'), ([{'passed': True}], 'list'), ('gpu', 'str'), (42, 'int'),
+])
+def test_gate_results_refuses_results_that_are_not_a_mapping(results, kind):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.gate_results(results, 'gpu-01', finished=NOW)
+    assert str(err.value) == 'results: expected a mapping of gate name to registered result, got %s' % kind
 
 
 def test_gate_results_unknown_names_are_not_gates():
