@@ -250,9 +250,14 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     Unavailable during the batch = the nodes out of service now (out_of_service_reasons) + the
     batch's nodes still in service; it must stay within max_unavailable, and the capacity left in
     service within the failure allowance (nodes, GPUs), as the planner computed the batch."""
-    if not isinstance(plan, dict) or not isinstance(plan.get('max_unavailable'), int):
-        raise PlanInputError('plan.max_unavailable: %r is not an integer (is this a reviewed plan?)'
-                             % ((plan or {}).get('max_unavailable') if isinstance(plan, dict) else plan,))
+    mu = plan.get('max_unavailable') if isinstance(plan, dict) else plan
+    if not isinstance(plan, dict) or isinstance(mu, bool) or not isinstance(mu, int):
+        raise PlanInputError('plan.max_unavailable: %r is not an integer (is this a reviewed plan?)' % (mu,))
+    if not isinstance(batch, (list, tuple)):
+        raise PlanInputError('batch: %r is not a list of node names' % (batch,))
+    for i, b in enumerate(batch):
+        if not isinstance(b, str) or not b:
+            raise PlanInputError('batch[%d]: %r is not a node name' % (i, b))
     out: List[str] = []
     seen: Dict[str, Dict[str, Any]] = {}
     for i, n in enumerate(nodes):
@@ -271,7 +276,6 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     allowance = (plan.get('budget') or {}).get('failure_allowance') or {}
     fa_nodes = (allowance.get('nodes') or {}).get('resolved')
     fa_gpus = (allowance.get('gpus') or {}).get('resolved')
-    mu = plan['max_unavailable']
     admitted = (unavailable <= mu and (fa_gpus is None or gpus_in_service >= fa_gpus)
                 and (fa_nodes is None or nodes_in_service >= fa_nodes))
     if admitted:

@@ -267,3 +267,28 @@ def test_planner_nodes_feed_the_planner():
 def test_planner_nodes_refuses_what_is_not_fleet_info_output(fleet):
     with pytest.raises(_plan.PlanInputError, match='fleet'):
         _plan.planner_nodes(fleet, {}, {})
+
+
+@pytest.mark.parametrize('batch,message', [
+    ('gpu-01', "batch: 'gpu-01' is not a list of node names"),     # not read per character
+    (None, 'batch: None is not a list of node names'),
+    ({'gpu-01': True}, "batch: {'gpu-01': True} is not a list of node names"),
+    (['gpu-01', 7], 'batch[1]: 7 is not a node name'),
+    (['gpu-01', ''], "batch[1]: '' is not a node name"),
+    ([None], 'batch[0]: None is not a node name'),
+])
+def test_batch_must_be_a_list_of_node_names(batch, message):
+    with pytest.raises(_plan.PlanInputError) as err:
+        _plan.batch_admission(pool(4), batch, reviewed(2))
+    assert str(err.value) == message
+
+
+def test_a_batch_tuple_is_a_list():
+    assert _plan.batch_admission(pool(4), ('gpu-01',), reviewed(1))['admitted'] is True
+
+
+@pytest.mark.parametrize('max_unavailable', [True, False, '2', 2.0, None])
+def test_max_unavailable_must_be_an_integer_not_a_boolean(max_unavailable):
+    with pytest.raises(_plan.PlanInputError) as err:
+        _plan.batch_admission(pool(4), ['gpu-01'], reviewed(max_unavailable))
+    assert str(err.value) == 'plan.max_unavailable: %r is not an integer (is this a reviewed plan?)' % (max_unavailable,)
