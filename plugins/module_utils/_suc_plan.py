@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import NotFoundError, path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, path_for
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
@@ -554,12 +554,15 @@ class SequenceResult:
     """What ``apply_one_at_a_time`` did. ``applied``: the Plans written so far (merged over the
     steps); ``waited``: one entry a Plan waited for (name, node, done, seconds, kubelet_version,
     summary); ``msg``: why it stopped before every Plan was done (None: all done); ``refused``: it
-    stopped before writing anything, ``problems`` saying why."""
+    stopped before writing anything, ``problems`` saying why; ``error``: the SucPlanError or
+    K8sError that stopped it (``applied`` still holds the Plans written before it; ``problems`` the
+    error's problems)."""
     applied: ApplyResult
     waited: List[Dict[str, Any]] = field(default_factory=list)
     msg: Optional[str] = None
     refused: bool = False
     problems: List[str] = field(default_factory=list)
+    error: Optional[Exception] = None
 
 
 def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str, target_rke2: str,
@@ -570,7 +573,8 @@ def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str
     these is unfinished, nothing is written (``refused``). Then for each Plan in order: create or
     update it (``apply_plans``, which raises SucPlanError for a Plan someone else owns), and wait for
     its node (``wait_for_plan``, ``timeout`` and ``interval`` seconds); the first that does not
-    finish stops the sequence (``msg``) and no later Plan is written."""
+    finish stops the sequence (``msg``) and no later Plan is written. A SucPlanError or K8sError
+    while writing or waiting for a Plan stops it too (``error``), keeping what was written before."""
     applied = ApplyResult(changed=False, applied=[], before={}, after={})
     out = SequenceResult(applied=applied)
     if not plans:
@@ -585,13 +589,20 @@ def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str
                       RECOVERY_HINT))
         return out
     for plan in plans:
-        step = apply_plans(client, [plan], check_mode=False)
-        applied.changed = applied.changed or step.changed
-        applied.applied += step.applied
-        applied.before.update(step.before)
-        applied.after.update(step.after)
         node = plan['metadata']['annotations']['gpufleet.io/node']
-        progress, seconds = wait_for_plan(client, plan, node, target_rke2, timeout, interval, clock=clock, sleep=sleep)
+        try:
+            step = apply_plans(client, [plan], check_mode=False)
+            applied.changed = applied.changed or step.changed
+            applied.applied += step.applied
+            applied.before.update(step.before)
+            applied.after.update(step.after)
+            progress, seconds = wait_for_plan(client, plan, node, target_rke2, timeout, interval, clock=clock,
+                                              sleep=sleep)
+        except (SucPlanError, K8sError) as exc:
+            # The Plans written before this one stay in `applied`: the caller reports them (changed).
+            out.error, out.problems = exc, list(getattr(exc, 'problems', None) or [])
+            out.msg = 'RKE2 Plan %s for node %s: %s' % (plan['metadata']['name'], node, exc)
+            return out
         out.waited.append({'name': plan['metadata']['name'], 'node': node, 'done': progress.done,
                            'seconds': round(seconds, 1), 'kubelet_version': progress.kubelet_version,
                            'summary': progress.summary})

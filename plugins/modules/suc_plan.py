@@ -39,7 +39,9 @@ description:
     next Plan written. No Plan is written while another gpufleet-managed Plan in the namespace is
     unfinished (not C(Complete) for its version), so there is one RKE2 upgrade at a time. A failed upgrade
     Job (C(Complete=False), reason C(JobFailed)), a Plan that completed without selecting its node, or the
-    deadline fail the task; nothing is rolled back (RKE2 is not downgraded).
+    deadline fail the task; nothing is rolled back (RKE2 is not downgraded). A Plan it may not change (not
+    gpufleet-managed) or an API error fails it too; the failure result still lists the Plans written before in
+    RV(applied), with C(changed).
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
@@ -344,8 +346,8 @@ def main() -> None:
         if p['wait'] and (p['wait_timeout'] <= 0 or p['wait_interval'] <= 0):
             module.fail_json(msg='wait_timeout (%r) and wait_interval (%r) must be positive'
                              % (p['wait_timeout'], p['wait_interval']))
-        with module.errors(expected=(SucPlanError,), prefixes={SucPlanError: 'refusing to apply RKE2 Plans: ',
-                                                               K8sError: 'applying RKE2 Plans failed: '}, **out):
+        prefixes = {SucPlanError: 'refusing to apply RKE2 Plans: ', K8sError: 'applying RKE2 Plans failed: '}
+        with module.errors(expected=(SucPlanError,), prefixes=prefixes, **out):
             if waiting and result.plans:
                 # One Plan at a time: write it, wait for its node, then the next.
                 sequence = apply_one_at_a_time(module.client, result.plans, p['namespace'], p['target_rke2'],
@@ -353,6 +355,10 @@ def main() -> None:
                 if sequence.refused:
                     module.fail_json(msg=sequence.msg, problems=sequence.problems, **out)
                 applied = sequence.applied
+                if sequence.error is not None:
+                    # the error's message, as without wait, with the Plans written before it
+                    module.fail_from(sequence.error, (SucPlanError,), prefixes=prefixes, **dict(
+                        out, changed=applied.changed, applied=applied.applied, waited=sequence.waited))
                 if sequence.msg:
                     out.update(changed=applied.changed, applied=applied.applied, waited=sequence.waited)
                     module.fail_json(msg=sequence.msg, **out)

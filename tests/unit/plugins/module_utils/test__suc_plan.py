@@ -4,12 +4,17 @@ import copy
 import re
 
 import pytest
+from ansible.module_utils.testing import patch_module_args
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
     SucPlanError, check_hop, parse_rke2_version, plan_name, render_plans)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _suc_plan as S
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
+from ansible_collections.gpufleet.upgrade.plugins.modules import suc_plan
+from tools.module_exit import ModuleExit, capture_module_exits
 
 CUR = 'v1.35.3+rke2r3'
 TGT = 'v1.36.1+rke2r1'
@@ -498,13 +503,93 @@ def test_sequence_refuses_while_another_upgrade_is_unfinished():
     assert client.writes == [] and out.waited == [] and not out.applied.changed
 
 
-def test_sequence_refuses_a_foreign_plan_before_writing_it():
+def _foreign_agent_plan():
     foreign = copy.deepcopy(_two_plans()[1])
     del foreign['metadata']['labels']['app.kubernetes.io/managed-by']
-    client = _SequenceClient([foreign])
-    with pytest.raises(SucPlanError, match='gpufleet-rke2-agent-g-1 exists and is not managed by'):
-        _sequence(client, _two_plans())
+    return foreign
+
+
+FOREIGN = ('Plan system-upgrade/gpufleet-rke2-agent-g-1 exists and is not managed by gpufleet.upgrade '
+           '(label app.kubernetes.io/managed-by); refusing to change it')
+
+
+def test_sequence_refuses_a_foreign_plan_before_writing_it():
+    client = _SequenceClient([_foreign_agent_plan()])
+    out = _sequence(client, _two_plans())
     assert [w[0] for w in client.writes] == ['POST']                          # only the server's Plan
+    assert isinstance(out.error, SucPlanError) and out.problems == [FOREIGN] and not out.refused
+    assert out.msg == 'RKE2 Plan gpufleet-rke2-agent-g-1 for node g-1: %s' % FOREIGN
+    # The server's Plan was written (and waited for) before the refusal: the result says so.
+    assert out.applied.changed is True
+    assert [(a['name'], a['action']) for a in out.applied.applied] == [('gpufleet-rke2-server-cp-1', 'created')]
+    assert list(out.applied.after) == ['system-upgrade/gpufleet-rke2-server-cp-1']
+    assert [(w['node'], w['done']) for w in out.waited] == [('cp-1', True)]
+
+
+class _FailingPostClient(_SequenceClient):
+    """_SequenceClient whose API fails the write of the Plan of the nodes in `broken`."""
+
+    def __init__(self, objs=(), broken=()):
+        super().__init__(objs)
+        self.broken = set(broken)
+
+    def post(self, path, body):
+        if body['metadata']['annotations']['gpufleet.io/node'] in self.broken:
+            raise K8sError('POST %s: 503 Service Unavailable' % path, status=503, method='POST', path=path)
+        super().post(path, body)
+
+
+def test_sequence_stops_at_an_api_error_keeping_the_plans_written():
+    client = _FailingPostClient(broken=['g-1'])
+    out = _sequence(client, _two_plans())
+    assert isinstance(out.error, K8sError) and out.problems == [] and not out.refused
+    assert out.msg == ('RKE2 Plan gpufleet-rke2-agent-g-1 for node g-1: POST /apis/upgrade.cattle.io/v1/namespaces/'
+                       'system-upgrade/plans: 503 Service Unavailable')
+    assert out.applied.changed is True
+    assert [a['name'] for a in out.applied.applied] == ['gpufleet-rke2-server-cp-1']
+    assert [(w['node'], w['done']) for w in out.waited] == [('cp-1', True)]
+
+
+def test_sequence_error_on_the_first_plan_wrote_nothing():
+    client = _FailingPostClient(broken=['cp-1'])
+    out = _sequence(client, _two_plans())
+    assert isinstance(out.error, K8sError) and client.writes == []
+    assert out.applied.changed is False and out.applied.applied == [] and out.waited == []
+
+
+def _run_suc_plan(monkeypatch, client, **args):
+    """suc_plan's main() against `client` (state=present, wait=true): its exit or failure result."""
+    capture_module_exits(monkeypatch)
+    monkeypatch.setattr(K8sModule, 'client', property(lambda self: client))
+    params = dict({'state': 'present', 'wait': True, 'wait_timeout': 30, 'wait_interval': 1, 'target_rke2': TGT,
+                   'current_rke2': CUR, 'nodes': [{'name': 'cp-1', 'role': 'server'}, {'name': 'g-1', 'role': 'agent'}]},
+                  **args)
+    with patch_module_args(params):
+        with pytest.raises(ModuleExit) as out:
+            suc_plan.main()
+    return out.value.result
+
+
+@pytest.mark.parametrize('client,msg,problems', [
+    (lambda: _SequenceClient([_foreign_agent_plan()]), 'refusing to apply RKE2 Plans: ' + FOREIGN, [FOREIGN]),
+    (lambda: _FailingPostClient(broken=['g-1']), 'applying RKE2 Plans failed: POST /apis/upgrade.cattle.io/v1/'
+     'namespaces/system-upgrade/plans: 503 Service Unavailable', None),
+])
+def test_module_failure_lists_the_plans_written_before_the_error(monkeypatch, client, msg, problems):
+    res = _run_suc_plan(monkeypatch, client())
+    assert res['failed'] is True and res['msg'] == msg and res.get('problems') == problems
+    # The server's Plan was written before the error: changed, and listed.
+    assert res['changed'] is True
+    assert res['applied'] == [{'name': 'gpufleet-rke2-server-cp-1', 'namespace': 'system-upgrade', 'node': 'cp-1',
+                               'action': 'created'}]
+    assert [(w['node'], w['done']) for w in res['waited']] == [('cp-1', True)]
+    assert [pl['metadata']['name'] for pl in res['plans']] == ['gpufleet-rke2-server-cp-1', 'gpufleet-rke2-agent-g-1']
+
+
+def test_module_succeeds_with_every_plan_written(monkeypatch):
+    res = _run_suc_plan(monkeypatch, _SequenceClient())
+    assert res['failed'] is False and res['changed'] is True
+    assert [a['name'] for a in res['applied']] == ['gpufleet-rke2-server-cp-1', 'gpufleet-rke2-agent-g-1']
 
 
 def test_sequence_of_nothing_reads_nothing():
