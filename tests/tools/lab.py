@@ -292,11 +292,13 @@ class Lab:
 
     # ------------------------------------------------------------------ playbooks
     def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None,
-             cancel_on: Any = None) -> str:
-        """Run a playbook; `cancel_on(event) -> bool` kills the controller once true: ansible-playbook
-        and every process it started (workers, running modules) get SIGKILL at once, as in a crash,
-        so the kill lands at that event rather than at ansible-runner's next poll of its cancel
-        callback (up to pexpect_timeout, 5 s, later); the run's status is then 'canceled'."""
+             cancel_on: Any = None, hook: Any = None) -> str:
+        """Run a playbook; `hook(event)` sees each event as ansible-runner reads it (the controller runs
+        on meanwhile: a test changes the cluster at a point of the run well before what it affects).
+        `cancel_on(event) -> bool` kills the controller once true: ansible-playbook and every process
+        it started (workers, running modules) get SIGKILL at once, as in a crash, so the kill lands
+        at that event rather than at ansible-runner's next poll of its cancel callback (up to
+        pexpect_timeout, 5 s, later); the run's status is then 'canceled'."""
         pdd = self.dir / 'runner' / name
         shutil.rmtree(pdd, ignore_errors=True)
         (pdd / 'project').mkdir(parents=True)
@@ -309,6 +311,8 @@ class Lab:
             data = event.get('event_data', {})
             events.append({'event': event.get('event'), 'host': data.get('host'), 'task': data.get('task'),
                            'changed': (data.get('res') or {}).get('changed')})
+            if hook is not None:
+                hook(event)
             if cancel_on is not None and not cancelled[0] and cancel_on(event):
                 cancelled[0] = True
                 _kill_controller(event.get('pid'))

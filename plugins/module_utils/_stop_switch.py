@@ -1,0 +1,105 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise.
+"""The rollout's stop switch: a ConfigMap an operator creates to stop a rollout before its next node.
+
+The switch is the ConfigMap ``<namespace>/<name>`` (default ``gpufleet-system/gpufleet-stop``). While
+it exists the rollout starts no node and no batch (the rollout and canary playbooks read it before
+each batch and before each node); a node already in progress finishes its upgrade, or fails and
+stays cordoned, so nothing is left half-done. Deleting the ConfigMap lets a rerun resume.
+
+Its ``data`` may say why and who (both optional, shown in the refusal):
+
+- ``reason``: why the rollout is stopped;
+- ``by``: who set it (the API server's audit log has the authenticated identity);
+- ``rollout``: the id of the one rollout it stops (``gpufleet_rollout_id``); absent or empty, it
+  stops every rollout that reads this switch.
+
+Pure: `judge` decides from the object read (None when the API answered 404).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, NamedTuple, Optional
+
+DEFAULT_NAMESPACE = 'gpufleet-system'
+DEFAULT_NAME = 'gpufleet-stop'
+# A ConfigMap's name is a DNS subdomain; its namespace a DNS label.
+_SUBDOMAIN = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
+_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
+# Text from the ConfigMap shown in a message is cut to this many characters.
+_SHOWN = 200
+
+
+class StopSwitchError(ValueError):
+    """Bad input (the message names the field and the value)."""
+
+
+class Verdict(NamedTuple):
+    stopped: bool
+    exists: bool
+    namespace: str
+    name: str
+    reason: str
+    set_by: str
+    set_at: str
+    rollout: str
+    msg: str
+
+    def as_dict(self) -> Dict[str, Any]:
+        return self._asdict()
+
+
+def check_names(namespace: Any, name: Any) -> None:
+    """StopSwitchError unless `namespace` is a DNS label and `name` a DNS subdomain."""
+    if not isinstance(namespace, str) or len(namespace) > 63 or not _LABEL.match(namespace):
+        raise StopSwitchError('namespace: %r is not a Kubernetes namespace name (a DNS label)' % (namespace,))
+    if not isinstance(name, str) or len(name) > 253 or not _SUBDOMAIN.match(name):
+        raise StopSwitchError('name: %r is not a ConfigMap name (a DNS subdomain)' % (name,))
+
+
+def path(namespace: str, name: str) -> str:
+    """The ConfigMap's API path (names checked first)."""
+    check_names(namespace, name)
+    return '/api/v1/namespaces/%s/configmaps/%s' % (namespace, name)
+
+
+def _text(data: Dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        return ''
+    value = ' '.join(value.split())
+    return value if len(value) <= _SHOWN else value[:_SHOWN - 3] + '...'
+
+
+def judge(configmap: Optional[Dict[str, Any]], namespace: str = DEFAULT_NAMESPACE, name: str = DEFAULT_NAME,
+          rollout_id: str = '') -> Verdict:
+    """Whether the switch stops the rollout `rollout_id` (empty: a rollout without an id).
+
+    None (no such ConfigMap): not stopped. A ConfigMap whose ``data.rollout`` names another rollout:
+    not stopped (it is that rollout's switch). Any other ConfigMap at that name stops it, whatever
+    else its data says: the switch fails safe."""
+    check_names(namespace, name)
+    if not isinstance(rollout_id, str):
+        raise StopSwitchError('rollout_id: %r is not a string' % (rollout_id,))
+    where = 'ConfigMap %s/%s' % (namespace, name)
+    if configmap is None:
+        return Verdict(False, False, namespace, name, '', '', '', '', 'the stop switch (%s) is not set' % where)
+    if not isinstance(configmap, dict):
+        raise StopSwitchError('%s: the API returned %s, not an object' % (where, type(configmap).__name__))
+    data = configmap.get('data') if isinstance(configmap.get('data'), dict) else {}
+    meta = configmap.get('metadata') if isinstance(configmap.get('metadata'), dict) else {}
+    reason, by, scope = _text(data, 'reason'), _text(data, 'by'), _text(data, 'rollout')
+    set_at = meta.get('creationTimestamp') if isinstance(meta.get('creationTimestamp'), str) else ''
+    if scope and scope != rollout_id:
+        return Verdict(False, True, namespace, name, reason, by, set_at, scope,
+                       'the stop switch (%s) is set for rollout %s only, not for %s'
+                       % (where, scope, rollout_id or 'this rollout (no id)'))
+    msg = ('rollout stopped by the stop switch (%s%s%s%s): no further node or batch starts; '
+           'delete the ConfigMap to let a rerun resume'
+           % (where, ', reason: %s' % reason if reason else '', ', set by %s' % by if by else '',
+              ', at %s' % set_at if set_at else ''))
+    return Verdict(True, True, namespace, name, reason, by, set_at, scope, msg)

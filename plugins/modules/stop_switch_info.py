@@ -1,0 +1,137 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: stop_switch_info
+short_description: Read the rollout's stop switch (a ConfigMap an operator creates to stop the rollout)
+version_added: 0.1.0
+description:
+  - Reads, with one GET request, the stop switch - the ConfigMap O(namespace)/O(name). While it exists the rollout
+    and canary playbooks start no further batch and no further node; a node already in progress finishes its
+    upgrade or fails and stays cordoned. Deleting the ConfigMap lets a rerun resume where the nodes' records say.
+  - The ConfigMap's C(data) may hold C(reason) (why), C(by) (who; the API server's audit log has the authenticated
+    identity) and C(rollout) (the id of the one rollout it stops; absent or empty, it stops every rollout). Any
+    other content still stops the rollout - the switch fails safe.
+  - A switch that cannot be read (for example 403 because the role lacks the permission) is an error, never
+    read as "not set".
+author:
+  - gpufleet.upgrade contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.upgrade.k8s_auth_options
+  - gpufleet.upgrade.attributes
+  - gpufleet.upgrade.attributes.info_module
+options:
+  namespace:
+    description: The switch's namespace.
+    type: str
+    default: gpufleet-system
+  name:
+    description: The switch's ConfigMap name.
+    type: str
+    default: gpufleet-stop
+  rollout_id:
+    description: The id of the rollout asking (C(gpufleet_rollout_id)); a switch whose C(data.rollout) names another
+      rollout does not stop this one.
+    type: str
+    default: ''
+  fail_when_stopped:
+    description: Fail, with the switch's reason, who set it and when in the message, when the switch stops the
+      rollout (what the playbooks use); otherwise return RV(stopped) and let the caller decide.
+    type: bool
+    default: false
+notes:
+  - Belongs to the C(gpufleet.upgrade.k8s) action group.
+  - "Setting the switch: C(kubectl -n gpufleet-system create configmap gpufleet-stop --from-literal=reason='...'
+    --from-literal=by=\"$USER\"); who may set it is the ClusterRole C(gpufleet-upgrade-stop) of docs/rbac."
+seealso:
+  - module: gpufleet.upgrade.upgrade_state
+"""
+
+EXAMPLES = r"""
+---
+- name: Stop here when an operator set the stop switch
+  gpufleet.upgrade.stop_switch_info:
+    rollout_id: gpu-rollout
+    fail_when_stopped: true
+
+- name: Read the switch and decide later
+  gpufleet.upgrade.stop_switch_info:
+  register: stop_switch
+"""
+
+RETURN = r"""
+stopped:
+  description: Whether the switch stops this rollout.
+  returned: success
+  type: bool
+  sample: false
+switch:
+  description: What was read.
+  returned: success
+  type: dict
+  contains:
+    exists:
+      description: Whether the ConfigMap exists.
+      type: bool
+    namespace:
+      description: Its namespace.
+      type: str
+    name:
+      description: Its name.
+      type: str
+    reason:
+      description: Its C(data.reason) (whitespace folded, at most 200 characters); empty when not given.
+      type: str
+    set_by:
+      description: Its C(data.by); empty when not given.
+      type: str
+    set_at:
+      description: Its creation time (RFC 3339); empty when it does not exist.
+      type: str
+    rollout:
+      description: Its C(data.rollout), the one rollout it stops; empty for every rollout.
+      type: str
+  sample: {exists: true, namespace: gpufleet-system, name: gpufleet-stop, reason: Xid storm in rack 12, set_by: alice,
+           set_at: '2026-12-02T07:00:00Z', rollout: ''}
+msg:
+  description: The verdict in words (with O(fail_when_stopped), the failure message).
+  returned: always
+  type: str
+"""
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import NotFoundError
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._stop_switch import (
+    DEFAULT_NAME, DEFAULT_NAMESPACE, StopSwitchError, judge, path)
+
+
+def main() -> None:
+    module = K8sModule('stop_switch_info', dict(
+        namespace=dict(type='str', default=DEFAULT_NAMESPACE),
+        name=dict(type='str', default=DEFAULT_NAME),
+        rollout_id=dict(type='str', default=''),
+        fail_when_stopped=dict(type='bool', default=False),
+    ))
+    p = module.params
+    with module.errors(expected=(StopSwitchError,), prefixes={StopSwitchError: 'stop_switch_info: '},
+                       context='reading the stop switch'):
+        where = path(p['namespace'], p['name'])
+        try:
+            configmap = module.client.get(where)
+        except NotFoundError:
+            configmap = None
+        verdict = judge(configmap, p['namespace'], p['name'], p['rollout_id'])
+    switch = {k: v for k, v in verdict.as_dict().items() if k not in ('stopped', 'msg')}
+    if verdict.stopped and p['fail_when_stopped']:
+        module.fail_json(msg=verdict.msg, stopped=True, switch=switch)
+    module.exit_json(changed=False, stopped=verdict.stopped, switch=switch, msg=verdict.msg)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,92 @@
+"""The stop switch's verdict: a ConfigMap at the switch's name stops the rollout, whatever it holds, unless it
+names another rollout; bad names are refused with the field and the value."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _stop_switch
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._stop_switch import StopSwitchError, judge
+
+NS, NAME = 'gpufleet-system', 'gpufleet-stop'
+
+
+def configmap(data=None, created='2026-12-02T07:00:00Z'):
+    obj = {'apiVersion': 'v1', 'kind': 'ConfigMap',
+           'metadata': {'name': NAME, 'namespace': NS, 'creationTimestamp': created}}
+    if data is not None:
+        obj['data'] = data
+    return obj
+
+
+def test_no_configmap_is_not_stopped():
+    v = judge(None, NS, NAME, 'gpu-rollout')
+    assert (v.stopped, v.exists) == (False, False)
+    assert v.msg == 'the stop switch (ConfigMap gpufleet-system/gpufleet-stop) is not set'
+
+
+def test_a_configmap_stops_with_its_reason_who_and_when():
+    v = judge(configmap({'reason': 'Xid storm\n in rack 12', 'by': 'alice'}), NS, NAME, 'gpu-rollout')
+    assert (v.stopped, v.exists, v.reason, v.set_by, v.set_at) == (
+        True, True, 'Xid storm in rack 12', 'alice', '2026-12-02T07:00:00Z')
+    assert v.msg == ('rollout stopped by the stop switch (ConfigMap gpufleet-system/gpufleet-stop, reason: Xid storm '
+                     'in rack 12, set by alice, at 2026-12-02T07:00:00Z): no further node or batch starts; delete the '
+                     'ConfigMap to let a rerun resume')
+
+
+@pytest.mark.parametrize('data', [None, {}, {'stop': 'false'}, {'reason': 3}, {'rollout': ''}])
+def test_any_configmap_at_that_name_stops_the_rollout(data):
+    """Fails safe: an empty switch, an unexpected value or a 'false' still stops."""
+    v = judge(configmap(data), NS, NAME, 'gpu-rollout')
+    assert v.stopped is True
+    assert 'reason:' not in v.msg and 'set by' not in v.msg
+
+
+def test_a_switch_for_another_rollout_does_not_stop_this_one():
+    v = judge(configmap({'rollout': 'pool-b', 'reason': 'b only'}), NS, NAME, 'gpu-rollout')
+    assert (v.stopped, v.exists, v.rollout) == (False, True, 'pool-b')
+    assert v.msg == 'the stop switch (ConfigMap gpufleet-system/gpufleet-stop) is set for rollout pool-b only, not for gpu-rollout'
+    assert judge(configmap({'rollout': 'pool-b'}), NS, NAME, 'pool-b').stopped is True
+    # a rollout without an id is not pool-b
+    assert judge(configmap({'rollout': 'pool-b'}), NS, NAME, '').stopped is False
+
+
+def test_long_text_is_cut():
+    v = judge(configmap({'reason': 'x' * 500}), NS, NAME)
+    assert len(v.reason) == 200 and v.reason.endswith('...')
+
+
+def test_missing_creation_time():
+    obj = configmap({'reason': 'r'})
+    del obj['metadata']['creationTimestamp']
+    v = judge(obj, NS, NAME)
+    assert v.set_at == '' and ', at ' not in v.msg
+
+
+@pytest.mark.parametrize('namespace,name,field', [
+    ('Gpufleet', NAME, "namespace: 'Gpufleet'"),
+    ('a.b', NAME, "namespace: 'a.b'"),
+    ('', NAME, "namespace: ''"),
+    (None, NAME, 'namespace: None'),
+    ('x' * 64, NAME, 'namespace:'),
+    (NS, 'Stop', "name: 'Stop'"),
+    (NS, 'stop/../x', "name: 'stop/../x'"),
+    (NS, '', "name: ''"),
+    (NS, 7, 'name: 7'),
+])
+def test_bad_names_are_refused_naming_the_field(namespace, name, field):
+    with pytest.raises(StopSwitchError) as err:
+        _stop_switch.path(namespace, name)
+    assert str(err.value).startswith(field)
+    with pytest.raises(StopSwitchError):
+        judge(None, namespace, name)
+
+
+def test_path_and_dotted_names():
+    assert _stop_switch.path(NS, 'stop.pool-b') == '/api/v1/namespaces/gpufleet-system/configmaps/stop.pool-b'
+
+
+def test_bad_rollout_id_and_object():
+    with pytest.raises(StopSwitchError, match='rollout_id: 5'):
+        judge(None, NS, NAME, 5)
+    with pytest.raises(StopSwitchError, match='the API returned list'):
+        judge([], NS, NAME)
