@@ -13,9 +13,11 @@ import typing as t
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record, _plan, _rollout, _upgrade_state
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import (
+    _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
 
-_ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError)
+_ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError,
+           _plan_digest.PlanDigestError)
 
 
 def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any, **kwargs: t.Any) -> t.Any:
@@ -68,10 +70,20 @@ def rollback_result(node: str, decision: t.Dict[str, t.Any], restored: bool, gpu
                  driver_before_upgrade)
 
 
+def plan_gate_entries(results: t.List[t.Dict[str, t.Any]], plan_sha256: str, plan_file: str,
+                      started: str = '') -> t.List[t.Dict[str, t.Any]]:
+    return _call('plan_gate_entries', _plan_digest.gate_entries, results, plan_sha256, plan_file, started)
+
+
+def plan_digest(bundle: t.Any, plan_sha256: str, plan_file: str) -> t.Dict[str, t.Any]:
+    return _call('plan_digest', _plan_digest.verdict, bundle, plan_sha256, plan_file)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
                 'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
-                'rollback_result': rollback_result}
+                'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
+                'plan_digest': plan_digest}

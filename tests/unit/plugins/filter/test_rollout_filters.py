@@ -19,7 +19,7 @@ PLAN = {
     'batches': [['gpu-01'], ['gpu-02', 'gpu-03']],
 }
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
-         'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate']
+         'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest']
 
 
 def fleet():
@@ -72,6 +72,12 @@ def test_node_failure_coerces_the_switch():
     assert F.node_failure('gates', 1)['rollback'] is True
 
 
+def test_plan_digest_round_trip():
+    entries = F.plan_gate_entries([{'item': {'id': 'c1'}, 'msg': 'PASS'}], 'a' * 64, 'plan.json')
+    assert F.plan_digest({'gates': entries}, 'a' * 64, 'plan.json')['ok'] is True
+    assert F.plan_digest({'gates': entries}, 'b' * 64, 'plan.json')['ok'] is False
+
+
 def test_in_a_template():
     env = jinja2.Environment(autoescape=False)
     env.filters.update(F.FilterModule().filters())
@@ -104,6 +110,9 @@ def test_in_a_template():
      "step: 'unknown' is not one of " + ', '.join(STEP_NAMES)),
     ('unfinished_nodes', ([{'name': 'gpu-01'}], None), {},
      'target: expected a non-empty mapping of tuple components, got None'),
+    ('plan_digest', ({}, 'abc', 'plan.json'), {}, "plan_sha256: 'abc' is not a SHA-256 (64 lowercase hex digits)"),
+    ('plan_gate_entries', ([{'msg': 'x'}], 'a' * 64, 'plan.json'), {},
+     'results[0]: not a loop result with the combination as its item'),
 ])
 def test_errors_name_the_filter(name, args, kwargs, message):
     with pytest.raises(AnsibleFilterError) as err:

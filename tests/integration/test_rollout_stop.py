@@ -1,0 +1,145 @@
+"""Issue 16 on the lab's pool (4 nodes, a real control plane), one lab for both tests, in order:
+
+- the plan the gate passed with: upgrade_check.yml keeps each PASS with the plan file's SHA-256 in the
+  rollout's evidence bundle; the plan edited after the gate is refused before anything changes;
+- the stop switch: an operator creates the ConfigMap gpufleet-system/gpufleet-stop while the first batch's
+  node is being drained; that node finishes its upgrade (nothing half-done), no node of a later batch starts
+  any phase, the stop is in the evidence bundle, a rerun is refused before it reads the plan, and once the
+  ConfigMap is deleted a rerun resumes and finishes.
+
+The canaries are left as the canary playbook leaves them and the records are written directly
+(test_rollout_wiring does the same), so the rollout upgrades the other nodes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / 'tests'), str(REPO / 'tests' / 'integration')]
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record as R  # noqa: E402
+from tools import labenv  # noqa: E402
+from tools.lab import Lab  # noqa: E402
+from test_rollout_resume import approved_records  # noqa: E402
+from test_rollout_wiring import canaries_as_the_canary_playbook_leaves_them  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
+                                reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
+
+SWITCH = {'apiVersion': 'v1', 'kind': 'ConfigMap',
+          'metadata': {'name': 'gpufleet-stop', 'namespace': 'gpufleet-system'},
+          'data': {'reason': 'Xid 79 on a canary-like node in rack 12', 'by': 'oncall-alice'}}
+
+
+def started(run: dict, node: str) -> list[str]:
+    """The node_upgrade tasks that ran on `node` (any phase started)."""
+    return [e['task'] for e in run['events'] if e['host'] == node and e['event'] == 'runner_on_ok'
+            and (e['task'] or '').split(' | ')[0] in ('Progress', 'Drain', 'Snapshot', 'Install', 'Activate')]
+
+
+@pytest.fixture(scope='module')
+def lab(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp('stop') / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver')
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        lab.plan_doc = lab.plan()
+        approved_records(lab, lab.plan_doc)
+        canaries_as_the_canary_playbook_leaves_them(lab, lab.plan_doc)
+        yield lab
+    finally:
+        lab.stop()
+
+
+def bundle(lab: Lab) -> dict:
+    return json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
+
+
+def test_a_plan_edited_after_the_gate_is_refused(lab):
+    plan_file = lab.dir / 'plan.json'
+    reviewed = plan_file.read_bytes()
+    lab.gate()
+    digest = hashlib.sha256(reviewed).hexdigest()
+    gates = [g for g in bundle(lab)['gates'] if g['kind'] == 'upgrade_check']
+    assert gates and all(g['passed'] and g['inputs']['plan_sha256'] == digest for g in gates), gates
+    assert sorted(g['id'] for g in gates) == sorted('upgrade_check@' + c['id'] for c in lab.plan_doc['combinations'])
+    edited = dict(lab.plan_doc, batches=list(reversed(lab.plan_doc['batches'])))
+    try:
+        plan_file.write_text(json.dumps(edited, indent=2))
+        lab.cluster.clear_requests()
+        assert lab.play('edited', 'rollout.yml') == 'failed'
+        failures = lab.runs['edited']['failures']
+        assert [f['task'] for f in failures] == [
+            "Rollout | The plan is the one upgrade_check passed with (its SHA-256 against the evidence bundle's records)"]
+        edited_digest = hashlib.sha256(plan_file.read_bytes()).hexdigest()
+        assert failures[0]['msg'].startswith('the plan file %s (sha256 %s) is not the plan upgrade_check passed with: '
+                                             % (plan_file, edited_digest))
+        assert 'passed with sha256 %s' % digest in failures[0]['msg']
+        assert lab.cluster.mutating_requests() == []
+    finally:
+        plan_file.write_bytes(reviewed)
+
+
+def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_deleted(lab):
+    plan = lab.plan_doc
+    batches = [b for b in plan['batches'] if not set(b) & set(plan['canaries'])]
+    assert len(batches) >= 2, plan['batches']
+    first, later = batches[0], [n for b in batches[1:] for n in b]
+
+    def set_switch_mid_drain(event: dict) -> None:
+        data = event.get('event_data') or {}
+        if (event.get('event') == 'runner_on_ok' and data.get('host') == first[0]
+                and (data.get('task') or '').startswith('Drain | Cordon')):
+            lab.cluster.apply([SWITCH], settle=False)
+
+    assert lab.play('rollout', 'rollout.yml', hook=set_switch_mid_drain) == 'failed'
+    run = lab.runs['rollout']
+    rows = {r['node']: r for r in lab.node_view()}
+    # The node in progress when the switch was set finished its upgrade: done, back in service.
+    for n in first:
+        assert rows[n]['state'] == 'done' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.TARGET_DRIVER
+    # No node of a later batch started any phase: untouched, never cordoned, on the source driver.
+    for n in later:
+        assert started(run, n) == [], started(run, n)
+        assert rows[n]['state'] == '-' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.SOURCE_DRIVER
+    stops = [f for f in run['failures'] if f['task'] == 'Stop switch | Stop before the node starts']
+    assert sorted(f['host'] for f in stops) == sorted(batches[1])
+    assert all(f['msg'].startswith('rollout stopped by the stop switch (ConfigMap gpufleet-system/gpufleet-stop, '
+                                   'reason: Xid 79 on a canary-like node in rack 12, set by oncall-alice, at ')
+               for f in stops), stops
+    assert {f['task'] for f in run['failures']} == {'Stop switch | Stop before the node starts'}
+    # The canaries stay isolated: the rollout did not finish.
+    assert all(rows[c]['canary'] for c in plan['canaries'])
+    stop_actions = [a for a in bundle(lab)['actions'] if a['name'] == 'stop-switch']
+    assert len(stop_actions) == 1 and stop_actions[0]['ok'] is False
+    assert stop_actions[0]['result']['reason'] == SWITCH['data']['reason']
+    assert stop_actions[0]['result']['set_by'] == 'oncall-alice'
+    assert sorted(stop_actions[0]['result']['batch']) == sorted(batches[1])
+    assert sorted(bundle(lab)['nodes']) == sorted(first)
+
+    # While the switch is set a rerun is refused at once: nothing read from the plan, no write.
+    lab.cluster.clear_requests()
+    assert lab.play('rerun-stopped', 'rollout.yml') == 'failed'
+    failures = lab.runs['rerun-stopped']['failures']
+    assert [f['task'] for f in failures] == [
+        'Rollout | The stop switch is not set (an operator stopped the rollout; delete the ConfigMap to resume)']
+    assert 'reason: Xid 79' in failures[0]['msg']
+    assert lab.cluster.mutating_requests() == []
+
+    # Deleted: the rerun resumes (the finished nodes are skipped) and finishes the rest.
+    lab.cluster.delete('v1', 'ConfigMap', 'gpufleet-stop', 'gpufleet-system')
+    assert lab.play('rerun', 'rollout.yml') == 'successful', lab.runs['rerun']['failures']
+    rows = {r['node']: r for r in lab.node_view()}
+    for n in first + later:
+        assert rows[n]['state'] == 'done' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.TARGET_DRIVER
+    assert all(started(lab.runs['rerun'], n) == ['Progress | Read what the Node records for this target']
+               for n in first)
+    assert not any(rows[c]['canary'] for c in plan['canaries'])
+    for n in later:
+        assert lab.cluster.get('v1', 'Node', n)['metadata']['annotations'][R.ANN_DONE]
