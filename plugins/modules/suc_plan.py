@@ -357,8 +357,9 @@ def main() -> None:
                 applied = sequence.applied
                 if sequence.error is not None:
                     # the error's message, as without wait, with the Plans written before it
-                    module.fail_from(sequence.error, (SucPlanError,), prefixes=prefixes, **dict(
-                        out, changed=applied.changed, applied=applied.applied, waited=sequence.waited))
+                    partial = dict(out)
+                    partial.update(changed=applied.changed, applied=applied.applied, waited=sequence.waited)
+                    module.fail_from(sequence.error, (SucPlanError,), prefixes=prefixes, **partial)
                 if sequence.msg:
                     out.update(changed=applied.changed, applied=applied.applied, waited=sequence.waited)
                     module.fail_json(msg=sequence.msg, **out)
