@@ -79,6 +79,10 @@ def plan_digest(bundle: t.Any, plan_sha256: str, plan_file: str) -> t.Dict[str, 
     return _call('plan_digest', _plan_digest.verdict, bundle, plan_sha256, plan_file)
 
 
+def forks_verdict(batches: t.List[t.List[str]], forks: int) -> t.Dict[str, t.Any]:
+    return _call('forks_verdict', _rollout.forks_verdict, batches, forks)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
@@ -86,4 +90,4 @@ class FilterModule:
                 'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
-                'plan_digest': plan_digest}
+                'plan_digest': plan_digest, 'forks_verdict': forks_verdict}

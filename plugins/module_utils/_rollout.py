@@ -219,3 +219,26 @@ def rollback_result(node: str, decision: Dict[str, Any], restored: bool, gpu_aft
         'summary': '%s; driver %s (before the upgrade %s); gates %s' % (
             outcome, driver_now, driver_before_upgrade, 'passed' if passed else 'FAILED'),
     }
+
+
+def forks_verdict(batches: Any, forks: Any) -> Dict[str, Any]:
+    """Whether this run's `forks` let each of the plan's `batches` run its nodes at once.
+
+    Ansible runs a task on at most `forks` hosts at a time: with fewer forks than a batch has
+    nodes, the batch's drains, installs and reboots run `forks` at a time, one after the other,
+    and the batch takes several maintenance windows instead of one. {'ok', 'largest', 'forks',
+    'msg'}; nothing is refused for a plan without batches (the caller checks that)."""
+    if isinstance(forks, bool) or not isinstance(forks, int) or forks < 1:
+        raise RolloutError('forks: %r is not a positive whole number' % (forks,))
+    if not isinstance(batches, list) or not all(isinstance(b, list) for b in batches):
+        raise RolloutError('batches: expected the plan\'s list of node-name lists, got %s' % type(batches).__name__)
+    largest = max([len(b) for b in batches] or [0])
+    if forks >= largest:
+        return {'ok': True, 'largest': largest, 'forks': forks,
+                'msg': 'the plan\'s largest batch has %d node(s) and this run has %d forks: each batch\'s nodes run at '
+                       'once' % (largest, forks)}
+    return {'ok': False, 'largest': largest, 'forks': forks,
+            'msg': 'the plan\'s largest batch has %d nodes but this run has %d forks: Ansible would run each task on %d '
+                   'of them at a time, so a batch would take several maintenance windows instead of one. Run with '
+                   '--forks %d or more (ANSIBLE_FORKS, or the AWX job template\'s forks), or re-plan with smaller '
+                   'batches; nothing was changed' % (largest, forks, forks, largest)}

@@ -292,13 +292,14 @@ class Lab:
 
     # ------------------------------------------------------------------ playbooks
     def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None,
-             cancel_on: Any = None, hook: Any = None) -> str:
+             cancel_on: Any = None, hook: Any = None, envvars: dict[str, str] | None = None) -> str:
         """Run a playbook; `hook(event)` sees each event as ansible-runner reads it (the controller runs
         on meanwhile: a test changes the cluster at a point of the run well before what it affects).
         `cancel_on(event) -> bool` kills the controller once true: ansible-playbook and every process
         it started (workers, running modules) get SIGKILL at once, as in a crash, so the kill lands
         at that event rather than at ansible-runner's next poll of its cancel callback (up to
-        pexpect_timeout, 5 s, later); the run's status is then 'canceled'."""
+        pexpect_timeout, 5 s, later); the run's status is then 'canceled'. `envvars` add to (or
+        replace) the controller's environment (for example ANSIBLE_FORKS)."""
         pdd = self.dir / 'runner' / name
         shutil.rmtree(pdd, ignore_errors=True)
         (pdd / 'project').mkdir(parents=True)
@@ -310,7 +311,8 @@ class Lab:
         def on_event(event: dict) -> bool:
             data = event.get('event_data', {})
             events.append({'event': event.get('event'), 'host': data.get('host'), 'task': data.get('task'),
-                           'changed': (data.get('res') or {}).get('changed')})
+                           'changed': (data.get('res') or {}).get('changed'), 'created': event.get('created'),
+                           'msg': (data.get('res') or {}).get('msg')})
             if hook is not None:
                 hook(event)
             if cancel_on is not None and not cancelled[0] and cancel_on(event):
@@ -332,6 +334,7 @@ class Lab:
             'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
             'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
         })
+        env.update(envvars or {})
         if playbook != 'plan.yml':   # plan.yml runs no gate: Prometheus starts meanwhile
             self.wait_prometheus()
         log('== %s (%s)' % (name, playbook))

@@ -19,7 +19,8 @@ PLAN = {
     'batches': [['gpu-01'], ['gpu-02', 'gpu-03']],
 }
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
-         'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest']
+         'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
+         'forks_verdict']
 
 
 def fleet():
@@ -110,6 +111,8 @@ def test_in_a_template():
      "step: 'unknown' is not one of " + ', '.join(STEP_NAMES)),
     ('unfinished_nodes', ([{'name': 'gpu-01'}], None), {},
      'target: expected a non-empty mapping of tuple components, got None'),
+    ('forks_verdict', ([['gpu-01']], True), {}, 'forks: True is not a positive whole number'),
+    ('forks_verdict', ('gpu-01', 5), {}, "batches: expected the plan's list of node-name lists, got str"),
     ('plan_digest', ({}, 'abc', 'plan.json'), {}, "plan_sha256: 'abc' is not a SHA-256 (64 lowercase hex digits)"),
     ('plan_gate_entries', ([{'msg': 'x'}], 'a' * 64, 'plan.json'), {},
      'results[0]: not a loop result with the combination as its item'),

@@ -489,3 +489,36 @@ def test_rollback_result_checks_the_restored_kernel():
     assert bad['gate_problems'] == ['the running kernel is 6.8.0-135-generic, expected 6.8.0-134-generic']
     skipped = _rollout.rollback_result('gpu-01', {}, True, {}, dict(gates, kernel={'skipped': True}), '580.126.20')
     assert skipped['gates_passed'] is True
+
+
+# ---------------------------------------------------------------------------- forks_verdict
+
+def test_forks_enough_for_the_largest_batch():
+    v = _rollout.forks_verdict([['gpu-01'], ['gpu-02', 'gpu-03', 'gpu-04']], 3)
+    assert (v['ok'], v['largest'], v['forks']) == (True, 3, 3)
+    assert v['msg'] == "the plan's largest batch has 3 node(s) and this run has 3 forks: each batch's nodes run at once"
+
+
+def test_too_few_forks_are_refused_naming_what_is_needed():
+    v = _rollout.forks_verdict([['gpu-%02d' % i for i in range(6)], ['gpu-99']], 5)
+    assert (v['ok'], v['largest'], v['forks']) == (False, 6, 5)
+    assert v['msg'].startswith("the plan's largest batch has 6 nodes but this run has 5 forks: Ansible would run each "
+                               'task on 5 of them at a time')
+    assert 'Run with --forks 6 or more' in v['msg'] and v['msg'].endswith('nothing was changed')
+
+
+def test_forks_without_batches():
+    assert _rollout.forks_verdict([], 1)['ok'] is True
+
+
+@pytest.mark.parametrize('batches,forks,message', [
+    ([['a']], 0, 'forks: 0 is not a positive whole number'),
+    ([['a']], '8', "forks: '8' is not a positive whole number"),
+    ([['a']], False, 'forks: False is not a positive whole number'),
+    ({'a': 1}, 5, "batches: expected the plan's list of node-name lists, got dict"),
+    ([['a'], 'b'], 5, "batches: expected the plan's list of node-name lists, got list"),
+])
+def test_forks_verdict_bad_input(batches, forks, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.forks_verdict(batches, forks)
+    assert str(err.value) == message
