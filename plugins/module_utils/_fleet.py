@@ -47,6 +47,15 @@ def is_ready(node: Dict[str, Any]) -> bool:
     return False
 
 
+def node_identity(node: Dict[str, Any]) -> Dict[str, Any]:
+    """Who the node is, beyond its name: the Node object's UID (a Node deleted and re-registered under
+    the same name gets another) and the machine-id and system UUID its kubelet reports (the host's
+    /etc/machine-id and the board's DMI UUID). None where not reported."""
+    info = (node.get('status') or {}).get('nodeInfo') or {}
+    return {'uid': (node.get('metadata') or {}).get('uid') or None,
+            'machine_id': info.get('machineID') or None, 'system_uuid': info.get('systemUUID') or None}
+
+
 def node_facts(node: Dict[str, Any]) -> Dict[str, Any]:
     meta = node.get('metadata') or {}
     labels = dict(meta.get('labels') or {})
@@ -64,6 +73,7 @@ def node_facts(node: Dict[str, Any]) -> Dict[str, Any]:
         'rke2': info.get('kubeletVersion'),
         'platform': labels.get('gpufleet.io/platform') or labels.get('node.kubernetes.io/instance-type') or 'unknown',
         'gpu_product': labels.get('nvidia.com/gpu.product'),
+        **node_identity(node),
     }
 
 

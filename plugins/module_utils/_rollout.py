@@ -143,7 +143,8 @@ def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]]
     """A node's entry in the rollout's evidence bundle.
 
     `result` is node_upgrade's public result (node_upgrade_result; absent when the role failed before
-    its upgrade block), `kubelet` what the node's kubelet reports now (kernel, rke2), `failed_phase`
+    its upgrade block), `kubelet` what the node's kubelet reports now (kernel, rke2, and the node's
+    identity: uid, machine_id, system_uuid, copied into the entry), `failed_phase`
     the step that failed (None: upgraded). The tuple after is the one before with what was measured
     (result `measured`, node_upgrade's tuple gate) or read at the end: kernel and RKE2 from the
     kubelet, the driver from the host (or the rollback's result, which comes first for a rolled-back node)."""
@@ -179,6 +180,10 @@ def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]]
                                   bool(result.get('operands_moved'))),
         'finished': finished or rfc3339(utcnow()), 'rolled_back': bool(result.get('rolled_back')),
     }
+    # The machine, not only the name (Node UID, machine-id, system UUID), as the kubelet read reports it.
+    for key in ('uid', 'machine_id', 'system_uuid'):
+        if kubelet.get(key):
+            entry[key] = kubelet[key]
     if started:
         entry['started'] = started
     if failed_phase:

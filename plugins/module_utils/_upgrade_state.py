@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
+from ._fleet import node_identity
+
 # The keys and the phase vocabulary are the phase model's (_node_record); named here too for the callers.
 from ._node_record import (  # noqa: F401 (re-exported)
     ALIASES, ANN_DONE, ANN_INITIAL, ANN_ISOLATED_BY, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET,
@@ -106,6 +108,8 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         'vms_to_start': ann.get(ANN_STOPPED_VMS, '').strip() not in ('', '[]'),
         # The digest of this target's rollback snapshot, as recorded with `snapshotted`.
         'snapshot_sha256': ann.get(ANN_SNAPSHOT) if same_target else None,
+        # Node UID, machine-id and system UUID: the evidence names the machine, not only the name.
+        **node_identity(node),
     }
 
 

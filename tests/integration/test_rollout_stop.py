@@ -122,6 +122,12 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert stop_actions[0]['result']['set_by'] == 'oncall-alice'
     assert sorted(stop_actions[0]['result']['batch']) == sorted(batches[1])
     assert sorted(bundle(lab)['nodes']) == sorted(first)
+    # Each entry names the machine, not only the name: the Node's UID, machine-id and system UUID.
+    for n in first:
+        node, entry = lab.cluster.get('v1', 'Node', n), bundle(lab)['nodes'][n]
+        info = node['status']['nodeInfo']
+        assert (entry['uid'], entry['machine_id'], entry['system_uuid']) == (
+            node['metadata']['uid'], info['machineID'], info['systemUUID'])
 
     # While the switch is set a rerun is refused at once: nothing read from the plan, no write.
     lab.cluster.clear_requests()

@@ -48,3 +48,13 @@ def test_resource_entries_are_validated_by_index_and_key():
         F.validate_resource(0, {'api_version': 'v1', 'kind': 'Node', 'colour': 'x'})
     assert F.plural_of('ResourceQuota') == 'resourcequotas' and F.plural_of('DeviceClass') == 'deviceclasses'
     assert F.plural_of('Policy') == 'policies'
+
+
+def test_node_identity_uid_machine_id_and_system_uuid():
+    n = node()
+    assert F.node_identity(n) == {'uid': None, 'machine_id': None, 'system_uuid': None}
+    n['metadata']['uid'] = 'u-1'
+    n['status']['nodeInfo'].update(machineID='m' * 32, systemUUID='s-1')
+    assert F.node_identity(n) == {'uid': 'u-1', 'machine_id': 'm' * 32, 'system_uuid': 's-1'}
+    facts = F.node_facts(n)
+    assert (facts['uid'], facts['machine_id'], facts['system_uuid']) == ('u-1', 'm' * 32, 's-1')

@@ -522,3 +522,14 @@ def test_forks_verdict_bad_input(batches, forks, message):
     with pytest.raises(_rollout.RolloutError) as err:
         _rollout.forks_verdict(batches, forks)
     assert str(err.value) == message
+
+
+def test_node_entry_carries_the_nodes_identity():
+    ident = {'uid': '4f7c9a3e-0b1d-4c55-9d1e-2a6b8f0c1d2e', 'machine_id': 'a' * 32,
+             'system_uuid': '9b2f6c1e-3d4a-5b6c-7d8e-9f0a1b2c3d4e'}
+    e = _rollout.node_entry(plan(), 'gpu-01', kubelet=dict(ident, kernel='6.8.0-134-generic'), finished=NOW)
+    assert {k: e[k] for k in ident} == ident
+    assert _evidence.node_entry(e, 0)['machine_id'] == 'a' * 32
+    # not reported: not in the entry (never an empty claim)
+    e = _rollout.node_entry(plan(), 'gpu-01', kubelet={'uid': None, 'machine_id': ''}, finished=NOW)
+    assert not {'uid', 'machine_id', 'system_uuid'} & set(e)

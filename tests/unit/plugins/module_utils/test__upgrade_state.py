@@ -173,3 +173,12 @@ def test_snapshotted_records_the_snapshot_digest_for_its_target():
         S.set_patch(node(), 'snapshotted', KEY, snapshot_sha256='nothex')
     with pytest.raises(S.StateError, match='snapshot_sha256: only with phase snapshotted'):
         S.set_patch(node(), 'installed', KEY, snapshot_sha256='ab' * 32)
+
+
+def test_view_names_the_machine():
+    n = node()
+    n['metadata']['uid'] = 'u-7'
+    n['status']['nodeInfo'] = {'machineID': 'm' * 32, 'systemUUID': 's-7', 'kernelVersion': '6.8.0-134-generic'}
+    v = S.view(n, KEY)
+    assert (v['uid'], v['machine_id'], v['system_uuid'], v['kernel']) == ('u-7', 'm' * 32, 's-7', '6.8.0-134-generic')
+    assert (S.view(node(), KEY)['uid'], S.view(node(), KEY)['machine_id']) == (None, None)
