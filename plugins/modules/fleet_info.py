@@ -87,6 +87,15 @@ nodes:
     rke2:
       description: "Kubelet version (the RKE2 version on RKE2)."
       type: str
+    uid:
+      description: The Node object's UID (a node re-registered under the same name gets another).
+      type: str
+    machine_id:
+      description: The machine-id its kubelet reports (C(status.nodeInfo.machineID)); null when not reported.
+      type: str
+    system_uuid:
+      description: The system UUID its kubelet reports (C(status.nodeInfo.systemUUID)); null when not reported.
+      type: str
     platform:
       description: "Label C(gpufleet.io/platform) or the instance type, else V(unknown)."
       type: str

@@ -136,6 +136,15 @@ state:
     rke2:
       description: The kubelet version (the RKE2 version on an RKE2 node), for example V(v1.35.3+rke2r3).
       type: str
+    uid:
+      description: The Node object's UID (a node re-registered under the same name gets another).
+      type: str
+    machine_id:
+      description: The machine-id its kubelet reports (C(status.nodeInfo.machineID)); null when not reported.
+      type: str
+    system_uuid:
+      description: The system UUID its kubelet reports (C(status.nodeInfo.systemUUID)); null when not reported.
+      type: str
     cordon_lost:
       description:
         - The node records C(drained) or a later phase for this target but is not cordoned (someone uncordoned it
