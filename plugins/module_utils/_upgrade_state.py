@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from ._fleet import node_identity
+from ._fleet import is_ready, node_identity
 
 # The keys and the phase vocabulary are the phase model's (_node_record); named here too for the callers.
 from ._node_record import (  # noqa: F401 (re-exported)
@@ -56,13 +56,6 @@ def target_key(target: Dict[str, Any]) -> str:
 
 def _annotations(node: Dict[str, Any]) -> Dict[str, str]:
     return dict((node.get('metadata') or {}).get('annotations') or {})
-
-
-def is_ready(node: Dict[str, Any]) -> bool:
-    for cond in (node.get('status') or {}).get('conditions') or []:
-        if cond.get('type') == 'Ready':
-            return cond.get('status') == 'True'
-    return False
 
 
 def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
