@@ -9,7 +9,7 @@ import pytest
 import k8s_scenario as S
 import rbac_check as R
 from cluster import rbac
-from k8s_support import KubeVirtStandIn, load, play
+from k8s_support import KubeVirtStandIn, kubectl, load, play
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +112,38 @@ def test_every_read_only_module_reads_only_under_the_reader_role(cluster, run_pl
     assert {e['verb'] for e in events} <= {'get', 'list', 'watch'}, rbac.non_reads(events)
     assert rbac.non_reads(events) == [] and rbac.refused(events) == []
     assert cluster.mutating_requests() == []
+
+
+def test_who_may_stop_a_rollout_the_stop_role_and_the_reader(cluster, run_playbook):
+    """Issue 16: docs/rbac/gpufleet-upgrade-stop.yml, bound with a RoleBinding in gpufleet-system, lets its subject
+    set and clear the stop switch and nothing else; the reader role (stop_switch_info's) reads that one ConfigMap
+    and may not set it. The real authorizer answers."""
+    load(cluster)
+    stop = As(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-stop', sa='oncall', namespace='gpufleet-system'))
+    reader = As(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader'))
+    ns = ('-n', 'gpufleet-system')
+
+    def refused(who, *args):
+        cp = kubectl(who, *args, check=False)
+        return cp.returncode != 0 and 'forbidden' in cp.stderr.lower()
+
+    try:
+        # the reader may not set it
+        assert refused(reader, *ns, 'create', 'configmap', 'gpufleet-stop', '--from-literal=reason=x')
+        kubectl(stop, *ns, 'create', 'configmap', 'gpufleet-stop', '--from-literal=reason=rack 12', '--from-literal=by=alice')
+        run = run_playbook(play(reader, {'name': 'switch', 'gpufleet.upgrade.stop_switch_info': {}}))
+        assert run.rc == 0, run.stdout
+        res = run.result('switch')
+        assert res['stopped'] is True and res['switch']['reason'] == 'rack 12' and res['switch']['set_by'] == 'alice'
+        # the stop role reaches no other ConfigMap and no other namespace
+        kubectl(cluster, *ns, 'create', 'configmap', 'other', '--from-literal=a=b')
+        assert refused(stop, *ns, 'get', 'configmap', 'other')
+        assert refused(stop, *ns, 'delete', 'configmap', 'other')
+        assert refused(stop, '-n', 'default', 'create', 'configmap', 'gpufleet-stop', '--from-literal=reason=x')
+        assert refused(reader, *ns, 'get', 'configmap', 'other')
+        kubectl(stop, *ns, 'delete', 'configmap', 'gpufleet-stop')
+        run = run_playbook(play(reader, {'name': 'switch', 'gpufleet.upgrade.stop_switch_info': {}}))
+        assert run.result('switch')['stopped'] is False and run.result('switch')['switch']['exists'] is False
+    finally:  # a switch left behind would stop every later rollout on this control plane
+        for name in ('gpufleet-stop', 'other'):
+            cluster.delete('v1', 'ConfigMap', name, 'gpufleet-system')
