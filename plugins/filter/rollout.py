@@ -83,6 +83,10 @@ def forks_verdict(batches: t.List[t.List[str]], forks: int) -> t.Dict[str, t.Any
     return _call('forks_verdict', _rollout.forks_verdict, batches, forks)
 
 
+def rollback_time(node: str, start: t.Any, end: t.Any, window: t.Any = '') -> t.Dict[str, t.Any]:
+    return _call('rollback_time', _rollout.rollback_time, node, start, end, window)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
@@ -90,4 +94,5 @@ class FilterModule:
                 'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
-                'plan_digest': plan_digest, 'forks_verdict': forks_verdict}
+                'plan_digest': plan_digest, 'forks_verdict': forks_verdict,
+                'rollback_time': rollback_time}

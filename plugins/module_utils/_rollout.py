@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from ._duration import parse_seconds
 from ._evidence import rfc3339, utcnow
 from ._node_record import evidence_phases, finished, step
 from ._upgrade_state import target_key
@@ -247,3 +248,32 @@ def forks_verdict(batches: Any, forks: Any) -> Dict[str, Any]:
                    'of them at a time, so a batch would take several maintenance windows instead of one. Run with '
                    '--forks %d or more (ANSIBLE_FORKS, or the AWX job template\'s forks), or re-plan with smaller '
                    'batches; nothing was changed' % (largest, forks, forks, largest)}
+
+
+def rollback_time(node: str, start: Any, end: Any, window: Any = '') -> Dict[str, Any]:
+    """The canary's timed rollback against the maintenance window a node may be out of service.
+
+    `start` and `end`: the rollback exercise's start and end (epoch seconds). `window`: a
+    duration (for example V(45m), V(1h30m)); empty when none is declared. {'seconds', 'window_s',
+    'judged', 'passed', 'msg'}: with a window the rollback passes only when it took no longer (a node
+    that cannot be put back inside its window is not a proven way back); without one it is recorded,
+    not judged."""
+    try:
+        t0, t1 = float(start), float(end)
+    except (TypeError, ValueError):
+        raise RolloutError('start/end: %r, %r are not times in seconds' % (start, end))
+    if t1 < t0:
+        raise RolloutError('end: %r is before start %r' % (end, start))
+    seconds = round(t1 - t0, 1)
+    if window in (None, ''):
+        return {'seconds': seconds, 'window_s': None, 'judged': False, 'passed': True,
+                'msg': 'the rollback of %s took %.1f s (no maintenance window declared to compare it with)'
+                       % (node, seconds)}
+    try:
+        window_s = parse_seconds(window, 'maintenance_window')
+    except ValueError as exc:
+        raise RolloutError(str(exc))
+    passed = seconds <= window_s
+    return {'seconds': seconds, 'window_s': window_s, 'judged': True, 'passed': passed,
+            'msg': 'the rollback of %s took %.1f s, %s the maintenance window of %s (%.0f s)'
+                   % (node, seconds, 'within' if passed else 'LONGER THAN', window, window_s)}

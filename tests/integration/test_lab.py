@@ -109,7 +109,17 @@ def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
 
 def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
     """Each canary bundle's canaries carry the tuple node_upgrade measured (measured: true, recorded by
-    the canary role), and the record's target is that measurement."""
+    the canary role), and the record's target is that measurement. Each canary's rollback was timed and
+    judged against the lab's maintenance window (30m): an action and a passed rollback-time gate."""
+    for path in (p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')):
+        bundle = json.loads(path.read_text())
+        canaries = sorted(n for n, e in bundle['nodes'].items() if e.get('role') == 'canary')
+        timed = {a['node']: a for a in bundle['actions'] if a['name'] == 'rollback-exercise'}
+        gates = {g['node']: g for g in bundle['gates'] if g['name'] == 'rollback-time'}
+        assert sorted(timed) == sorted(gates) == canaries, (timed, gates)
+        for n in canaries:
+            assert timed[n]['duration_s'] > 0 and timed[n]['result']['seconds'] > 0
+            assert gates[n]['passed'] and gates[n]['category'] == 'rollback' and gates[n]['result']['window_s'] == 1800
     names = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
              'dcgm_exporter': 'dcgmExporter'}
     bundles = sorted((lab / 'qualification').glob('*.json'))
@@ -142,6 +152,7 @@ def test_lab_without_fault_completes(tmp_path):
         assert 'metric gate verdicts: 4 nodes passed, 0 failed' in out.stdout
         assert all(r[GATES].startswith('gpu:ok,node:ok,tuple:ok,metric:ok') for r in table.values()), table
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
+    assert_records_carry_the_measured_tuple(lab)
 
 
 def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:

@@ -270,6 +270,8 @@ class Lab:
             # The lab reboot path and quick simulated waits (real fleets keep the defaults).
             # (gpufleet_* settings are shared by node_upgrade and the rollback it runs.)
             'gpufleet_activation': 'lab', 'gpufleet_ready_interval': 1, 'gpufleet_reboot_timeout': 30,
+            # Each canary's timed rollback must fit in it (the lab's emulated reboots take seconds).
+            'gpufleet_maintenance_window': '30m',
             'gpufleet_node_gate_timeout': 10, 'gpufleet_node_gate_interval': 0.5,
             'node_upgrade_drain_timeout': 60, 'node_upgrade_drain_retry_interval': 0.2,
             # The SUC stand-in completes a node's RKE2 Job in SUC_DELAY: poll the Plan often.

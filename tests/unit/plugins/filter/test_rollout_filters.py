@@ -20,7 +20,7 @@ PLAN = {
 }
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
-         'forks_verdict']
+         'forks_verdict', 'rollback_time']
 
 
 def fleet():
@@ -112,6 +112,7 @@ def test_in_a_template():
     ('unfinished_nodes', ([{'name': 'gpu-01'}], None), {},
      'target: expected a non-empty mapping of tuple components, got None'),
     ('forks_verdict', ([['gpu-01']], True), {}, 'forks: True is not a positive whole number'),
+    ('rollback_time', ('gpu-01', 10, 5), {}, 'end: 5 is before start 10'),
     ('forks_verdict', ('gpu-01', 5), {}, "batches: expected the plan's list of node-name lists, got str"),
     ('plan_digest', ({}, 'abc', 'plan.json'), {}, "plan_sha256: 'abc' is not a SHA-256 (64 lowercase hex digits)"),
     ('plan_gate_entries', ([{'msg': 'x'}], 'a' * 64, 'plan.json'), {},

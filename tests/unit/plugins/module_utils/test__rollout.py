@@ -533,3 +533,33 @@ def test_node_entry_carries_the_nodes_identity():
     # not reported: not in the entry (never an empty claim)
     e = _rollout.node_entry(plan(), 'gpu-01', kubelet={'uid': None, 'machine_id': ''}, finished=NOW)
     assert not {'uid', 'machine_id', 'system_uuid'} & set(e)
+
+
+# ---------------------------------------------------------------------------- rollback_time
+
+def test_rollback_time_without_a_window_is_recorded_not_judged():
+    v = _rollout.rollback_time('gpu-01', 1000.0, 1042.26)
+    assert v == {'seconds': 42.3, 'window_s': None, 'judged': False, 'passed': True,
+                 'msg': 'the rollback of gpu-01 took 42.3 s (no maintenance window declared to compare it with)'}
+
+
+def test_rollback_time_within_and_beyond_the_window():
+    v = _rollout.rollback_time('gpu-01', '1000', '1600', '45m')
+    assert (v['seconds'], v['window_s'], v['judged'], v['passed']) == (600.0, 2700.0, True, True)
+    assert v['msg'] == 'the rollback of gpu-01 took 600.0 s, within the maintenance window of 45m (2700 s)'
+    v = _rollout.rollback_time('gpu-01', 0, 3000, '45m')
+    assert v['passed'] is False and 'LONGER THAN the maintenance window of 45m' in v['msg']
+    assert _rollout.rollback_time('gpu-01', 0, 2700, '45m')['passed'] is True     # the bound itself is inside
+
+
+@pytest.mark.parametrize('start,end,window,message', [
+    ('x', 1, '', "start/end: 'x', 1 are not times in seconds"),
+    (None, 1, '', 'start/end: None, 1 are not times in seconds'),
+    (10, 5, '', 'end: 5 is before start 10'),
+    (0, 5, 'soon', "maintenance_window: 'soon' is not a duration"),
+    (0, 5, '0s', "maintenance_window: '0s' must be greater than zero"),
+])
+def test_rollback_time_bad_input(start, end, window, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.rollback_time('gpu-01', start, end, window)
+    assert str(err.value).startswith(message)
