@@ -94,6 +94,10 @@ _ENV = {
 }
 
 RETRYABLE_STATUS = (500, 502, 503, 504)
+# 429 outside an eviction: the API server shed the request unprocessed (priority and fairness, or
+# the storage of a CRD just (re)created still initializing). Safe to retry for a read and for a
+# patch guarded by its resourceVersion; an eviction's 429 (a PodDisruptionBudget) is not this.
+RETRYABLE_READ_STATUS = RETRYABLE_STATUS + (429,)
 
 
 def auth_argument_spec() -> Dict[str, Dict[str, Any]]:
@@ -612,7 +616,7 @@ class K8sClient:
 
     # -- reads: retried ---------------------------------------------------------------------
     def get(self, path: str, query: Optional[Dict[str, Any]] = None) -> Any:
-        """GET with bounded retries on 5xx, timeouts and connection errors (safe: reads)."""
+        """GET with bounded retries on 429, 5xx, timeouts and connection errors (safe: reads)."""
         last: Optional[K8sError] = None
         attempts = 0
         for attempt in range(self.get_attempts):
@@ -630,7 +634,7 @@ class K8sClient:
                     if last is None:
                         raise
                     break
-                if exc.status in RETRYABLE_STATUS or exc.status is None:
+                if exc.status in RETRYABLE_READ_STATUS or exc.status is None:
                     last = exc
                     continue
                 raise
@@ -698,7 +702,7 @@ class K8sClient:
         `compute(obj)` returns the patch, or None when nothing needs to change. On 409 the object
         is re-read and the patch re-computed (at most `update_attempts` times): safe, because the
         patch is derived from the fresh state and guarded by its resourceVersion. The same holds for
-        500/502/503/504, a timeout or a lost connection (the write may or may not have been
+        429/500/502/503/504, a timeout or a lost connection (the write may or may not have been
         applied: the fresh read tells). Any other write error is raised at once. `current`, a recent read of the object, saves the first GET (a
         stale one only costs a 409 and a re-read). Returns (object before, object after).
         """
@@ -725,7 +729,7 @@ class K8sClient:
             except K8sError as exc:
                 # Safe to send again: the patch is re-computed from a fresh read and guarded by its
                 # resourceVersion, so one that was applied after all is seen and not repeated.
-                if exc.reason != 'deadline' and (exc.status in RETRYABLE_STATUS or exc.status is None):
+                if exc.reason != 'deadline' and (exc.status in RETRYABLE_READ_STATUS or exc.status is None):
                     last = exc
                     ambiguous = True
                     continue

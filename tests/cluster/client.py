@@ -75,7 +75,19 @@ class ApiClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers['Content-Type'] = content_type
-        resp = self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout, retries=False)
+        # 429 outside an eviction: the API server did not take the request (its storage for a CRD
+        # just (re)created is initializing, or priority and fairness shed it); like client-go, wait the
+        # Retry-After it names and send it again, for at most 30 s. An eviction's 429 is a PDB's answer.
+        deadline = time.monotonic() + 30
+        while True:
+            resp = self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout, retries=False)
+            if resp.status != 429 or path.endswith('/eviction') or time.monotonic() >= deadline:
+                break
+            try:
+                pause = float(resp.headers.get('Retry-After') or 1)
+            except ValueError:
+                pause = 1.0
+            time.sleep(min(max(pause, 0.2), 5.0))
         text = resp.data
         if raw and resp.status < 300:
             return text.decode()

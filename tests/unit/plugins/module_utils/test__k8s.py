@@ -88,7 +88,7 @@ def test_get_sends_bearer_token_and_decodes(server):
     assert server.log[0][3].get('Authorization') == 'Bearer sekret'
 
 
-@pytest.mark.parametrize('status', [500, 503])
+@pytest.mark.parametrize('status', [429, 500, 503])
 def test_get_is_retried_on_5xx(server, status):
     server.script[('GET', '/api/v1/nodes/n')] = [(status, {'message': 'boom'}, 0), (status, {}, 0), (200, NODE, 0)]
     c = client(server)
@@ -123,11 +123,13 @@ def test_404_is_not_retried(server):
     assert len(server.log) == 1
 
 
-def test_writes_are_never_retried_blindly(server):
-    server.script[('POST', '/api/v1/namespaces/a/pods/p/eviction')] = [(500, {'message': 'internal'}, 0)]
+@pytest.mark.parametrize('status', [429, 500])
+def test_writes_are_never_retried_blindly(server, status):
+    # an eviction's 429 is a PodDisruptionBudget's answer: the drain decides, the client does not retry
+    server.script[('POST', '/api/v1/namespaces/a/pods/p/eviction')] = [(status, {'message': 'internal'}, 0)]
     with pytest.raises(K.K8sError) as exc:
         client(server).post('/api/v1/namespaces/a/pods/p/eviction', {'kind': 'Eviction'})
-    assert exc.value.status == 500
+    assert exc.value.status == status
     assert len(server.log) == 1
 
 
@@ -437,7 +439,7 @@ def test_an_explicit_proxy_wins_over_the_environment(no_proxy_env):
 
 # -- issue 12 (6): an idempotent write (a patch computed from a fresh read, guarded by its
 # resourceVersion) is retried on 5xx within a bound ----------------------------------------------
-@pytest.mark.parametrize('status', [500, 503])
+@pytest.mark.parametrize('status', [429, 500, 503])
 def test_update_is_retried_on_5xx_from_a_fresh_read(server, status):
     done = dict(NODE, metadata={'name': 'n', 'resourceVersion': '8', 'annotations': {'gpufleet.io/upgraded-to': 'x'}})
     server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
