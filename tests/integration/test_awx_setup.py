@@ -17,7 +17,7 @@ from tools import awx_collection
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SETUP = REPO / 'playbooks' / 'awx_setup.yml'
 VARS = yaml.safe_load((REPO / 'playbooks' / 'vars' / 'awx.yml').read_text())
-PLAYBOOKS = ['plan', 'preflight', 'canary', 'upgrade_check', 'rollout', 'rollback', 'postflight']
+PLAYBOOKS = ['plan', 'preflight', 'canary', 'upgrade_check', 'rollout', 'rollback', 'postflight', 'release']
 SURVEY_KEYS = {'variable', 'question_name', 'question_description', 'type', 'required', 'default', 'min', 'max',
                'choices', 'new_question'}
 SURVEY_TYPES = {'text', 'textarea', 'password', 'integer', 'float', 'multiplechoice', 'multiselect'}

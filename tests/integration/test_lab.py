@@ -147,12 +147,33 @@ def test_lab_without_fault_completes(tmp_path):
         # The trial boot's next_entry was used and cleared; after the gates the target is the default.
         assert grubsim.read_env(root / 'boot/grub/grubenv') == {'saved_entry': grubsim.entry_id(K1), 'next_entry': ''}
         assert 'Linux version %s ' % K1 in (lab / 'nodes' / name / 'kern.log').read_text()
+    # release.yml (issue 14): past the rollback boundary the previous kernel each node protected is
+    # automatic again (apt's own record), its protection record gone, and the bundle says what moved.
+    release = [a for a in json.loads((lab / 'evidence' / 'rollout.json').read_text())['actions']
+               if a['name'] == 'kernel-release']
+    assert len(release) == 1 and release[0]['ok'], release
+    unmarked = release[0]['result']['unmarked']
+    assert sorted(unmarked) == sorted(table), unmarked
+    for name, pkgs in unmarked.items():
+        root = lab / 'nodes' / name / 'root'
+        assert 'linux-image-%s' % K0 in pkgs, (name, pkgs)
+        assert not (root / 'var/lib/gpufleet/kernel-protect.json').exists()
+        auto = {st['Package'] for st in apt_extended_states(root) if st.get('Auto-Installed') == '1'}
+        assert set(pkgs) <= auto, (name, sorted(set(pkgs) - auto))
     if PROMETHEUS:
         assert 'metric gate: ON, Prometheus http://127.0.0.1:' in out.stdout
         assert 'metric gate verdicts: 4 nodes passed, 0 failed' in out.stdout
         assert all(r[GATES].startswith('gpu:ok,node:ok,tuple:ok,metric:ok') for r in table.values()), table
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
     assert_records_carry_the_measured_tuple(lab)
+
+
+def apt_extended_states(root: pathlib.Path) -> list[dict[str, str]]:
+    """apt's record of automatically installed packages under an install root, one dict per stanza."""
+    path = root / 'var/lib/apt/extended_states'
+    text = path.read_text() if path.exists() else ''
+    return [dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line)
+            for stanza in text.split('\n\n') if stanza.strip()]
 
 
 def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:

@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHECK = {'plan': 'Plan | Check the inputs', 'preflight': 'Preflight | Check the inputs',
          'canary': 'Canary | Check the inputs', 'upgrade_check': 'Check the inputs',
          'rollout': 'Rollout | Check the inputs', 'rollback': 'Rollback | Check the inputs',
-         'postflight': 'Postflight | Check the inputs'}
+         'postflight': 'Postflight | Check the inputs', 'release': 'Release | Check the inputs'}
 
 
 def _inventory():
@@ -48,6 +48,7 @@ BAD = [
     ('rollback', {'gpufleet_rollback_nodes': S.NODE, 'gpufleet_rollback_uncordon': 'maybe'},
      'gpufleet_rollback_uncordon', 'bool'),
     ('postflight', {'gpufleet_dra': 'perhaps'}, 'gpufleet_dra', 'bool'),
+    ('release', {'gpufleet_evidence': 'rollout.json'}, 'gpufleet_plan_file', 'missing required arguments'),
 ]
 
 

@@ -137,9 +137,23 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
         'Rollout | The stop switch is not set (an operator stopped the rollout; delete the ConfigMap to resume)']
     assert 'reason: Xid 79' in failures[0]['msg']
     assert lab.cluster.mutating_requests() == []
+    # Closing the rollback boundary (release.yml) is refused too while the switch is set.
+    assert lab.play('release-stopped', 'release.yml') == 'failed'
+    assert [f['task'] for f in lab.runs['release-stopped']['failures']] == ['Release | The stop switch is not set']
+    assert lab.cluster.mutating_requests() == []
 
-    # Deleted: the rerun resumes (the finished nodes are skipped) and finishes the rest.
+    # Deleted: the boundary still stays open while nodes of the plan have not finished (nothing written).
     lab.cluster.delete('v1', 'ConfigMap', 'gpufleet-stop', 'gpufleet-system')
+    lab.cluster.clear_requests()
+    assert lab.play('release-early', 'release.yml') == 'failed'
+    failures = lab.runs['release-early']['failures']
+    assert [f['task'] for f in failures] == ['Release | Every node of the plan finished its target (else nothing is released)']
+    assert failures[0]['msg'].startswith('not released: ') and all(n in failures[0]['msg'] for n in later), failures
+    assert not any(e['host'] in later for e in lab.runs['release-early']['events'] if e['event'] == 'runner_on_ok')
+    assert lab.cluster.mutating_requests() == []
+    assert not [a for a in bundle(lab)['actions'] if a['name'] == 'kernel-release']
+
+    # The rerun resumes (the finished nodes are skipped) and finishes the rest.
     assert lab.play('rerun', 'rollout.yml') == 'successful', lab.runs['rerun']['failures']
     rows = {r['node']: r for r in lab.node_view()}
     for n in first + later:
@@ -149,3 +163,9 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert not any(rows[c]['canary'] for c in plan['canaries'])
     for n in later:
         assert lab.cluster.get('v1', 'Node', n)['metadata']['annotations'][R.ANN_DONE]
+    # Every node finished: the boundary closes. A driver-only change protected no previous kernel, so
+    # each node reports nothing to release, and the bundle records that.
+    assert lab.play('release', 'release.yml') == 'successful', lab.runs['release']['failures']
+    release = [a for a in bundle(lab)['actions'] if a['name'] == 'kernel-release']
+    assert len(release) == 1 and release[0]['ok'] is True, release
+    assert release[0]['result']['unmarked'] == {n: [] for b in plan['batches'] for n in b}, release

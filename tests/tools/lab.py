@@ -537,6 +537,18 @@ class Lab:
             problems += self.operand_problems(before, after, False)
         return problems
 
+    def release(self) -> list[str]:
+        """Past the rollback boundary (release.yml): every node's previous kernel is no longer protected
+        (its protection record gone); the evidence bundle records what each node marked automatic."""
+        if self.play('release', 'release.yml') != 'successful':
+            return ['release.yml failed: %s' % self.runs['release']['failures']]
+        problems = ['%s: the previous kernel is still protected after release.yml' % n for n in self.names
+                    if (self.dir / 'nodes' / n / 'root' / 'var/lib/gpufleet/kernel-protect.json').exists()]
+        actions = json.loads((self.dir / 'evidence' / 'rollout.json').read_text()).get('actions') or []
+        if not any(a.get('name') == 'kernel-release' and a.get('ok') for a in actions):
+            problems.append('the evidence bundle records no kernel-release: %s' % [a.get('name') for a in actions])
+        return problems
+
     def gate_verdicts(self) -> dict[str, dict[str, dict]]:
         """node -> gate name -> the latest evidence entry (canary bundles, then the rollout's)."""
         out: dict[str, dict[str, dict]] = {}
@@ -734,6 +746,8 @@ def run(args: argparse.Namespace) -> int:
         lab.gate()
         rollout = lab.play('rollout', 'rollout.yml')
         problems = lab.verdict(plan, rollout)
+        if lab.fault == 'none' and rollout == 'successful':
+            problems += lab.release()
         lab.summary(plan)
         report = lab.report()
         print()
