@@ -44,6 +44,18 @@ _REVISION = re.compile(r'^[0-9a-f]{40}$')
 _ID = re.compile(r'^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$')
 _PCI = re.compile(r'^[0-9a-f]{4}:[0-9a-f]{4}/[0-9a-f]{4}:[0-9a-f]{4}$')
 
+# What the canary's rollback exercise restores on the node (node_snapshot, kernel_boot; the rollback gates
+# judge the restored pair), and the components it never rolls back, each with the reason the record gives.
+HOST_RESTORED = ('kernel', 'driver')
+ONE_WAY = {
+    'rke2': 'RKE2 is never downgraded; a failed RKE2 upgrade follows the platform recovery procedure',
+    'gpu_operator': 'cluster-side: the canary rollback restores the node only; the operator goes back only when '
+                    'the canary stage fails (gpu_operator_back)',
+    'dcgm_exporter': 'cluster-side: the canary rollback restores the node only; the exporter goes back with the '
+                     'GPU Operator when the canary stage fails',
+}
+CLAIMS = ('completedAt', 'allocationPassed', 'monitoringPassed', 'rollbackPassed')
+
 APPROVAL_NOTE = ('approvedBy is empty on purpose: a second operator reviews the evidence at sourceRevision and '
                  'fills it in a reviewed commit (or an AWX approval node); upgrade_check blocks until then.')
 
@@ -185,6 +197,11 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
             reasons.append('no %s gate ran on the canary' % cat)
         elif cats[cat]['failed']:
             reasons.append('%s gate(s) failed: %s' % (cat, ', '.join(cats[cat]['failed'])))
+    uncovered = rollback_scope(bundle)['uncovered']
+    if uncovered:
+        canary['rollbackPassed'] = False
+        reasons.append('the target changes %s, which the canary rollback neither restores nor declares one-way'
+                       % ', '.join(uncovered))
     required = {c for c, _field in REQUIRED_CATEGORIES}
     others = [g['id'] for g in gates if g['category'] not in required and g['critical'] and not g['passed']]
     if others:
@@ -200,18 +217,62 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
     return record, reasons
 
 
+def rollback_scope(bundle: Dict[str, Any]) -> Dict[str, Any]:
+    """Which components the target changes (``tuple.before`` against ``tuple.after``; every component
+    when the bundle has no ``before``), which of them the canary's rollback restores on the node, and
+    which are one-way, with the reason: ``{changed, restored, one_way: {component: reason}, uncovered}``.
+    ``uncovered`` (changed, neither restored nor declared one-way) makes ``rollbackPassed`` false."""
+    before = bundle['tuple'].get('before') or {}
+    after = bundle['tuple'].get('after') or {}
+    changed = [k for k in TUPLE_KEYS if not before or before.get(k) != after.get(k)]
+    restored = [k for k in changed if k in HOST_RESTORED]
+    one_way = dict((k, ONE_WAY[k]) for k in changed if k in ONE_WAY)
+    uncovered = [k for k in changed if k not in restored and k not in one_way]
+    return {'changed': changed, 'restored': restored, 'one_way': one_way, 'uncovered': uncovered}
+
+
+def claim_evidence(bundle: Dict[str, Any]) -> Dict[str, Any]:
+    """Each canary claim of the record with the ids of the evidence entries (gates of the bundle, on
+    the canary scope) that prove it: ``completedAt`` the gate that finished last, each ``*Passed``
+    the gates of its category; plus ``rollback_scope``. Empty lists where nothing proves a claim."""
+    nodes, batches = canary_scope(bundle)
+    gates = [g for g in bundle['gates'] if g['node'] in nodes or (g['node'] is None and g['batch'] in batches)]
+    cats = category_results(dict(bundle, gates=gates))
+    finished = [(parse_rfc3339(g['finished'], 'finished'), g['id']) for g in gates if g.get('finished')]
+    out = {'completedAt': [max(finished)[1]] if finished else []}  # type: Dict[str, Any]
+    for cat, field in REQUIRED_CATEGORIES:
+        out[field] = list(cats[cat]['gates'])
+    out['rollback_scope'] = rollback_scope(bundle)
+    return out
+
+
+def claim_comments(claims: Dict[str, Any], bundle_id: str) -> List[str]:
+    """The reviewer's pointers, as YAML comment lines (the seed schema has no field for them)."""
+    lines = ['# Evidence of each canary claim: entry ids in evidence bundle %s at sourceRevision.' % bundle_id]
+    for claim in CLAIMS:
+        lines.append('#   canary.%s: %s' % (claim, ', '.join(claims.get(claim) or []) or 'NO EVIDENCE'))
+    scope = claims.get('rollback_scope') or {}
+    lines.append('#   canary.rollbackPassed scope: restored on the node: %s; one-way, not rolled back: %s'
+                 % (', '.join(scope.get('restored') or []) or 'none',
+                    '; '.join('%s (%s)' % kv for kv in sorted((scope.get('one_way') or {}).items())) or 'none'))
+    return lines
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, bool):
         return 'true' if value else 'false'
     return json.dumps(str(value), ensure_ascii=True)
 
 
-def dump_yaml(record: Dict[str, Any], reasons: Optional[List[str]] = None) -> str:
-    """The record as YAML in the seed's field order, with comments for the reviewer."""
+def dump_yaml(record: Dict[str, Any], reasons: Optional[List[str]] = None,
+              comments: Optional[List[str]] = None) -> str:
+    """The record as YAML in the seed's field order, with comments for the reviewer (`comments`:
+    further comment lines, e.g. claim_comments)."""
     lines = ['# GPUUpgradeQualification written by gpufleet.upgrade.qualification_record.',
              '# ' + APPROVAL_NOTE]
     for r in reasons or []:
         lines.append('# not qualified: ' + r.replace('\n', ' '))
+    lines.extend((c if c.startswith('#') else '# ' + c).replace('\n', ' ') for c in comments or [])
     for key in ('apiVersion', 'kind', 'id', 'state', 'approvedBy', 'sourceRevision'):
         lines.append('%s: %s' % (key, _scalar(record[key])))
     lines.append('hardware:')

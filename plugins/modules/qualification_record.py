@@ -27,6 +27,13 @@ description:
     changes is refused.
   - C(hardware) is the set of the canary nodes' PCI ids; C(canary.completedAt) is the latest finish time of a
     canary gate.
+  - Each canary claim points to the evidence that proves it, in comments of the record (the seed schema has no
+    field for them) and in RV(claims) - C(completedAt) the gate that finished last, each C(*Passed) the ids of
+    the gates of its category.
+  - C(canary.rollbackPassed) covers every component the target changes. The canary's rollback restores the
+    kernel and the driver on the node; RKE2 (never downgraded), the GPU Operator and the DCGM exporter
+    (cluster-side) are declared one-way, with the reason, in the record's comments and RV(claims). A changed
+    component that is neither makes C(rollbackPassed) false.
   - C(target) is the tuple measured on the canaries - each canary node's entry with C(measured=true), whose
     C(tuple_after) the canary role records from the node_upgrade role's C(node_upgrade_result.measured) after
     the node's final upgrade (P(gpufleet.upgrade.canary_measured_nodes#filter)). A C(tuple_after) without
@@ -98,6 +105,24 @@ record:
   description: The record in the seed schema.
   returned: success
   type: dict
+claims:
+  description:
+    - Each canary claim (C(completedAt), C(allocationPassed), C(monitoringPassed), C(rollbackPassed)) with the ids
+      of the bundle's gates that prove it, and C(rollback_scope) - the components the target changes
+      (C(changed)), those the canary's rollback restores (C(restored)), those declared one-way with the reason
+      (C(one_way)), and those that are neither (C(uncovered)).
+  returned: success
+  type: dict
+  sample:
+    completedAt: [rollback-time@gpu-01#0]
+    allocationPassed: [node@gpu-01#0]
+    monitoringPassed: [gpu@gpu-01#0]
+    rollbackPassed: [rollback-gpu@gpu-01#-, rollback-time@gpu-01#0]
+    rollback_scope:
+      changed: [kernel, rke2, driver]
+      restored: [kernel, driver]
+      one_way: {rke2: RKE2 is never downgraded; a failed RKE2 upgrade follows the platform recovery procedure}
+      uncovered: []
 content:
   description: The YAML written.
   returned: success
@@ -116,7 +141,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import EvidenceError, loads
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._fsio import read_text, write_text
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._qualification_record import (
-    RecordError, build_record, dump_yaml)
+    RecordError, build_record, claim_comments, claim_evidence, dump_yaml)
 
 
 def _git_revision(module, path):
@@ -158,9 +183,10 @@ def main():
     try:
         bundle = loads(text, p['evidence'])
         record, reasons = build_record(bundle, revision, p['id'], p['evidence_ref'])
+        claims = claim_evidence(bundle)
     except (EvidenceError, RecordError) as exc:
         module.fail_json(msg='qualification_record: %s' % exc)
-    content = dump_yaml(record, reasons)
+    content = dump_yaml(record, reasons, claim_comments(claims, bundle['id']))
     old = read_text(p['dest'], 'surrogateescape')
     changed = old != content
     if changed and not module.check_mode:
@@ -169,7 +195,7 @@ def main():
             module.fail_json(msg='qualification_record: directory %s of dest does not exist' % directory)
         write_text(p['dest'], content, makedirs=False, prefix='.record-')
     result = dict(changed=changed, qualified=record['state'] == 'qualified', reasons=reasons, record=record,
-                  content=content, dest=p['dest'])
+                  claims=claims, content=content, dest=p['dest'])
     if module._diff:
         result['diff'] = dict(before=old or '', after=content, before_header=p['dest'], after_header=p['dest'])
     module.exit_json(**result)

@@ -130,6 +130,17 @@ def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
         target = yaml.safe_load(path.with_suffix('.yaml').read_text())['target']
         assert all(target == {names[k]: v for k, v in n['tuple_after'].items()} for n in canaries), (target, canaries)
         assert target['driver'] == labenv.TARGET['driver']
+        # Each canary claim points to gates of this bundle (issue 16); RKE2, when it moves, is declared one-way.
+        bundle = json.loads(path.read_text())
+        text = path.with_suffix('.yaml').read_text().splitlines()
+        for claim in ('completedAt', 'allocationPassed', 'monitoringPassed', 'rollbackPassed'):
+            line = next(ln for ln in text if ln.startswith('#   canary.%s: ' % claim))
+            refs = line.split(': ', 1)[1].split(', ')
+            assert set(refs) <= {g['id'] for g in bundle['gates']}, (path, line)
+        scope = next(ln for ln in text if ln.startswith('#   canary.rollbackPassed scope: '))
+        assert 'restored on the node: kernel, driver;' in scope or 'restored on the node: driver;' in scope, scope
+        assert ('rke2 (RKE2 is never downgraded' in scope) is (bundle['tuple']['before']['rke2'] !=
+                                                            bundle['tuple']['after']['rke2']), scope
 
 
 def test_lab_without_fault_completes(tmp_path):

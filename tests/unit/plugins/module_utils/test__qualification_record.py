@@ -236,3 +236,53 @@ def test_canary_measured_nodes_from_node_upgrade_result() -> None:
 def test_canary_measured_nodes_bad_input(node: Any, result: Any, message: str) -> None:
     with pytest.raises(qr.RecordError, match=message):
         qr.canary_measured_nodes(node, result)
+
+
+# -- issue 16 item 5: each claim points to its evidence; rollbackPassed covers every changed component ----------
+def test_each_claim_points_to_the_gates_that_prove_it() -> None:
+    claims = qr.claim_evidence(canary_bundle())
+    assert claims['completedAt'] == ['metrics@fleet#0']              # the canary-scope gate that finished last
+    assert claims['allocationPassed'] == ['node@gpu-1#0', 'workload@gpu-1#0']
+    assert claims['monitoringPassed'] == ['metrics@fleet#0', 'gpu@gpu-2#0']
+    assert claims['rollbackPassed'] == ['rollback@gpu-1#0']
+    assert 'later-batch@gpu-9#1' not in sum((claims[c] for c in qr.CLAIMS), [])   # a later batch proves nothing
+    assert claims['rollback_scope'] == {
+        'changed': ['kernel', 'rke2', 'driver', 'gpu_operator'], 'restored': ['kernel', 'driver'],
+        'one_way': {'rke2': qr.ONE_WAY['rke2'], 'gpu_operator': qr.ONE_WAY['gpu_operator']}, 'uncovered': []}
+    assert qr.claim_evidence(canary_bundle(with_rollback=False))['rollbackPassed'] == []
+
+
+def test_claims_are_comments_of_the_record_that_yaml_and_upgrade_check_ignore() -> None:
+    bundle = canary_bundle()
+    record, reasons = qr.build_record(bundle, REV)
+    text = qr.dump_yaml(record, reasons, qr.claim_comments(qr.claim_evidence(bundle), bundle['id']))
+    assert '#   canary.completedAt: metrics@fleet#0' in text.splitlines()
+    assert '#   canary.allocationPassed: node@gpu-1#0, workload@gpu-1#0' in text.splitlines()
+    assert '#   canary.rollbackPassed: rollback@gpu-1#0' in text.splitlines()
+    assert ('#   canary.rollbackPassed scope: restored on the node: kernel, driver; one-way, not rolled back: '
+            'gpu_operator (%s); rke2 (%s)' % (qr.ONE_WAY['gpu_operator'], qr.ONE_WAY['rke2'])) in text.splitlines()
+    yaml = pytest.importorskip('yaml')
+    assert yaml.safe_load(text) == record
+    assert _qualification().parse_record(text).to_dict() == record
+    # A claim nothing proves says so.
+    bare = qr.claim_comments({'completedAt': ['x'], 'rollback_scope': {}}, 'b')
+    assert '#   canary.monitoringPassed: NO EVIDENCE' in bare and bare[-1].endswith('restored on the node: none; '
+                                                                              'one-way, not rolled back: none')
+
+
+def test_a_changed_component_neither_restored_nor_one_way_fails_rollback_passed(monkeypatch: Any) -> None:
+    # A component without a declaration (as a sixth component added later would be) is not covered by the
+    # rollback exercise: rollbackPassed is false and the record says which.
+    monkeypatch.setattr(qr, 'ONE_WAY', {k: v for k, v in qr.ONE_WAY.items() if k != 'rke2'})
+    record, reasons = qr.build_record(canary_bundle(), REV)
+    assert record['state'] == 'failed' and record['canary']['rollbackPassed'] is False
+    assert reasons == ['the target changes rke2, which the canary rollback neither restores nor declares one-way']
+    assert qr.rollback_scope(canary_bundle())['uncovered'] == ['rke2']
+
+
+def test_without_a_before_tuple_every_component_counts_as_changed() -> None:
+    b = canary_bundle()
+    b['tuple']['before'] = None
+    scope = qr.rollback_scope(b)
+    assert scope['changed'] == list(ev.TUPLE_KEYS) and scope['uncovered'] == []
+    assert sorted(scope['one_way']) == ['dcgm_exporter', 'gpu_operator', 'rke2']
