@@ -251,8 +251,8 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     batch's nodes still in service; it must stay within max_unavailable, and the capacity left in
     service within the failure allowance (nodes, GPUs), as the planner computed the batch."""
     mu = plan.get('max_unavailable') if isinstance(plan, dict) else plan
-    if not isinstance(plan, dict) or isinstance(mu, bool) or not isinstance(mu, int):
-        raise PlanInputError('plan.max_unavailable: %r is not an integer (is this a reviewed plan?)' % (mu,))
+    if not isinstance(plan, dict) or isinstance(mu, bool) or not isinstance(mu, int) or mu < 0:
+        raise PlanInputError('plan.max_unavailable: %r is not a whole number >= 0 (is this a reviewed plan?)' % (mu,))
     if not isinstance(batch, (list, tuple)):
         raise PlanInputError('batch: %r is not a list of node names' % (batch,))
     for i, b in enumerate(batch):

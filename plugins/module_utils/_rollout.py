@@ -35,8 +35,10 @@ def pci_slug(pci_ids: Union[str, Sequence[str]]) -> str:
 def snapshot_file(directory: str, node: str, target: Dict[str, Any]) -> str:
     """The rollback snapshot of `node` for `target`: one file per node and target, so a later
     rollout's baseline and rollback never come from before an earlier one."""
-    if not isinstance(node, str) or not node:
+    if not isinstance(node, str) or not node or '/' in node or node in ('.', '..'):
         raise RolloutError('node: %r is not a node name' % (node,))
+    if not isinstance(directory, str) or not directory:
+        raise RolloutError('directory: %r is not the snapshot directory' % (directory,))
     slug = re.sub(r'[^A-Za-z0-9._-]+', '_', target_key(target))
     # the directory without its trailing slashes, then one: '/' gives '/<file>', not '//<file>'
     return '%s/%s--%s.json' % (str(directory).rstrip('/'), node, slug)
@@ -100,6 +102,17 @@ def tuple_gate(target: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, An
     return {'passed': not problems, 'problems': problems, 'measured': after, 'msg': msg}
 
 
+def _problems(value: Any, default: List[str]) -> List[str]:
+    """A gate result's `problems` as a list of strings: one string is one problem (not its characters)."""
+    if not value:
+        return list(default)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [str(p) for p in value]
+    raise RolloutError('problems: %r is not a list of strings' % (value,))
+
+
 def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = None) -> Dict[str, Any]:
     """The verdict of a node's gates from their registered results (name -> result; a skipped or
     absent gate is not counted): the evidence bundle's gate entries, whether every gate that ran
@@ -117,7 +130,7 @@ def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = N
         ok = r.get('passed') is True
         msg = str(r.get('msg') or '')
         entries.append({'name': name, 'kind': name, 'node': node, 'passed': ok, 'finished': finished,
-                        'problems': list(r.get('problems') or ([] if ok else [msg or 'failed'])),
+                        'problems': _problems(r.get('problems'), [] if ok else [msg or 'failed']),
                         'result': {'msg': msg}})
         if not ok:
             failed.append(msg or '%s gate: failed' % name)

@@ -157,7 +157,7 @@ def test_absent_ready_is_not_ready():
 def test_the_plan_must_be_reviewed(plan, shown):
     with pytest.raises(_plan.PlanInputError) as err:
         _plan.batch_admission(pool(2), ['gpu-01'], plan)
-    assert str(err.value) == 'plan.max_unavailable: %s is not an integer (is this a reviewed plan?)' % shown
+    assert str(err.value) == 'plan.max_unavailable: %s is not a whole number >= 0 (is this a reviewed plan?)' % shown
 
 
 @pytest.mark.parametrize('bad,shown', [({'gpus': 8}, "{'gpus': 8}"), ('gpu-02', "'gpu-02'"), ({'name': 2}, "{'name': 2}")])
@@ -287,8 +287,8 @@ def test_a_batch_tuple_is_a_list():
     assert _plan.batch_admission(pool(4), ('gpu-01',), reviewed(1))['admitted'] is True
 
 
-@pytest.mark.parametrize('max_unavailable', [True, False, '2', 2.0, None])
+@pytest.mark.parametrize('max_unavailable', [True, False, '2', 2.0, None, -1])
 def test_max_unavailable_must_be_an_integer_not_a_boolean(max_unavailable):
     with pytest.raises(_plan.PlanInputError) as err:
         _plan.batch_admission(pool(4), ['gpu-01'], reviewed(max_unavailable))
-    assert str(err.value) == 'plan.max_unavailable: %r is not an integer (is this a reviewed plan?)' % (max_unavailable,)
+    assert str(err.value) == 'plan.max_unavailable: %r is not a whole number >= 0 (is this a reviewed plan?)' % (max_unavailable,)

@@ -100,11 +100,19 @@ def test_snapshot_file_joins_the_directory_with_one_slash(directory, path):
     assert _rollout.snapshot_file(directory, 'gpu-01', {'driver': '580'}) == path
 
 
-@pytest.mark.parametrize('node', ['', None, 7])
+@pytest.mark.parametrize('node', ['', None, 7, '../etc', 'a/b', '..', '.'])
 def test_snapshot_file_needs_a_node_name(node):
     with pytest.raises(_rollout.RolloutError) as err:
         _rollout.snapshot_file('s', node, TARGET)
     assert str(err.value) == 'node: %r is not a node name' % (node,)
+
+
+@pytest.mark.parametrize('directory', [None, '', 3])
+def test_snapshot_file_needs_a_directory(directory):
+    # None would give 'None/gpu-01--...', a snapshot nobody looks for
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.snapshot_file(directory, 'gpu-01', TARGET)
+    assert str(err.value) == 'directory: %r is not the snapshot directory' % (directory,)
 
 
 @pytest.mark.parametrize('target,message', [
@@ -563,3 +571,15 @@ def test_rollback_time_bad_input(start, end, window, message):
     with pytest.raises(_rollout.RolloutError) as err:
         _rollout.rollback_time('gpu-01', start, end, window)
     assert str(err.value).startswith(message)
+
+
+def test_gate_results_a_string_of_problems_is_one_problem():
+    out = _rollout.gate_results({'gpu': passed(passed=False, msg='GPU gate: FAIL', problems='xid: new Xid 79')}, 'gpu-01')
+    assert out['passed'] is False
+    assert [e['problems'] for e in out['evidence']] == [['xid: new Xid 79']]
+
+
+def test_gate_results_problems_of_another_type_are_refused():
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.gate_results({'gpu': passed(passed=False, problems={'xid': 79})}, 'gpu-01')
+    assert str(err.value) == "problems: {'xid': 79} is not a list of strings"
