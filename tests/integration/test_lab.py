@@ -139,8 +139,8 @@ def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
             assert set(refs) <= {g['id'] for g in bundle['gates']}, (path, line)
         scope = next(ln for ln in text if ln.startswith('#   canary.rollbackPassed scope: '))
         assert 'restored on the node: kernel, driver;' in scope or 'restored on the node: driver;' in scope, scope
-        assert ('rke2 (RKE2 is never downgraded' in scope) is (bundle['tuple']['before']['rke2'] !=
-                                                            bundle['tuple']['after']['rke2']), scope
+        rke2_moved = bundle['tuple']['before']['rke2'] != bundle['tuple']['after']['rke2']
+        assert ('rke2 (RKE2 is never downgraded' in scope) is rke2_moved, scope
 
 
 def test_lab_without_fault_completes(tmp_path):
