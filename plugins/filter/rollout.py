@@ -83,6 +83,10 @@ def forks_verdict(batches: t.List[t.List[str]], forks: int) -> t.Dict[str, t.Any
     return _call('forks_verdict', _rollout.forks_verdict, batches, forks)
 
 
+def activation(mode: str, kernel_change: bool, booted: bool = False) -> str:
+    return _call('activation', _rollout.activation, mode, kernel_change, booted)
+
+
 def rollback_time(node: str, start: t.Any, end: t.Any, window: t.Any = '') -> t.Dict[str, t.Any]:
     return _call('rollback_time', _rollout.rollback_time, node, start, end, window)
 
@@ -95,4 +99,4 @@ class FilterModule:
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
                 'plan_digest': plan_digest, 'forks_verdict': forks_verdict,
-                'rollback_time': rollback_time}
+                'rollback_time': rollback_time, 'activation': activation}

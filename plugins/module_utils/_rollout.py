@@ -240,6 +240,30 @@ def rollback_result(node: str, decision: Dict[str, Any], restored: bool, gpu_aft
     }
 
 
+ACTIVATIONS = ('auto', 'reboot', 'reload', 'lab')
+
+
+def activation(mode: Any, kernel_change: Any, booted: Any = False) -> str:
+    """How node_upgrade brings the new driver up: V(reboot), V(reload) (unload; the new modules load on
+    first use) or V(none).
+
+    `mode` is node_upgrade_activation; `kernel_change` whether the target changes the node's kernel;
+    `booted` whether the trial boot's kernel_boot found the target kernel running already (a run killed
+    after the one-shot boot, resumed). Then nothing is activated again: the target kernel came up with
+    the target driver's modules, the trial's `next_entry` is spent, and a reboot would boot GRUB's saved
+    default, the previous kernel. The verify step that follows checks what runs."""
+    if mode not in ACTIVATIONS:
+        raise RolloutError('activation: %r is not one of %s' % (mode, ', '.join(ACTIVATIONS)))
+    for name, value in (('kernel_change', kernel_change), ('booted', booted)):
+        if not isinstance(value, bool):
+            raise RolloutError('%s: %r is not a boolean' % (name, value))
+    if booted:
+        return 'none'
+    if mode == 'reboot' or (kernel_change and mode in ('auto', 'lab')):
+        return 'reboot'
+    return 'reload'
+
+
 def forks_verdict(batches: Any, forks: Any) -> Dict[str, Any]:
     """Whether this run's `forks` let each of the plan's `batches` run its nodes at once.
 

@@ -36,7 +36,7 @@ sys.path[:0] = [str(REPO / 'tests')]
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
 from cluster.kubevirt import KubeVirtStandIn  # noqa: E402
-from tools import labenv  # noqa: E402
+from tools import grubsim, labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
@@ -70,14 +70,15 @@ FAULT_KILLS = [
 ]
 
 
-def approved_records(lab: Lab, plan: dict) -> None:
+def approved_records(lab: Lab, plan: dict, target: dict | None = None) -> None:
+    target = TARGET if target is None else target
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     for c in plan['combinations']:
         slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
         record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'resume-' + slug,
                   'state': 'qualified', 'approvedBy': 'test-approver', 'sourceRevision': 'a' * 40,
                   'hardware': c['key']['pci_ids'].split(','),
-                  'target': {TUPLE_NAMES[k]: v for k, v in TARGET.items()},
+                  'target': {TUPLE_NAMES[k]: v for k, v in target.items()},
                   'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
                              'rollbackPassed': True, 'evidence': 'resume-test'}}
         (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
@@ -164,6 +165,7 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
                 assert ANN_VMS not in ann
                 assert lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')['spec']['runStrategy'] == 'RerunOnFailure'
 
+        assert annotations(lab, victim).get(ANN_STATE) == 'installed'   # the rerun takes the trial path again
         final = lab.play('resumed-final', 'rollout.yml')
         runs.append('resumed-final')
         assert final == 'failed', lab.runs['resumed-final']
@@ -212,4 +214,76 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
     finally:
         if kubevirt is not None:
             kubevirt.__exit__(None, None, None)
+        lab.stop()
+
+
+# The seed's change (kernel 6.8.0-134 -> 6.8.0-135 with the driver, RKE2 through the SUC): the controller is
+# killed in the one-shot trial boot (issue 14): (phase, task whose start triggers the kill, recorded state).
+TRIAL_KILLS = [
+    # while kernel_boot state=trial makes the target the next boot only
+    ('trial', 'Activate | Boot the target kernel once', 'installed'),
+    # after the trial boot (the target kernel runs once; GRUB's saved default is still the previous
+    # kernel, so a power cycle now would bring the previous pair back), before Ready is recorded: the
+    # kill lands at the end of the lab's reboot (its runner_on_ok), before the Ready wait can write
+    ('booted', 'Activate | Lab reboot path', 'installed'),
+]
+
+
+def kill_after(node: str, prefix: str):
+    """Kill the controller when `node`'s task `prefix` has finished (its runner_on_ok)."""
+    def trigger(event: dict) -> bool:
+        data = event.get('event_data', {})
+        return (event.get('event') == 'runner_on_ok' and data.get('host') == node
+                and (data.get('task') or '').startswith(prefix))
+    return trigger
+
+
+def test_killed_in_the_trial_boot_resumes_on_the_target_kernel(tmp_path):
+    """A kill inside the trial boot leaves the node cordoned at `installed`, on a boot setup a power cycle
+    undoes; the rerun boots the target once again, verifies it, makes it the saved default and finishes."""
+    target = labenv.CHANGES['seed']
+    k0, k1 = labenv.KERNEL, target['kernel']
+    assert k0 != k1
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='seed')
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        plan = lab.plan()
+        approved_records(lab, plan, target)
+        victim = plan['batches'][0][0]
+        root = lab.dir / 'nodes' / victim / 'root'
+        runs = []
+        for phase, prefix, recorded in TRIAL_KILLS:
+            name = 'killed-%s-%s' % (victim, phase)
+            trigger = kill_after(victim, prefix) if phase == 'booted' else kill_at(lab, victim, phase, prefix)
+            status = lab.play(name, 'rollout.yml', cancel_on=trigger)
+            runs.append(name)
+            assert status == 'canceled', (name, lab.runs[name]['failures'])
+            assert annotations(lab, victim).get(ANN_STATE) == recorded, (name, annotations(lab, victim))
+            assert lab.cluster.get('v1', 'Node', victim)['spec'].get('unschedulable') is True, name
+            env = grubsim.read_env(root / 'boot/grub/grubenv')
+            # The saved default never moved before the gates passed: a power cycle boots the previous kernel.
+            assert env.get('saved_entry') == grubsim.entry_id(k0), (name, env)
+            if phase == 'booted':
+                row = {r['node']: r for r in lab.node_view()}[victim]
+                assert row['kernel'] == k1 and env.get('next_entry') == '', (row, env)   # the one shot is used
+
+        assert annotations(lab, victim).get(ANN_STATE) == 'installed'   # the rerun takes the trial path again
+        final = lab.play('resumed-final', 'rollout.yml')
+        runs.append('resumed-final')
+        assert final == 'successful', lab.runs['resumed-final']['failures']
+        assert lab.verdict(plan, final) == []
+        row = {r['node']: r for r in lab.node_view()}[victim]
+        assert (row['kernel'], row['node_kernel'], row['loaded']) == (k1, k1, target['driver']), row
+        assert grubsim.read_env(root / 'boot/grub/grubenv') == {'saved_entry': grubsim.entry_id(k1), 'next_entry': ''}
+        assert annotations(lab, victim).get(ANN_DONE) == us.target_key(target)
+        # Resumed, not redone: one drain, one snapshot and one install of the victim over all the runs;
+        # the trial boot ran again after each kill (the rerun takes it from `installed`).
+        for task in ('Drain | Cordon', 'Snapshot | Capture', 'Install | The target kernel with the driver'):
+            assert sum(len(task_events(lab.runs[r], victim, task)) for r in runs) == 1, task
+        # and found the target kernel running: nothing was activated again (a reboot would have booted the
+        # saved default, the previous kernel, and failed the node)
+        assert len(task_events(lab.runs['resumed-final'], victim, 'Activate | Boot the target kernel once')) == 1
+        assert task_events(lab.runs['resumed-final'], victim, 'Activate | Lab reboot path') == []
+    finally:
         lab.stop()

@@ -583,3 +583,31 @@ def test_gate_results_problems_of_another_type_are_refused():
     with pytest.raises(_rollout.RolloutError) as err:
         _rollout.gate_results({'gpu': passed(passed=False, problems={'xid': 79})}, 'gpu-01')
     assert str(err.value) == "problems: {'xid': 79} is not a list of strings"
+
+
+# ---------------------------------------------------------------------------- activation
+@pytest.mark.parametrize('mode,kernel_change,booted,expected', [
+    ('auto', True, False, 'reboot'),
+    ('lab', True, False, 'reboot'),
+    ('auto', False, False, 'reload'),
+    ('lab', False, False, 'reload'),
+    ('reboot', False, False, 'reboot'),
+    ('reload', True, False, 'reload'),
+    # a resumed run after the one-shot trial boot: the target kernel runs; a reboot would boot the previous one
+    ('auto', True, True, 'none'),
+    ('reboot', True, True, 'none'),
+    ('lab', True, True, 'none'),
+])
+def test_activation(mode, kernel_change, booted, expected):
+    assert _rollout.activation(mode, kernel_change, booted) == expected
+
+
+@pytest.mark.parametrize('args,message', [
+    (('sometimes', True), "activation: 'sometimes' is not one of auto, reboot, reload, lab"),
+    (('auto', 'yes'), "kernel_change: 'yes' is not a boolean"),
+    (('auto', True, None), 'booted: None is not a boolean'),
+])
+def test_activation_bad_input(args, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.activation(*args)
+    assert str(err.value) == message
