@@ -53,6 +53,9 @@ collection: $(STAMP)
 SYSTEM_DEPS += prometheus chromium
 # grub-editenv for the kernel_boot integration tests and tests/tools/grubsim.py.
 SYSTEM_DEPS += grub-common
+# rpm (rpmbuild), dnf, createrepo_c and dnf's versionlock plugin for the RHEL-family kernel tests
+# (tests/tools/rpmrepo.py, tests/integration/test_kernel_dnf.py).
+SYSTEM_DEPS += rpm dnf createrepo-c dnf-plugins-core
 system-deps:
 	@missing=""; for p in $(sort $(SYSTEM_DEPS)); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \

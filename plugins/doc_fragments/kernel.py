@@ -13,7 +13,8 @@ class ModuleDocFragment:
 options:
   kernel:
     description:
-      - The target kernel release as C(uname -r) prints it, for example V(6.8.0-135-generic).
+      - The target kernel release as C(uname -r) prints it, for example V(6.8.0-135-generic), or on the RHEL family
+        V(5.14.0-427.16.1.el9_4.x86_64).
     type: str
     required: true
   branch:
@@ -33,6 +34,8 @@ options:
         installed (driver user space preset C(ubuntu-server)).
       - V(prebuilt) uses Canonical's signed C(linux-modules-nvidia-<branch>-server-<kernel>), one package per kernel
         ABI, with the C(nvidia-headless-no-dkms-<branch>-server) user space (preset C(ubuntu-server-prebuilt)).
+      - On the RHEL family, V(dkms) is C(kernel-devel-<kernel>) with C(kmod-nvidia-open-dkms) and V(prebuilt) is NVIDIA's
+        precompiled C(kmod-nvidia-open-<driver>-<kver>-<krel>).
       - Must match the installed packages; switching source is refused.
     type: str
     required: true
@@ -56,7 +59,8 @@ options:
     default: true
   installroot:
     description:
-      - Operate on the system under this directory instead of C(/). apt and dpkg read and write only under it.
+      - Operate on the system under this directory instead of C(/). apt and dpkg (dnf and rpm on the RHEL family, whose
+        plugins' configuration is then read under it too) read and write only under it.
     type: path
   proc_path:
     description:
@@ -65,7 +69,8 @@ options:
     default: /proc
   update_cache:
     description:
-      - Run C(apt-get update) before reading what the repositories offer (not in check mode).
+      - Run C(apt-get update) (C(dnf makecache) on the RHEL family) before reading what the repositories offer (not in
+        check mode).
     type: bool
     default: false
 """

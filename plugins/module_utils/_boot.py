@@ -41,6 +41,7 @@ class BootFiles:
     menu: List[gb.MenuItem]
     default_grub_path: str
     grub_default: Optional[str]
+    bls: bool = False          # the menu is the BootLoaderSpec entries (grub_cfg_path is their directory)
 
 
 @dataclasses.dataclass
@@ -86,6 +87,11 @@ def target_entry(files: BootFiles, kernel: str, menu_entry: Optional[str]) -> st
     found = gb.entries_for_kernel(files.menu, kernel)
     if not found:
         listed = sorted({it.kernel for it in gb.menu_entries(files.menu) if it.kernel})
+        if files.bls:
+            raise BootError("%s has no BootLoaderSpec entry that boots kernel %s (expected a <machine-id>-%s.conf with "
+                            "'linux /vmlinuz-%s', as the kernel package's kernel-install writes it; kernels with an "
+                            "entry: %s); run kernel-install add %s /lib/modules/%s/vmlinuz, nothing was changed"
+                            % (files.grub_cfg_path, kernel, kernel, kernel, ', '.join(listed) or 'none', kernel, kernel))
         raise BootError("%s has no menu entry that boots kernel %s (expected a menuentry with 'linux /boot/vmlinuz-%s', "
                         "as update-grub writes once the kernel is installed; kernels listed: %s); run update-grub, "
                         "nothing was changed" % (files.grub_cfg_path, kernel, kernel, ', '.join(listed) or 'none'))
@@ -99,10 +105,12 @@ def _require_saved(files: BootFiles, why: str) -> None:
                         % (files.default_grub_path, files.grub_default if files.grub_default is not None else '(unset, 0)', why))
 
 
-def check_installed(kernel: str, installed_kernels: Sequence[str], where: str) -> None:
+def check_installed(kernel: str, installed_kernels: Sequence[str], where: str, package: str = 'linux-image-%s') -> None:
+    """`package`: the kernel's package name pattern (`kernel-core-%s` with the version-release on RPM)."""
     if kernel not in installed_kernels:
-        raise BootError('kernel %s is not installed (no linux-image-%s package and no boot/vmlinuz-%s under %s; installed '
-                        'kernels: %s), nothing was changed' % (kernel, kernel, kernel, where, ', '.join(installed_kernels) or 'none'))
+        pkg = package % kernel if '%s' in package else package
+        raise BootError('kernel %s is not installed (no %s package and no boot/vmlinuz-%s under %s; installed '
+                        'kernels: %s), nothing was changed' % (kernel, pkg, kernel, where, ', '.join(installed_kernels) or 'none'))
 
 
 def plan_trial(files: BootFiles, kernel: str, running: Optional[str], fallback: Optional[str],

@@ -12,6 +12,10 @@ GRUB's rule (Debian/Ubuntu `00_header`): a non-empty `next_entry` boots once and
 `GRUB_DEFAULT=saved`, `saved_entry` boots (entry 0 when unset); otherwise GRUB_DEFAULT itself.
 Entries are a menu entry id, a title, or an index, and `>` walks into a submenu.
 
+On the RHEL family (8 and later) the menu is not in grub.cfg but in BootLoaderSpec entries, one file
+per kernel in /boot/loader/entries (`bls_menu`); the environment block and the one-shot rule are
+the same (`grub2-editenv`, `grub2-reboot`).
+
 Everything here is pure (text in, values out); writing goes through `grub-editenv` in the modules.
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ GRUBENV_PATHS = ('boot/grub/grubenv', 'boot/grub2/grubenv')
 GRUB_CFG_PATHS = ('boot/grub/grub.cfg', 'boot/grub2/grub.cfg')
 DEFAULT_GRUB = 'etc/default/grub'
 DEFAULT_GRUB_DIR = 'etc/default/grub.d'
+BLS_DIR = 'boot/loader/entries'
 
 
 class GrubError(Exception):
@@ -69,12 +74,13 @@ def env_text(env: Dict[str, str]) -> str:
 # /etc/default/grub (and grub.d/*.cfg, read after it, as update-grub sources them)
 # --------------------------------------------------------------------------------------------
 
-def grub_default(texts: Sequence[Optional[str]]) -> Optional[str]:
-    """GRUB_DEFAULT after sourcing every text in order (last assignment wins), unquoted."""
+def grub_default(texts: Sequence[Optional[str]], name: str = 'GRUB_DEFAULT') -> Optional[str]:
+    """GRUB_DEFAULT (or the setting `name`) after sourcing every text in order (last assignment
+    wins), unquoted."""
     value = None
     for text in texts:
         for line in (text or '').splitlines():
-            m = re.match(r'^\s*(?:export\s+)?GRUB_DEFAULT=(.*?)\s*$', line)
+            m = re.match(r'^\s*(?:export\s+)?%s=(.*?)\s*$' % re.escape(name), line)
             if m:
                 v = m.group(1)
                 if len(v) >= 2 and v[0] == v[-1] and v[0] in '"\'':
@@ -205,3 +211,57 @@ def next_boot(menu: Sequence[MenuItem], env: Dict[str, str], default: Optional[s
         item = resolve_entry(menu, nxt)
         return NextBoot(nxt, item.kernel if item else None, True, fallback, fb_item.kernel if fb_item else None)
     return NextBoot(fallback, fb_item.kernel if fb_item else None, False, fallback, fb_item.kernel if fb_item else None)
+
+
+# --------------------------------------------------------------------------------------------
+# BootLoaderSpec entries (RHEL family 8 and later: GRUB_ENABLE_BLSCFG=true)
+# --------------------------------------------------------------------------------------------
+#
+# The rules, from public sources:
+# - Red Hat, RHEL 8 "Managing, monitoring and updating the kernel", "What boot entries are": one
+#   file per installed kernel in /boot/loader/entries, named <machine-id>-<kernel release>.conf
+#   (written by the kernel package's `kernel-install add` scriptlet), with `title`, `version`,
+#   `linux /vmlinuz-<release>` (relative to /boot), `initrd`, `options` (and an `id` field that GRUB
+#   does not use for the menu).
+# - Fedora/RHEL grub2's `blscfg` command (the BLS patches; Fedora grub2 commit 420527a "Fix menu
+#   entry selection based on ID and title", "sort everything with rpm package comparison") makes
+#   one menu entry per file, its id the file name without `.conf`, the newest version first.
+# - grub2-reboot(8): MENU_ENTRY is a number, a title or a menu item identifier; it writes
+#   `next_entry` into /boot/grub2/grubenv. `grub2-set-default <id>` and `grubby --set-default
+#   /boot/vmlinuz-<release>` write `saved_entry=<id>` (the same file stem).
+# - The one-shot rule is the 00_header of grub2-mkconfig, the same as Debian's (module docstring).
+
+
+def use_bls(has_entries: bool, enable_blscfg: Optional[str]) -> bool:
+    """The menu comes from the BLS entries when there are some, unless /etc/default/grub says
+    GRUB_ENABLE_BLSCFG=false (then grub2-mkconfig writes the entries into grub.cfg)."""
+    return has_entries and (enable_blscfg or '').strip().lower() != 'false'
+
+
+def parse_bls_entry(name: str, text: str) -> MenuItem:
+    """One BLS entry file (`name` is its file name) as the menu entry blscfg makes of it: id = the
+    file name without `.conf`, the `title`, the kernel of its `linux /vmlinuz-<release>` line; a
+    rescue entry (`vmlinuz-0-rescue-<machine-id>`) counts as recovery."""
+    fields: Dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.strip().split(None, 1)
+        if not parts or parts[0].startswith('#'):
+            continue
+        fields.setdefault(parts[0], parts[1].strip() if len(parts) > 1 else '')
+    stem = name[:-len('.conf')] if name.endswith('.conf') else name
+    m = re.match(r'^\S*?/?vmlinuz-(\S+)', fields.get('linux', ''))
+    kernel = m.group(1) if m else None
+    rescue = kernel is not None and kernel.startswith('0-rescue-')
+    return MenuItem('menuentry', fields.get('title') or stem, stem, None if rescue else kernel, recovery=rescue)
+
+
+def _bls_key(item: MenuItem) -> Tuple[List[int], str]:
+    return [int(x) for x in re.findall(r'\d+', item.kernel or '')], item.id or ''
+
+
+def bls_menu(files: Dict[str, str]) -> List[MenuItem]:
+    """The menu blscfg builds from {file name: text} of /boot/loader/entries/*.conf: newest kernel
+    first (the numeric fields of the release compared in order, then the file name), rescue last."""
+    items = [parse_bls_entry(n, t) for n, t in files.items() if n.endswith('.conf')]
+    kernels = sorted((it for it in items if it.kernel), key=_bls_key, reverse=True)
+    return kernels + sorted((it for it in items if not it.kernel), key=lambda it: it.id or '')

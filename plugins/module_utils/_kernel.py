@@ -18,7 +18,9 @@ Module sources (how the NVIDIA kernel modules reach kernel <k>):
   ``nvidia-kernel-common-<b>-server (>= <driver>)`` (and ``<= <driver>-1``).
 
 The apt side runs for real through `_packages.AptBackend` (install roots included); the RHEL side
-(`dnf_kernel_set`, `dnf_kernel_commands`) is data and command generation.
+through `DnfKernel` (dnf and rpm, install roots included): one `dnf install` of the exact set,
+`dnf versionlock` for it and for the previous kernel until `state=released`. `kernel_backend`
+decides which, from the managed system's os-release.
 """
 from __future__ import annotations
 
@@ -548,6 +550,8 @@ def refuse(avail: Availability, way_back: WayBack, req: KernelRequest) -> None:
 class AptKernel:
     """Reads and changes a node through `_packages.AptBackend` (install roots honoured)."""
 
+    name = 'apt'
+
     def __init__(self, backend: pk.AptBackend) -> None:
         self.backend = backend
         self.runner = backend.runner
@@ -802,4 +806,453 @@ def driver_problem(node: AptKernel, req: KernelRequest, installed: Dict[str, str
         pk.resolve(pkgs, req.driver_version, node.backend.available(list(pkgs.names)), installed, True)
     except pk.PackageError as e:
         return str(e)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Which package manager: apt (Ubuntu/Debian) or dnf (RHEL family)
+# --------------------------------------------------------------------------------------------
+
+KERNEL_BACKENDS = ('apt', 'dnf')
+RHEL_FAMILY = frozenset(('rhel', 'centos', 'rocky', 'almalinux', 'ol', 'fedora'))
+DEBIAN_FAMILY = frozenset(('debian', 'ubuntu'))
+
+
+def kernel_backend(os_release: Dict[str, str], has_apt: bool, has_dnf: bool) -> str:
+    """'apt' or 'dnf' for the managed system: its os-release (ID, ID_LIKE) decides; without one
+    (an install root that has none) the tools on the node do, apt first."""
+    ids = {os_release.get('ID', '')} | set(os_release.get('ID_LIKE', '').split())
+    name = os_release.get('PRETTY_NAME') or os_release.get('ID') or 'unknown'
+    if ids & RHEL_FAMILY:
+        if not has_dnf:
+            raise KernelError('the managed system is %s (RHEL family) but this node has no dnf' % name)
+        return 'dnf'
+    if ids & DEBIAN_FAMILY:
+        if not has_apt:
+            raise KernelError('the managed system is %s (Ubuntu/Debian) but this node has no apt-get/dpkg-query' % name)
+        return 'apt'
+    if has_apt:
+        return 'apt'
+    if has_dnf:
+        return 'dnf'
+    raise KernelError('the managed system (os-release ID %r) has neither apt-get/dpkg-query nor dnf' % (
+        os_release.get('ID') or 'none',))
+
+
+# --------------------------------------------------------------------------------------------
+# RHEL family (dnf): one dnf transaction, versionlock, the previous kernel locked until released
+# --------------------------------------------------------------------------------------------
+
+DNF_DRIVER_PRESET = 'rhel-dnf'
+VERSIONLOCK_CONF = 'etc/dnf/plugins/versionlock.conf'
+_ARCHES = ('x86_64', 'aarch64', 'ppc64le', 's390x', 'noarch', 'i686')
+_LOCK_ENTRY = re.compile(r'^(?P<name>.+)-(?:(?P<epoch>\d+):)?(?P<version>[^-:]+)-(?P<release>[^-]+?)'
+                         r'(?:\.(?:\*|%s))?$' % '|'.join(_ARCHES))
+
+
+def validate_rpm_request(req: KernelRequest) -> None:
+    """KernelError naming the field and value for a request the RHEL family cannot have."""
+    rpm_release(req.kernel)
+    pk.check_branch(req.branch)
+    check_driver_version(req.driver_version, req.branch)
+    check_module_source(req.module_source)
+    if req.previous_kernel:
+        rpm_release(req.previous_kernel, 'previous_kernel')
+    if req.previous_driver_version:
+        check_driver_version(req.previous_driver_version, req.branch, 'previous_driver_version')
+
+
+def _no_epoch(evr: str) -> str:
+    return evr.split(':', 1)[1] if ':' in evr else evr
+
+
+def lock_key(entry: str) -> Optional[str]:
+    """A versionlock.list line (``kernel-0:5.14.0-427.13.1.el9_4.*``) as ``name-version-release``
+    (the epoch dropped, as in the specs this module passes to dnf), or None for an exclude (``!``)
+    or a line this module does not read."""
+    m = _LOCK_ENTRY.match(entry.strip())
+    if not m or entry.strip().startswith('!'):
+        return None
+    return '%s-%s-%s' % (m.group('name'), m.group('version'), m.group('release'))
+
+
+def parse_locks(text: Optional[str]) -> List[str]:
+    """The entries of versionlock.list (comments and blank lines dropped), as written."""
+    return [ln.strip() for ln in (text or '').splitlines() if ln.strip() and not ln.strip().startswith('#')]
+
+
+def parse_rpm_multi(out: str) -> Dict[str, List[str]]:
+    """`rpm -qa --qf '%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\n'` -> {name: [evr, ...]} (kernels
+    are installed side by side; epoch 0 dropped)."""
+    res: Dict[str, List[str]] = {}
+    for line in out.splitlines():
+        parts = line.split('\t')
+        if len(parts) == 2:
+            res.setdefault(parts[0], []).append(parts[1][2:] if parts[1].startswith('0:') else parts[1])
+    return {n: sorted(v) for n, v in res.items()}
+
+
+def pick_evr(candidates: Sequence[str], wanted: str) -> Optional[str]:
+    """The candidate [epoch:]version-release that is `wanted` (a version-release, or a version)."""
+    for v in sorted(candidates, reverse=True):
+        ne = _no_epoch(v)
+        if ne == wanted or ne.startswith(wanted + '-'):
+            return v
+    return None
+
+
+def dnf_target_set(req: KernelRequest) -> Dict[str, str]:
+    """name -> wanted version of the one transaction: the kernel set of `dnf_kernel_set` and the
+    driver user space of the `rhel-dnf` preset (its required members) at the driver version."""
+    out = dnf_kernel_set(req.kernel, req.driver_version, req.module_source)
+    for name in pk.preset_packages(DNF_DRIVER_PRESET, req.branch).required:
+        out[name] = req.driver_version
+    return out
+
+
+def dnf_installonly(name: str) -> bool:
+    """Packages dnf installs side by side (one per kernel): kept when another version comes."""
+    return name.startswith('kernel') or (name.startswith('kmod-nvidia') and not name.endswith('-dkms'))
+
+
+def dnf_previous_packages(prev_kernel: str, prev_driver: Optional[str], source: str,
+                          installed: Dict[str, List[str]]) -> Dict[str, str]:
+    """The installed packages of the previous kernel and its NVIDIA modules (name -> evr) to keep."""
+    r = rpm_release(prev_kernel, 'previous_kernel')
+    out: Dict[str, str] = {}
+    for name in ('kernel', 'kernel-core', 'kernel-modules', 'kernel-modules-core', 'kernel-devel'):
+        if r.evr in installed.get(name, []):
+            out[name] = r.evr
+    if source == 'prebuilt':
+        prefix = 'kmod-nvidia-open-'
+        suffix = '-%s-%s' % (r.version, r.rel_no_dist)
+        for name, evrs in installed.items():
+            if name.startswith(prefix) and name.endswith(suffix) and (
+                    not prev_driver or name == '%s%s%s' % (prefix, prev_driver, suffix)):
+                out[name] = evrs[-1]
+    return out
+
+
+class DnfKernel:
+    """Reads and changes a RHEL-family node through dnf and rpm (install roots honoured: the
+    plugins' configuration, hence the versionlock list, is read under the root)."""
+
+    name = 'dnf'
+
+    def __init__(self, runner: pk.Runner) -> None:
+        self.runner = runner
+        self.os_release = pk.parse_os_release(_fsio.read_text(runner.path('etc/os-release')))
+
+    @property
+    def backend(self) -> 'DnfKernel':
+        """What `_host_module.HostTask` closes and reports the commands of (as AptKernel.backend)."""
+        return self
+
+    def path_of(self, rel: str) -> str:
+        return self.runner.path(rel)
+
+    def env(self) -> Dict[str, str]:
+        return {'LC_ALL': 'C', 'LANG': 'C'}
+
+    def close(self) -> None:
+        pass
+
+    def base(self) -> List[str]:
+        root = self.runner.installroot
+        argv = pk.dnf_base(root)
+        if root:
+            major = self.os_release.get('VERSION_ID', '').split('.')[0]
+            if major:
+                argv.append('--releasever=%s' % major)
+        return argv
+
+    def lock_path(self) -> str:
+        """The versionlock list the plugin uses (its configuration's `locklist`), which must be
+        under the install root when there is one."""
+        conf = self.path_of(VERSIONLOCK_CONF)
+        text = _fsio.read_text(conf)
+        if text is None:
+            raise KernelError('%s does not exist: the dnf versionlock plugin (python3-dnf-plugin-versionlock) is '
+                              'needed to lock the kernel; nothing was changed' % conf)
+        m = re.search(r'^\s*locklist\s*=\s*(\S+)\s*$', text, re.M)
+        if not m:
+            raise KernelError('%s has no locklist setting; nothing was changed' % conf)
+        path = m.group(1)
+        root = self.runner.installroot
+        if root and not os.path.abspath(path).startswith(root.rstrip('/') + '/'):
+            raise KernelError('installroot %r: the versionlock list of %s is %r, outside the install root; '
+                              'nothing was changed' % (root, conf, path))
+        return path
+
+    def read_locks(self) -> Tuple[str, Optional[str]]:
+        path = self.lock_path()
+        return path, _fsio.read_text(path)
+
+    def installed(self) -> Dict[str, List[str]]:
+        root = ['--root=%s' % self.runner.installroot] if self.runner.installroot else []
+        r = self.runner(['rpm'] + root + ['-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n'], env=self.env())
+        return parse_rpm_multi(r.stdout)
+
+    def offered(self, names: Sequence[str]) -> Dict[str, List[str]]:
+        """What the repositories offer, whatever is locked (the lock is this module's to manage)."""
+        if not names:
+            return {}
+        r = self.runner(self.base() + ['--disableplugin=versionlock', 'list', '--showduplicates', '--available']
+                        + list(names), env=self.env(), ok_rcs=(0, 1))
+        return pk.parse_dnf_list(r.stdout)
+
+    def update_cache(self) -> None:
+        self.runner(self.base() + ['makecache'], env=self.env())
+
+    def read(self, rel: str) -> Optional[str]:
+        return _fsio.read_text(self.path_of(rel))
+
+
+def _installed_driver_rpm(installed: Dict[str, List[str]]) -> Optional[str]:
+    evrs = installed.get('nvidia-driver')
+    return pk.upstream_version(evrs[-1]) if evrs else None
+
+
+@dataclasses.dataclass
+class DnfPlan:
+    request: KernelRequest
+    packages: Dict[str, str]          # the resolved target set: name -> [epoch:]version-release
+    skipped: List[str]
+    missing: List[str]
+    way_back: WayBack
+    install: Dict[str, str]           # not installed at that version yet
+    lock_path: str
+    lock_before: Optional[str]
+    lock_add: List[str]               # name-evr specs for `dnf versionlock add`
+    lock_delete: List[str]            # stale entries of single-version packages of the set
+    protected: Dict[str, str]         # the previous kernel's packages kept (locked)
+    protect_before: Optional[str]
+    protect_after: Optional[str]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.install or self.lock_add or self.lock_delete) or self.protect_before != self.protect_after
+
+    def locks_after(self) -> List[str]:
+        keep = [e for e in parse_locks(self.lock_before) if e not in self.lock_delete]
+        return keep + [plugin_lock_entry(s) for s in self.lock_add]
+
+    def diff(self) -> List[Dict[str, str]]:
+        def lines(xs: Sequence[str]) -> str:
+            return ''.join(x + '\n' for x in sorted(xs))
+        out = [{'before_header': self.lock_path, 'after_header': self.lock_path,
+                'before': lines(parse_locks(self.lock_before)), 'after': lines(self.locks_after())},
+               {'before_header': PROTECT_FILE, 'after_header': PROTECT_FILE,
+                'before': self.protect_before or '', 'after': self.protect_after or ''}]
+        if self.install:
+            out.append({'before_header': 'installed versions', 'after_header': 'installed versions', 'before': '',
+                        'after': ''.join('%s-%s\n' % kv for kv in sorted(self.install.items()))})
+        return out
+
+
+def plugin_lock_entry(spec: str) -> str:
+    """The line `dnf versionlock add <name-version-release>` writes: ``name-epoch:version-release.*``."""
+    name, evr = spec_split(spec)
+    return '%s-%s.*' % (name, evr if ':' in evr else '0:' + evr)
+
+
+def spec_split(spec: str) -> Tuple[str, str]:
+    """'kernel-5.14.0-427.16.1.el9_4' -> ('kernel', '5.14.0-427.16.1.el9_4')."""
+    name, version, release = spec.rsplit('-', 2)
+    return name, '%s-%s' % (version, release)
+
+
+def dnf_check_way_back(req: KernelRequest, offered: Dict[str, List[str]], installed: Dict[str, List[str]],
+                       path_of) -> WayBack:
+    """The previous kernel is installed with the previous driver's modules for it, and the
+    repositories offer those modules again (a rollback can reinstall them)."""
+    pkern, pdrv = req.previous_kernel, req.previous_driver_version
+    if not pkern or not pdrv:
+        return WayBack(pkern, pdrv, True, [], None, None)
+    r = rpm_release(pkern, 'previous_kernel')
+    problems: List[str] = []
+    moved = _installed_driver_rpm(installed) == req.driver_version != pdrv
+    if r.evr not in installed.get('kernel-core', []):
+        problems.append('the previous kernel %s is not installed (no kernel-core-%s)' % (pkern, r.evr))
+    if req.module_source == 'prebuilt':
+        kmod = [n for n in dnf_kernel_set(pkern, pdrv, 'prebuilt') if n.startswith('kmod-')][0]
+        on_node = kmod in installed
+        if not on_node and not moved:
+            problems.append('%s is not installed' % kmod)
+        again = pick_evr(offered.get(kmod, []), pdrv)
+        if not again:
+            problems.append('the repositories do not offer %s, so a rollback could not reinstall it' % kmod)
+    else:
+        on_node = has_dkms_build(path_of, pdrv, pkern)
+        if not on_node and not moved:
+            problems.append('DKMS has no nvidia %s module built for %s (no %s/%s/%s/<arch>/module/nvidia.ko*)'
+                            % (pdrv, pkern, '/' + DKMS_TREE, pdrv, pkern))
+        if r.evr not in installed.get('kernel-devel', []):
+            problems.append('kernel-devel-%s is not installed, so DKMS could not rebuild the previous driver for it' % r.evr)
+        again = pick_evr(offered.get('kmod-nvidia-open-dkms', []), pdrv)
+        if not again:
+            problems.append('the repositories do not offer kmod-nvidia-open-dkms %s, so a rollback could not reinstall it'
+                            % pdrv)
+    return WayBack(pkern, pdrv, not problems, problems, on_node, bool(again))
+
+
+DnfInspection = Tuple[KernelRequest, Dict[str, str], List[str], List[str], WayBack, Dict[str, List[str]]]
+
+
+def dnf_inspect(node: DnfKernel, req: KernelRequest, running: Optional[str]) -> DnfInspection:
+    """Read-only preflight on the RHEL family: (request with the previous kernel and driver filled
+    in, resolved set, skipped optional members, missing, way back, installed)."""
+    validate_rpm_request(req)
+    installed = node.installed()
+    rec = parse_protect(node.read(PROTECT_FILE), PROTECT_FILE)
+    rec = rec if rec.get('kernel') == req.kernel else {}
+    prev_k = req.previous_kernel or rec.get('previous_kernel') or (running if running and running != req.kernel else None)
+    prev_d = req.previous_driver_version or rec.get('previous_driver_version') or _installed_driver_rpm(installed)
+    req = dataclasses.replace(req, previous_kernel=prev_k, previous_driver_version=prev_d)  # type: ignore[arg-type]
+    if prev_k:
+        rpm_release(prev_k, 'previous_kernel')
+    wanted = dnf_target_set(req)
+    names = sorted(wanted)
+    if prev_k and prev_d:
+        names += [n for n in dnf_kernel_set(prev_k, prev_d, req.module_source) if n.startswith('kmod-') and n not in names]
+    offered = node.offered(names)
+    resolved: Dict[str, str] = {}
+    skipped: List[str] = []
+    missing: List[str] = []
+    for name, version in sorted(wanted.items()):
+        vs = offered.get(name, [])
+        pick = pick_evr(installed.get(name, []), version) or pick_evr(vs, version)
+        if pick:
+            resolved[name] = pick
+        elif name in DNF_OPTIONAL and not vs and name not in installed:
+            skipped.append(name)
+        else:
+            missing.append('%s %s (offered: %s)' % (name, version, ', '.join(sorted(vs, reverse=True)) or 'none'))
+    if req.check_way_back:
+        way = dnf_check_way_back(req, offered, installed, node.path_of)
+    else:
+        way = WayBack(prev_k, prev_d, True, [], None, None)
+    return req, resolved, skipped, missing, way, installed
+
+
+def render_protect_dnf(kernel: str, previous: Optional[str], previous_driver: Optional[str],
+                       protected: Dict[str, str], locked: Sequence[str]) -> str:
+    return json.dumps({'kernel': kernel, 'previous_kernel': previous, 'previous_driver_version': previous_driver,
+                       'protected': sorted('%s-%s' % (n, _no_epoch(v)) for n, v in protected.items()), 'marked_manual': [],
+                       'versionlocked': sorted(locked)}, indent=2, sort_keys=True) + '\n'
+
+
+def dnf_plan(node: DnfKernel, req: KernelRequest, running: Optional[str]) -> DnfPlan:
+    """Everything the dnf transaction will do, read only; KernelError (nothing changed) on a
+    missing package or a broken way back."""
+    req, resolved, skipped, missing, way, installed = dnf_inspect(node, req, running)
+    refuse(Availability(rpm_release(req.kernel).evr, resolved, skipped, missing, {}), way, req)
+    lock_path, lock_text = node.read_locks()
+    locked = {lock_key(e): e for e in parse_locks(lock_text)}
+    install = {n: v for n, v in resolved.items() if v not in installed.get(n, [])}
+    protected: Dict[str, str] = {}
+    if req.previous_kernel and req.previous_kernel != req.kernel:
+        protected = dnf_previous_packages(req.previous_kernel, req.previous_driver_version, req.module_source,
+                                          installed)
+    wanted = ['%s-%s' % (n, _no_epoch(v)) for n, v in sorted(resolved.items())]
+    keep = ['%s-%s' % (n, _no_epoch(v)) for n, v in sorted(protected.items())]
+    lock_add = [s for s in wanted + keep if s not in locked]
+    # Single-version packages of the set (the driver, the DKMS kmod): other locked versions go.
+    lock_delete = []
+    for key, entry in sorted(locked.items(), key=lambda kv: kv[1]):
+        if key is None or key in wanted:
+            continue
+        name = spec_split(key)[0]
+        if name in resolved and not dnf_installonly(name):
+            lock_delete.append(entry)
+    protect_text = node.read(PROTECT_FILE)
+    rec = parse_protect(protect_text, PROTECT_FILE)
+    ours = set(rec.get('versionlocked', [])) if rec.get('previous_kernel') == req.previous_kernel else set()  # type: ignore[arg-type]
+    ours |= {s for s in keep if s not in locked}
+    protect_after = protect_text
+    if protected:
+        protect_after = render_protect_dnf(req.kernel, req.previous_kernel, req.previous_driver_version, protected,
+                                           sorted(ours))
+    return DnfPlan(req, resolved, skipped, missing, way, install, lock_path, lock_text, lock_add, lock_delete,
+                   protected, protect_text, protect_after)
+
+
+def dnf_apply(node: DnfKernel, p: DnfPlan) -> Dict[str, List[str]]:
+    """One dnf transaction of the exact set (the lock does not hide it), then the versionlock
+    changes and the protection record; checks what rpm then has."""
+    if p.install:
+        node.runner(node.base() + ['--disableplugin=versionlock', 'install', '--allowerasing']
+                    + ['%s-%s' % (n, _no_epoch(v)) for n, v in sorted(p.install.items())], env=node.env())
+    if p.lock_delete:
+        node.runner(node.base() + ['versionlock', 'delete'] + p.lock_delete, env=node.env())
+    if p.lock_add:
+        node.runner(node.base() + ['versionlock', 'add'] + p.lock_add, env=node.env())
+    if p.protect_after != p.protect_before:
+        _fsio.write_text(node.path_of(PROTECT_FILE), p.protect_after, 0o644)
+    installed = node.installed()
+    wrong = ['%s-%s is not installed (installed: %s)' % (n, v, ', '.join(installed.get(n, [])) or 'none')
+             for n, v in sorted(p.install.items()) if v not in installed.get(n, [])]
+    if wrong:
+        raise KernelError('the dnf transaction finished but: %s' % '; '.join(wrong))
+    return installed
+
+
+@dataclasses.dataclass
+class DnfReleasePlan:
+    record_before: Optional[str]
+    lock_path: str
+    unlock: List[str]
+
+    @property
+    def changed(self) -> bool:
+        return self.record_before is not None
+
+
+def dnf_plan_release(node: DnfKernel) -> DnfReleasePlan:
+    """Past the rollback boundary: drop the locks `present` added for the previous kernel (and only
+    those), so dnf's installonly_limit may remove it again."""
+    text = node.read(PROTECT_FILE)
+    rec = parse_protect(text, PROTECT_FILE)
+    path, lock_text = node.read_locks() if text is not None else ('', None)
+    ours = set(rec.get('versionlocked', []))  # type: ignore[arg-type]
+    unlock = sorted(e for e in parse_locks(lock_text) if lock_key(e) in ours)
+    return DnfReleasePlan(text, path, unlock)
+
+
+def dnf_apply_release(node: DnfKernel, p: DnfReleasePlan) -> None:
+    if p.unlock:
+        node.runner(node.base() + ['versionlock', 'delete'] + p.unlock, env=node.env())
+    _fsio.write_text(node.path_of(PROTECT_FILE), None)
+
+
+def dnf_module_problem(path_of, kernel: str, source: str, driver: Optional[str],
+                       installed: Dict[str, List[str]]) -> Optional[str]:
+    """None when RHEL-family kernel <k> has the NVIDIA module for `driver` (the trial boot's gate,
+    as `nvidia_module_present` on apt): the precompiled `kmod-nvidia-open-<driver>-<kver>-<krel>`
+    installed, or DKMS's build of it; else what is missing. KernelError when the installed kmods
+    are of the other module source."""
+    r = rpm_release(kernel)
+    dkms = sorted(n for n in installed if n in ('kmod-nvidia-open-dkms', 'kmod-nvidia-latest-dkms'))
+    pre = sorted(n for n in installed if re.match(r'^kmod-nvidia(?:-open)?-\d{3}\.\d+', n))
+    other = dkms if source == 'prebuilt' else pre
+    if other:
+        raise KernelError('module_source=%s does not match the installed packages: %s; use module_source=%s '
+                          '(switching module source is not done by this module), nothing was changed'
+                          % (source, ', '.join('%s %s' % (n, installed[n][-1]) for n in other),
+                             'dkms' if source == 'prebuilt' else 'prebuilt'))
+    if source == 'prebuilt':
+        suffix = '-%s-%s' % (r.version, r.rel_no_dist)
+        if driver:
+            name = [n for n in dnf_kernel_set(kernel, driver, 'prebuilt') if n.startswith('kmod-')][0]
+            if name in installed:
+                return None
+            have = [n for n in pre if n.endswith(suffix)]
+            return '%s is not installed (precompiled kmods for %s: %s)' % (name, kernel, ', '.join(have) or 'none')
+        if any(n.endswith(suffix) for n in pre):
+            return None
+        return 'no precompiled kmod-nvidia-open-<driver>%s is installed' % suffix
+    builds = dkms_builds(path_of, driver)
+    if not any(kernel in ks for ks in builds.values()):
+        return 'DKMS has no nvidia%s module built for %s (no %s/%s/%s/<arch>/module/nvidia.ko*)' % (
+            ' ' + driver if driver else '', kernel, '/' + DKMS_TREE, driver or '<driver>', kernel)
     return None

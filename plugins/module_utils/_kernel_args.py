@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
@@ -36,14 +36,19 @@ def argument_spec() -> Dict[str, Dict[str, Any]]:
     return copy.deepcopy(_SPEC)
 
 
-def make_node(module: Any) -> kn.AptKernel:
+def make_node(module: Any) -> Union[kn.AptKernel, kn.DnfKernel]:
+    """The node through apt or dnf: `_kernel.kernel_backend` decides from the managed system's
+    os-release (under O(installroot) when given) and the tools on the node."""
     p = module.params
     if p['installroot'] and not os.path.isdir(p['installroot']):
         raise kn.KernelError('installroot %r is not a directory' % p['installroot'])
-    if not (p['installroot'] or (shutil.which('apt-get') and shutil.which('dpkg-query'))):
-        raise kn.KernelError('this node has no apt-get/dpkg-query: the RHEL-family kernel set is resolved as data '
-                             '(see docs/host.md) but not installed by this module yet')
-    return kn.AptKernel(pk.AptBackend(module_runner(module, p['installroot'])))
+    runner = module_runner(module, p['installroot'])
+    os_release = pk.parse_os_release(_fsio.read_text(runner.path('etc/os-release')))
+    backend = kn.kernel_backend(os_release, bool(shutil.which('apt-get') and shutil.which('dpkg-query')),
+                                bool(shutil.which('dnf') and shutil.which('rpm')))
+    if backend == 'dnf':
+        return kn.DnfKernel(runner)
+    return kn.AptKernel(pk.AptBackend(runner))
 
 
 def running_kernel(proc_path: str) -> Optional[str]:

@@ -556,9 +556,13 @@ def parse_versionlock(text: Optional[str]) -> Dict[str, str]:
 
 
 def dnf_base(installroot: Optional[str]) -> List[str]:
+    """`dnf -y -q`, for an install root with the root's plugin configuration: `--installroot` alone
+    moves the rpm database and the repositories but not `pluginconfpath`, so the versionlock plugin
+    would read (and `versionlock add` write) the host's lock list. Every dnf command goes through here."""
     argv = ['dnf', '-y', '-q']
     if installroot:
         argv.append('--installroot=%s' % installroot)
+        argv.append('--setopt=pluginconfpath=%s' % os.path.join(installroot, 'etc/dnf/plugins'))
     return argv
 
 

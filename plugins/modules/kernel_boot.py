@@ -27,6 +27,11 @@ description:
   - The menu entry is found in the generated C(grub.cfg) (the entry whose C(linux) line loads C(/boot/vmlinuz-<kernel>),
     by its C($menuentry_id_option) id path, for example
     C(gnulinux-advanced-<uuid>>gnulinux-6.8.0-135-generic-advanced-<uuid>)), or given as O(menu_entry).
+  - "On the RHEL family (8 and later, C(GRUB_ENABLE_BLSCFG=true)) the menu is the BootLoaderSpec entries in
+    C(/boot/loader/entries): the entry of a kernel is the file whose C(linux) line loads C(/vmlinuz-<kernel>), by its
+    id, the file name without C(.conf) (C(<machine-id>-<kernel>)), what C(grub2-reboot) and C(grub2-set-default) /
+    C(grubby --set-default) write. The environment block is C(/boot/grub2/grubenv); the packages are read through rpm
+    (the precompiled C(kmod-nvidia-open-<driver>-<kver>-<krel>) or the DKMS build)."
   - Refuses, with nothing changed, a kernel that is not installed, a C(grub.cfg) without an entry for it, a GRUB
     environment block that is not one, C(GRUB_DEFAULT) other than C(saved) (the one-shot fallback needs it), and with
     O(module_source) a kernel without the NVIDIA module for O(driver_version) or a module source that does not match
@@ -41,7 +46,8 @@ attributes:
 options:
   kernel:
     description:
-      - The kernel release as C(uname -r) prints it, for example V(6.8.0-135-generic).
+      - The kernel release as C(uname -r) prints it, for example V(6.8.0-135-generic) or, on the RHEL family,
+        V(5.14.0-427.16.1.el9_4.x86_64).
     type: str
     required: true
   state:
@@ -95,6 +101,8 @@ options:
   grub_cfg:
     description:
       - The generated GRUB configuration. Default C(boot/grub/grub.cfg), else C(boot/grub2/grub.cfg), under O(installroot).
+      - Not read when the menu is the BootLoaderSpec entries (C(boot/loader/entries/*.conf) under O(installroot), unless
+        C(GRUB_ENABLE_BLSCFG=false)) and this option is not given.
     type: path
   proc_path:
     description:
@@ -103,9 +111,9 @@ options:
     default: /proc
   grub_editenv:
     description:
-      - The C(grub-editenv) program (from C(grub-common); C(grub2-editenv) on the RHEL family).
+      - The C(grub-editenv) program (from C(grub-common); C(grub2-editenv) on the RHEL family, from C(grub2-tools-minimal)).
+      - Default C(grub-editenv), else C(grub2-editenv), the first found on the node.
     type: str
-    default: grub-editenv
 notes:
   - Runs on the GPU node (Python 3.9 or later). The module does not reboot; reboot after O(state=trial).
   - GRUB clears C(next_entry) only where it can write its environment block (not on LVM, RAID or btrfs-only /boot);
@@ -140,7 +148,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 entry:
-  description: The GRUB menu entry of O(kernel).
+  description: The GRUB menu entry of O(kernel) (on the RHEL family, its BootLoaderSpec id).
   returned: state=trial or state=default
   type: str
   sample: gnulinux-advanced-0f1e2d3c>gnulinux-6.8.0-135-generic-advanced-0f1e2d3c
@@ -183,8 +191,12 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _boot as bt
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel_args as ka
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask
+
+
+EDITENV = ('grub-editenv', 'grub2-editenv')
 
 
 def _under(root, rel):
@@ -211,6 +223,21 @@ def read_files(p):
         raise bt.BootError('cannot read the GRUB environment block %s (%s); expected the 1024-byte block that '
                            'grub-install creates, nothing was changed' % (env_path, e.strerror or e))
     env = gb.parse_grubenv(data, env_path)
+    default_path = _under(root, gb.DEFAULT_GRUB)
+    texts = [_fsio.read_text(default_path)]
+    ddir = _under(root, gb.DEFAULT_GRUB_DIR)
+    if os.path.isdir(ddir):
+        texts += [_fsio.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
+    if texts[0] is None:
+        raise bt.BootError('cannot read %s; expected the GRUB_DEFAULT settings update-grub reads, nothing was changed' % default_path)
+    bls = read_bls(root) if not p['grub_cfg'] else {}
+    if gb.use_bls(bool(bls), gb.grub_default(texts, 'GRUB_ENABLE_BLSCFG')):
+        bls_dir = _under(root, gb.BLS_DIR)
+        menu = gb.bls_menu(bls)
+        if not any(it.kernel for it in menu):
+            raise bt.BootError("%s has no BootLoaderSpec entry with a 'linux /vmlinuz-<release>' line; expected the "
+                               "entries kernel-install writes, nothing was changed" % bls_dir)
+        return bt.BootFiles(env_path, env, bls_dir, menu, default_path, gb.grub_default(texts), bls=True)
     cfg = _fsio.read_text(cfg_path)
     if cfg is None:
         raise bt.BootError('cannot read the GRUB configuration %s; expected the grub.cfg that update-grub generates, '
@@ -219,23 +246,41 @@ def read_files(p):
     if not any(it.kernel for it in gb.menu_entries(menu)):
         raise bt.BootError("%s lists no menu entry with a 'linux /boot/vmlinuz-<release>' line; expected the grub.cfg "
                            "that update-grub generates, nothing was changed" % cfg_path)
-    default_path = _under(root, gb.DEFAULT_GRUB)
-    texts = [_fsio.read_text(default_path)]
-    ddir = _under(root, gb.DEFAULT_GRUB_DIR)
-    if os.path.isdir(ddir):
-        texts += [_fsio.read_text(os.path.join(ddir, n)) for n in sorted(os.listdir(ddir)) if n.endswith('.cfg')]
-    if texts[0] is None:
-        raise bt.BootError('cannot read %s; expected the GRUB_DEFAULT settings update-grub reads, nothing was changed' % default_path)
     return bt.BootFiles(env_path, env, cfg_path, menu, default_path, gb.grub_default(texts))
 
 
+def read_bls(root):
+    """{file name: text} of the BootLoaderSpec entries under `root` (empty when there are none)."""
+    bls_dir = _under(root, gb.BLS_DIR)
+    if not os.path.isdir(bls_dir):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(bls_dir)):
+        if name.endswith('.conf'):
+            text = _fsio.read_text(os.path.join(bls_dir, name))
+            if text is None:
+                raise bt.BootError('cannot read the BootLoaderSpec entry %s; nothing was changed' % os.path.join(bls_dir, name))
+            out[name] = text
+    return out
+
+
 def make_node(module):
-    return kn.AptKernel(pk.AptBackend(module_runner(module, module.params['installroot'])))
+    """apt or dnf/rpm, as kernel_check and kernel_packages decide (the managed system's os-release)."""
+    return ka.make_node(module)
 
 
 def installed_kernels(module, node):
     found = set()
-    if module.params['installroot'] or module.get_bin_path('dpkg-query'):
+    if isinstance(node, kn.DnfKernel):
+        # An RPM kernel release is <version>-<release>.<arch>; its package kernel-core-<version>-<release>.
+        cores = node.installed().get('kernel-core', [])
+        for k in (module.params['kernel'], module.params['fallback_kernel']):
+            try:
+                if k and kn.rpm_release(k).evr in cores:
+                    found.add(k)
+            except kn.KernelError:
+                pass
+    elif module.params['installroot'] or module.get_bin_path('dpkg-query'):
         for name in node.installed():
             if name.startswith('linux-image-') and name[len('linux-image-'):][:1].isdigit():
                 found.add(name[len('linux-image-'):])
@@ -254,8 +299,11 @@ def gate_module(module, node, kernel):
     if p['driver_version']:
         kn.check_driver_version(p['driver_version'], p['branch'])
     installed = node.installed()
-    kn.check_source_matches(p['module_source'], installed)
-    missing = kn.nvidia_module_present(node, kernel, p['branch'] or '', p['module_source'], p['driver_version'], installed)
+    if isinstance(node, kn.DnfKernel):
+        missing = kn.dnf_module_problem(node.path_of, kernel, p['module_source'], p['driver_version'], installed)
+    else:
+        kn.check_source_matches(p['module_source'], installed)
+        missing = kn.nvidia_module_present(node, kernel, p['branch'] or '', p['module_source'], p['driver_version'], installed)
     if missing:
         raise bt.BootError('kernel %s has no NVIDIA module to boot with: %s; not changing what boots' % (kernel, missing))
 
@@ -293,7 +341,7 @@ def main():
             grubenv=dict(type='path'),
             grub_cfg=dict(type='path'),
             proc_path=dict(type='path', default='/proc'),
-            grub_editenv=dict(type='str', default='grub-editenv'),
+            grub_editenv=dict(type='str'),
         ),
         supports_check_mode=True,
     )
@@ -311,19 +359,22 @@ def main():
             do_verify(module, p, running, osrelease)
         node = make_node(module)
         task.backend = node.backend
-        bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/')
+        rpm = isinstance(node, kn.DnfKernel)
+        bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/',
+                           'kernel-core for %s' if rpm else 'linux-image-%s')
         files = read_files(p)
         gate_module(module, node, p['kernel'])
         if p['state'] == 'trial':
             plan = bt.plan_trial(files, p['kernel'], running, p['fallback_kernel'], p['menu_entry'])
         else:
             plan = bt.plan_default(files, p['kernel'], running, p['require_running'], osrelease, p['menu_entry'])
-        editenv = p['grub_editenv']
+        editenv = p['grub_editenv'] or next((t for t in EDITENV if module.get_bin_path(t, required=False)), EDITENV[0])
         cmds = plan.commands(editenv, files.grubenv_path)
         if plan.changed and not module.check_mode:
             tool = module.get_bin_path(editenv, required=False) if not os.path.isabs(editenv) else editenv
             if not tool:
-                raise bt.BootError('%s not found on the node (install grub-common); nothing was changed' % editenv)
+                raise bt.BootError('%s not found on the node (install grub-common, or grub2-tools-minimal on the RHEL '
+                                   'family); nothing was changed' % editenv)
             for argv in plan.commands(tool, files.grubenv_path):
                 rc, out, err = module.run_command(argv)
                 if rc != 0:

@@ -22,7 +22,11 @@ description:
   - Checks the way back, the previous driver with modules for the previous kernel on the node, and that a rollback
     could reinstall them from the repositories.
   - Fails naming every missing package and every problem of the way back; changes nothing.
-  - Ubuntu/Debian (apt). For the RHEL family the package set is resolved as data only (see C(docs/host.md)).
+  - Ubuntu/Debian through apt; the RHEL family (the managed system's C(os-release) says so) through dnf, where the
+    set is C(kernel), C(kernel-core), C(kernel-modules) (and C(kernel-modules-core)) at the kernel's
+    version-release, C(kernel-devel) and C(kmod-nvidia-open-dkms) (V(dkms)) or NVIDIA's precompiled
+    C(kmod-nvidia-open-<driver>-<kver>-<krel>) (V(prebuilt)), and the C(rhel-dnf) preset's driver user space at
+    O(driver_version) (see C(docs/host.md)).
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.info_module
@@ -110,6 +114,19 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask
 
 
+def dnf_check(module, node):
+    running = ka.running_kernel(module.params['proc_path'])
+    req, resolved, skipped, missing, way = kn.dnf_inspect(node, ka.request(module), running)[:5]
+    result = dict(changed=False, kernel=req.kernel, kernel_version=kn.rpm_release(req.kernel).evr, packages=resolved,
+                  skipped_packages=skipped, missing=missing, driver_problem=None, module_versions={},
+                  way_back=way.as_dict(), installed_module_source={})
+    try:
+        kn.refuse(kn.Availability(result['kernel_version'], resolved, skipped, missing, {}), way, req)
+    except kn.KernelError as e:
+        module.fail_json(msg=str(e), **result)
+    module.exit_json(**result)
+
+
 def main():
     module = AnsibleModule(argument_spec=ka.argument_spec(), supports_check_mode=True)
     with HostTask(module, 'kernel_check', (kn.KernelError, pk.PackageError)) as task:
@@ -117,6 +134,8 @@ def main():
         task.backend = node.backend
         if module.params['update_cache'] and not module.check_mode:
             node.backend.update_cache()
+        if node.name == 'dnf':
+            dnf_check(module, node)
         req, kset, avail, way, installed = kn.inspect(node, ka.request(module), ka.running_kernel(module.params['proc_path']))
         driver = kn.driver_problem(node, req, installed)
         result = dict(changed=False, kernel=req.kernel, kernel_version=avail.kernel_version, packages=avail.resolved,

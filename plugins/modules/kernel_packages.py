@@ -49,8 +49,13 @@ options:
     choices: [present, released]
     default: present
 notes:
-  - Runs on the GPU node (Python 3.9 or later). Ubuntu/Debian (apt) only; for the RHEL family the package set is
-    resolved as data (see C(docs/host.md)).
+  - Runs on the GPU node (Python 3.9 or later). Ubuntu/Debian through apt; the RHEL family (the managed system's
+    C(os-release) says so) through dnf, see C(docs/host.md). There, B(one) C(dnf install) of the exact set (the kernel
+    packages, the NVIDIA kmod for O(module_source) and the C(rhel-dnf) preset's driver user space at
+    O(driver_version)), then C(dnf versionlock add) of the set; the previous kernel's packages (and its precompiled
+    kmod) are version-locked too, so they are kept, recorded in C(/var/lib/gpufleet/kernel-protect.json), and
+    O(state=released) deletes exactly those locks. RV(holds) lists the versionlock entries after the task, RV(unmarked)
+    the locks deleted.
   - The kernel's own hooks (C(update-grub), DKMS autoinstall, initramfs) run as on any kernel install; under
     O(installroot) packages must not have maintainer scripts.
 seealso:
@@ -137,13 +142,33 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module impo
 
 
 def release(module, node):
-    rp = kn.plan_release(node)
+    """state=released through the node's package manager: apt marks the protected packages automatic
+    again, dnf deletes the versionlocks it added for the previous kernel."""
+    dnf = node.name == 'dnf'
+    rp = kn.dnf_plan_release(node) if dnf else kn.plan_release(node)
     if rp.changed and not module.check_mode:
-        kn.apply_release(node, rp)
-    result = dict(changed=rp.changed, unmarked=rp.unmark, commands=node.runner.commands)
+        if dnf:
+            kn.dnf_apply_release(node, rp)
+        else:
+            kn.apply_release(node, rp)
+    result = dict(changed=rp.changed, unmarked=rp.unlock if dnf else rp.unmark, commands=node.runner.commands)
     if module._diff:
         result['diff'] = {'before_header': kn.PROTECT_FILE, 'after_header': kn.PROTECT_FILE,
                           'before': rp.record_before or '', 'after': ''}
+    module.exit_json(**result)
+
+
+def dnf_present(module, node):
+    plan = kn.dnf_plan(node, ka.request(module), ka.running_kernel(module.params['proc_path']))
+    if plan.changed and not module.check_mode:
+        kn.dnf_apply(node, plan)
+    if not (plan.changed and module.check_mode):
+        kn.check_dkms(node, plan.request)
+    result = dict(changed=plan.changed, kernel_version=kn.rpm_release(plan.request.kernel).evr, packages=plan.packages,
+                  installed_changes=plan.install, holds=sorted(plan.locks_after()), protected=sorted(plan.protected),
+                  removed=[], way_back=plan.way_back.as_dict(), previous_driver_pins={}, commands=node.runner.commands)
+    if module._diff:
+        result['diff'] = plan.diff()
     module.exit_json(**result)
 
 
@@ -158,6 +183,8 @@ def main():
             release(module, node)
         if module.params['update_cache'] and not module.check_mode:
             node.backend.update_cache()
+        if node.name == 'dnf':
+            dnf_present(module, node)
         plan = kn.plan(node, ka.request(module), ka.running_kernel(module.params['proc_path']))
         if plan.changed and not module.check_mode:
             kn.apply(node, plan)

@@ -22,6 +22,12 @@ block is read and written with the real `grub-editenv` (Debian's `grub-common`).
     boot(grubenv, cfg, fails={KERNEL_TARGET})                          # the target panics: fallback
     update_grub(root)                   # grub.cfg of root/boot/vmlinuz-*, as update-grub writes it
 
+The RHEL family (8 and later) keeps the menu in BootLoaderSpec entries instead, one file per kernel,
+`boot/loader/entries/<machine-id>-<release>.conf`, which the kernel package's `kernel-install add`
+scriptlet writes (`write_bls_entry` writes the same file for an install root, where no scriptlet
+runs); GRUB's `blscfg` makes one menu entry per file, its id the file name without `.conf`, newest
+kernel first, and the 00_header one-shot rule is the same: `boot(grubenv, entries=<dir>)`.
+
 `python grubsim.py update-grub <root>` is update_grub from the command line: the lab's install
 roots run it after every dpkg run of apt (DPkg::Post-Invoke, tests/tools/labenv.py), as a
 kernel's postinst runs update-grub on Ubuntu.
@@ -38,6 +44,7 @@ import sys
 from typing import Callable, Collection, Optional, Sequence, Union
 
 UUID = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0'
+MACHINE_ID = '3c1b6f0e8d2a4b7c9e5f1a2b3c4d5e6f'
 
 
 def editenv() -> str:
@@ -161,6 +168,35 @@ def kernel_of(cfg: str, entry: str) -> Optional[str]:
     return it.kernel if it else None
 
 
+def bls_id(kernel: str, machine_id: str = MACHINE_ID) -> str:
+    """The BLS entry id of a kernel (the file name without .conf), what grub2-reboot takes."""
+    return '%s-%s' % (machine_id, kernel)
+
+
+def write_bls_entry(root: pathlib.Path, kernel: str, machine_id: str = MACHINE_ID) -> pathlib.Path:
+    """What `kernel-install add <kernel>` writes on Rocky Linux 9 (its 20-grub.install plugin)."""
+    path = root / 'boot/loader/entries' / ('%s.conf' % bls_id(kernel, machine_id))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('title Rocky Linux (%s) 9.4 (Blue Onyx)\nversion %s\nlinux /vmlinuz-%s\ninitrd /initramfs-%s.img\n'
+                    'options root=UUID=%s ro crashkernel=1G-4G:192M\ngrub_users $grub_users\ngrub_arg --unrestricted\n'
+                    'grub_class rocky\n' % (kernel, kernel, kernel, kernel, UUID))
+    return path
+
+
+def bls_kernel_of(entries: pathlib.Path, entry: str) -> Optional[str]:
+    """The kernel blscfg's menu entry `entry` (index, id = file stem, or title) boots; None if none."""
+    items = []
+    for f in entries.glob('*.conf'):
+        fields = dict((line.split(None, 1) + [''])[:2] for line in f.read_text().splitlines() if line.strip())
+        m = re.match(r'^/?vmlinuz-(\S+)', fields.get('linux', ''))
+        items.append((f.name[:-len('.conf')], fields.get('title', '').strip(), m.group(1) if m else None))
+    items.sort(key=lambda it: (_version_key(it[2] or ''), it[0]), reverse=True)
+    e = entry or '0'
+    if e.isdigit():
+        return items[int(e)][2] if int(e) < len(items) else None
+    return next((it[2] for it in items if e in (it[0], it[1])), None)
+
+
 @dataclasses.dataclass
 class BootResult:
     kernel: Optional[str]           # what runs now (None: nothing came up within max_boots)
@@ -168,15 +204,17 @@ class BootResult:
     boots: list[tuple[str, Optional[str], bool]]   # (entry, kernel, came up) per try
 
 
-def boot(grubenv: pathlib.Path, grub_cfg: pathlib.Path, grub_default: str = 'saved', fails: Collection[str] = (),
+def boot(grubenv: pathlib.Path, grub_cfg: Optional[pathlib.Path] = None, grub_default: str = 'saved', fails: Collection[str] = (),
          max_boots: int = 3, proc: Optional[pathlib.Path] = None,
-         driver: Union[None, str, Callable[[str], Optional[str]]] = None) -> BootResult:
+         driver: Union[None, str, Callable[[str], Optional[str]]] = None,
+         entries: Optional[pathlib.Path] = None) -> BootResult:
     """Reboot: GRUB picks the entry (and clears a set next_entry with grub-editenv, as save_env does);
     a kernel in `fails` does not come up and the node is power-cycled. With `proc`, what came up is
     written as `sys/kernel/osrelease` and `cmdline` and, with `driver` (a version, or a function of
     the booted kernel giving the version of the NVIDIA module that loads with it, None for none),
-    `driver/nvidia/version` (removed when no NVIDIA module loads)."""
-    cfg = grub_cfg.read_text()
+    `driver/nvidia/version` (removed when no NVIDIA module loads). With `entries` (a BLS entries
+    directory) the menu is those entries rather than `grub_cfg`."""
+    cfg = grub_cfg.read_text() if entries is None and grub_cfg is not None else ''
     tries: list[tuple[str, Optional[str], bool]] = []
     while len(tries) < max_boots:
         env = read_env(grubenv)
@@ -185,7 +223,7 @@ def boot(grubenv: pathlib.Path, grub_cfg: pathlib.Path, grub_default: str = 'sav
             subprocess.run([editenv(), str(grubenv), 'set', 'next_entry='], check=True)
         else:
             entry = (env.get('saved_entry') or '0') if grub_default == 'saved' else grub_default
-        kernel = kernel_of(cfg, entry)
+        kernel = bls_kernel_of(entries, entry) if entries is not None else kernel_of(cfg, entry)
         up = kernel is not None and kernel not in fails
         tries.append((entry, kernel, up))
         if up:

@@ -63,3 +63,18 @@ def test_kernel_of_titles_and_indexes():
     assert grubsim.kernel_of(cfg, '1>1') == K135                   # the recovery entry of the newest
     assert grubsim.kernel_of(cfg, 'gnulinux-simple-u') == K135
     assert grubsim.kernel_of(cfg, '9') is None
+
+
+def test_bls_entries_one_shot(grub, tmp_path):
+    """The RHEL family: BLS entries (as kernel-install writes them), ids = file stems, newest first."""
+    env = grub[0]
+    r13, r16 = '5.14.0-427.13.1.el9_4.x86_64', '5.14.0-427.16.1.el9_4.x86_64'
+    for k in (r13, r16):
+        grubsim.write_bls_entry(tmp_path, k)
+    entries = tmp_path / 'boot/loader/entries'
+    assert sorted(p.name for p in entries.iterdir()) == ['%s.conf' % grubsim.bls_id(k) for k in (r13, r16)]
+    assert grubsim.bls_kernel_of(entries, '0') == r16
+    grubsim.create_grubenv(env, saved_entry=grubsim.bls_id(r13), next_entry=grubsim.bls_id(r16))
+    assert grubsim.boot(env, entries=entries, fails={r16}).boots == [
+        (grubsim.bls_id(r16), r16, False), (grubsim.bls_id(r13), r13, True)]
+    assert grubsim.read_env(env) == {'saved_entry': grubsim.bls_id(r13), 'next_entry': ''}

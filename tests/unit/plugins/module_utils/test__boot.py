@@ -143,3 +143,79 @@ def test_verify():
 def test_check_release(bad):
     with pytest.raises(bt.BootError, match='is not a kernel release such as 6.8.0-135-generic'):
         bt.check_release(bad)
+
+
+# -- RHEL family: BootLoaderSpec entries -------------------------------------------------------
+
+R13, R16 = '5.14.0-427.13.1.el9_4.x86_64', '5.14.0-427.16.1.el9_4.x86_64'
+MID = '3c1b6f0e8d2a4b7c9e5f1a2b3c4d5e6f'
+
+
+def bls_text(kernel, title=None):
+    return ('title %s\nversion %s\nlinux /vmlinuz-%s\ninitrd /initramfs-%s.img\noptions root=/dev/sda2 ro\n'
+            'id rocky-20240601-%s\ngrub_class rocky\n' % (title or 'Rocky Linux (%s) 9.4 (Blue Onyx)' % kernel, kernel, kernel,
+                                                          kernel, kernel))
+
+
+BLS = {'%s-%s.conf' % (MID, R13): bls_text(R13), '%s-%s.conf' % (MID, R16): bls_text(R16),
+       '%s-0-rescue.conf' % MID: 'title Rocky Linux (0-rescue-%s) 9.4\nlinux /vmlinuz-0-rescue-%s\n' % (MID, MID),
+       'README': 'not an entry\n'}
+
+
+def bls_files(env=None, default='saved', bls=None):
+    return bt.BootFiles('/boot/grub2/grubenv', dict(env or {}), '/boot/loader/entries', gb.bls_menu(BLS if bls is None else bls),
+                        '/etc/default/grub', default, bls=True)
+
+
+def test_parse_bls_entry():
+    item = gb.parse_bls_entry('%s-%s.conf' % (MID, R16), bls_text(R16))
+    assert (item.kind, item.id, item.kernel, item.recovery) == ('menuentry', '%s-%s' % (MID, R16), R16, False)
+    assert item.title == 'Rocky Linux (%s) 9.4 (Blue Onyx)' % R16
+    # Comments, blank lines, tabs; the first value of a key counts; no title: the id.
+    item = gb.parse_bls_entry('x.conf', '# c\n\nlinux\t/boot/vmlinuz-%s\nlinux /vmlinuz-other\n' % R13)
+    assert (item.id, item.title, item.kernel) == ('x', 'x', R13)
+    assert gb.parse_bls_entry('y.conf', 'title y\n').kernel is None
+    rescue = gb.parse_bls_entry('r.conf', 'linux /vmlinuz-0-rescue-%s\n' % MID)
+    assert (rescue.kernel, rescue.recovery) == (None, True)
+
+
+def test_bls_menu_order_and_entries():
+    menu = gb.bls_menu(BLS)
+    assert [it.id for it in menu] == ['%s-%s' % (MID, R16), '%s-%s' % (MID, R13), '%s-0-rescue' % MID]
+    assert gb.entries_for_kernel(menu, R13) == ['%s-%s' % (MID, R13)]
+    assert gb.resolve_entry(menu, '0').kernel == R16
+    assert gb.resolve_entry(menu, 'Rocky Linux (%s) 9.4 (Blue Onyx)' % R13).kernel == R13
+    assert gb.resolve_entry(menu, 'rocky-20240601-%s' % R13) is None     # the `id` field is not the menu id
+    # 5.14.0-427.100.1 is newer than 427.16.1 (numeric, not text, order).
+    k100 = '5.14.0-427.100.1.el9_4.x86_64'
+    assert gb.bls_menu({'a-%s.conf' % R16: bls_text(R16), 'a-%s.conf' % k100: bls_text(k100)})[0].kernel == k100
+
+
+@pytest.mark.parametrize('has, setting, expected', [
+    (True, 'true', True), (True, None, True), (True, 'false', False), (False, 'true', False)])
+def test_use_bls(has, setting, expected):
+    assert gb.use_bls(has, setting) is expected
+    assert gb.grub_default(['GRUB_ENABLE_BLSCFG=true\nGRUB_DEFAULT=saved\n'], 'GRUB_ENABLE_BLSCFG') == 'true'
+
+
+def test_bls_trial_default_and_refusal():
+    e13, e16 = '%s-%s' % (MID, R13), '%s-%s' % (MID, R16)
+    # kernel-install made the new kernel the saved default (UPDATEDEFAULT=yes): the trial points it back.
+    p = bt.plan_trial(bls_files({'saved_entry': e16, 'kernelopts': 'root=/dev/sda2 ro'}), R16, R13, None)
+    assert p.sets == {'next_entry': e16, 'saved_entry': e13} and p.fallback_kernel == R13
+    nb = gb.next_boot(bls_files().menu, p.after, 'saved')
+    assert (nb.kernel, nb.once, nb.fallback_kernel) == (R16, True, R13)
+    d = bt.plan_default(bls_files({'saved_entry': e13, 'next_entry': ''}), R16, R16, True, 'o')
+    assert (d.sets, d.unsets) == ({'saved_entry': e16}, [])
+    with pytest.raises(bt.BootError) as e:
+        bt.plan_trial(bls_files({'saved_entry': e13}, bls={k: v for k, v in BLS.items() if R16 not in k}), R16, R13, None)
+    assert str(e.value) == (
+        "/boot/loader/entries has no BootLoaderSpec entry that boots kernel %s (expected a <machine-id>-%s.conf with "
+        "'linux /vmlinuz-%s', as the kernel package's kernel-install writes it; kernels with an entry: %s); run "
+        "kernel-install add %s /lib/modules/%s/vmlinuz, nothing was changed" % (R16, R16, R16, R13, R16, R16))
+
+
+def test_check_installed_names_the_package():
+    with pytest.raises(bt.BootError, match=r'^kernel %s is not installed \(no kernel-core for %s package and no '
+                                           r'boot/vmlinuz-%s under /r; installed kernels: %s\)' % (R16, R16, R16, R13)):
+        bt.check_installed(R16, [R13], '/r', 'kernel-core for %s')

@@ -95,8 +95,8 @@ def test_dnf_kernel_commands():
     cmds = kn.dnf_kernel_commands(pkgs, offered, '/srv/root')
     specs = ['kernel-5.14.0-427.13.1.el9_4', 'kernel-core-5.14.0-427.13.1.el9_4', 'kernel-modules-5.14.0-427.13.1.el9_4',
              'kmod-nvidia-open-580.130.00-5.14.0-427.13.1-580.130.00-3.el9_4']
-    assert cmds == [['dnf', '-y', '-q', '--installroot=/srv/root', 'install', '--allowerasing'] + specs,
-                    ['dnf', '-y', '-q', '--installroot=/srv/root', 'versionlock', 'add'] + specs]
+    base = ['dnf', '-y', '-q', '--installroot=/srv/root', '--setopt=pluginconfpath=/srv/root/etc/dnf/plugins']
+    assert cmds == [base + ['install', '--allowerasing'] + specs, base + ['versionlock', 'add'] + specs]
     del offered['kmod-nvidia-open-580.130.00-5.14.0-427.13.1']
     with pytest.raises(kn.KernelError, match=r'^the repositories do not offer: kmod-nvidia-open-580\.130\.00-5\.14\.0-427\.13\.1 '
                        r'580\.130\.00 \(offered: none\); nothing was changed$'):
@@ -253,3 +253,181 @@ def test_parse_nvidia_version(text, expected):
 def test_check_driver_version(version, branch, msg):
     with pytest.raises(kn.KernelError, match='^%s$' % msg.replace('.', r'\.')):
         kn.check_driver_version(version, branch)
+
+
+# --------------------------------------------------------------------------------------------
+# RHEL family (dnf)
+# --------------------------------------------------------------------------------------------
+
+R13, R16 = '5.14.0-427.13.1.el9_4.x86_64', '5.14.0-427.16.1.el9_4.x86_64'
+E13, E16 = '5.14.0-427.13.1.el9_4', '5.14.0-427.16.1.el9_4'
+ROCKY = {'ID': 'rocky', 'ID_LIKE': 'rhel centos fedora', 'VERSION_ID': '9.4', 'PRETTY_NAME': 'Rocky Linux 9.4'}
+
+
+@pytest.mark.parametrize('os_release, has_apt, has_dnf, expected', [
+    (ROCKY, True, True, 'dnf'),
+    ({'ID': 'almalinux', 'ID_LIKE': 'rhel centos fedora'}, False, True, 'dnf'),
+    ({'ID': 'ubuntu', 'ID_LIKE': 'debian'}, True, True, 'apt'),
+    ({}, True, True, 'apt'),          # an install root without os-release: the tools decide, apt first
+    ({}, False, True, 'dnf'),
+])
+def test_kernel_backend(os_release, has_apt, has_dnf, expected):
+    assert kn.kernel_backend(os_release, has_apt, has_dnf) == expected
+
+
+@pytest.mark.parametrize('os_release, has_apt, has_dnf, msg', [
+    (ROCKY, True, False, 'the managed system is Rocky Linux 9.4 (RHEL family) but this node has no dnf'),
+    ({'ID': 'debian'}, False, True, 'the managed system is debian (Ubuntu/Debian) but this node has no apt-get/dpkg-query'),
+    ({'ID': 'arch'}, False, False, "the managed system (os-release ID 'arch') has neither apt-get/dpkg-query nor dnf"),
+])
+def test_kernel_backend_refuses(os_release, has_apt, has_dnf, msg):
+    with pytest.raises(kn.KernelError) as e:
+        kn.kernel_backend(os_release, has_apt, has_dnf)
+    assert str(e.value) == msg
+
+
+@pytest.mark.parametrize('entry, key', [
+    ('kernel-0:5.14.0-427.13.1.el9_4.*', 'kernel-5.14.0-427.13.1.el9_4'),
+    ('nvidia-driver-3:580.130.00-1.el9.*', 'nvidia-driver-580.130.00-1.el9'),
+    ('kmod-nvidia-open-580.130.00-5.14.0-427.16.1-0:580.130.00-1.el9.x86_64',
+     'kmod-nvidia-open-580.130.00-5.14.0-427.16.1-580.130.00-1.el9'),
+    ('!kernel-0:5.14.0-427.13.1.el9_4.*', None),
+    ('garbage', None),
+])
+def test_lock_key(entry, key):
+    assert kn.lock_key(entry) == key
+
+
+def test_locks_rpm_and_specs():
+    assert kn.parse_locks('# Added lock on x\nkernel-0:%s.*\n\n' % E13) == ['kernel-0:%s.*' % E13]
+    assert kn.parse_rpm_multi('kernel\t0:%s\nkernel\t0:%s\nnvidia-driver\t3:580.130.00-1.el9\n' % (E16, E13)) == {
+        'kernel': [E13, E16], 'nvidia-driver': ['3:580.130.00-1.el9']}
+    assert kn.pick_evr(['3:580.126.20-1.el9', '3:580.130.00-1.el9'], '580.130.00') == '3:580.130.00-1.el9'
+    assert kn.pick_evr([E13, E16], E16) == E16 and kn.pick_evr([E13], E16) is None
+    assert kn.spec_split('kernel-core-%s' % E16) == ('kernel-core', E16)
+    assert kn.plugin_lock_entry('kernel-core-%s' % E16) == 'kernel-core-0:%s.*' % E16
+
+
+def test_dnf_target_set_and_previous():
+    req = kn.KernelRequest(R16, '580', '580.130.00', 'prebuilt')
+    assert kn.dnf_target_set(req) == {
+        'kernel': E16, 'kernel-core': E16, 'kernel-modules': E16, 'kernel-modules-core': E16,
+        'kmod-nvidia-open-580.130.00-5.14.0-427.16.1': '580.130.00', 'nvidia-driver': '580.130.00',
+        'nvidia-driver-libs': '580.130.00', 'nvidia-driver-cuda': '580.130.00', 'nvidia-driver-cuda-libs': '580.130.00'}
+    installed = {'kernel': [E13, E16], 'kernel-core': [E13, E16], 'kernel-modules': [E13],
+                 'kmod-nvidia-open-580.126.20-5.14.0-427.13.1': ['580.126.20-1.el9'],
+                 'kmod-nvidia-open-580.130.00-5.14.0-427.13.1': ['580.130.00-1.el9']}
+    assert kn.dnf_previous_packages(R13, '580.126.20', 'prebuilt', installed) == {
+        'kernel': E13, 'kernel-core': E13, 'kernel-modules': E13,
+        'kmod-nvidia-open-580.126.20-5.14.0-427.13.1': '580.126.20-1.el9'}
+    assert kn.dnf_installonly('kernel-devel') and kn.dnf_installonly('kmod-nvidia-open-580.130.00-5.14.0-427.16.1')
+    assert not kn.dnf_installonly('kmod-nvidia-open-dkms') and not kn.dnf_installonly('nvidia-driver')
+
+
+@pytest.mark.parametrize('field, value, msg', [
+    ('kernel', '6.8.0-135-generic', "kernel '6.8.0-135-generic' is not a RHEL-family kernel release"),
+    ('previous_kernel', E13, "previous_kernel '%s' is not a RHEL-family kernel release" % E13),
+    ('driver_version', '570.1.2', "driver_version '570.1.2' is not in driver branch '580'"),
+])
+def test_validate_rpm_request(field, value, msg):
+    req = kn.KernelRequest(R16, '580', '580.130.00', 'prebuilt')
+    setattr(req, field, value)
+    with pytest.raises(kn.KernelError) as e:
+        kn.validate_rpm_request(req)
+    assert str(e.value).startswith(msg)
+
+
+DNF_LIST = """\
+Available Packages
+kernel.x86_64                 %(e13)s           repo
+kernel.x86_64                 %(e16)s           repo
+kernel-core.x86_64            %(e16)s           repo
+kernel-modules.x86_64         %(e16)s           repo
+nvidia-driver.x86_64          580.126.20-1.el9  repo
+nvidia-driver.x86_64          580.130.00-1.el9  repo
+nvidia-driver-libs.x86_64     580.130.00-1.el9  repo
+nvidia-driver-cuda.x86_64     580.130.00-1.el9  repo
+nvidia-driver-cuda-libs.x86_64 580.130.00-1.el9 repo
+kmod-nvidia-open-580.126.20-5.14.0-427.13.1.x86_64 580.126.20-1.el9 repo
+kmod-nvidia-open-580.130.00-5.14.0-427.16.1.x86_64 580.130.00-1.el9 repo
+""" % {'e13': E13, 'e16': E16}
+RPM_QA = ''.join('%s\t0:%s\n' % kv for kv in [
+    ('kernel', E13), ('kernel-core', E13), ('kernel-modules', E13), ('nvidia-driver', '580.126.20-1.el9'),
+    ('kmod-nvidia-open-580.126.20-5.14.0-427.13.1', '580.126.20-1.el9')])
+
+
+def dnf_node(tmp_path, locks=''):
+    (tmp_path / 'etc/dnf/plugins').mkdir(parents=True)
+    (tmp_path / 'etc/os-release').write_text('ID="rocky"\nVERSION_ID="9.4"\n')
+    (tmp_path / 'etc/dnf/plugins/versionlock.conf').write_text(
+        '[main]\nenabled = 1\nlocklist = %s/etc/dnf/plugins/versionlock.list\n' % tmp_path)
+    (tmp_path / 'etc/dnf/plugins/versionlock.list').write_text(locks)
+
+    def run(argv, env):
+        if argv[0] == 'rpm':
+            return 0, RPM_QA, ''
+        assert '--disableplugin=versionlock' in argv and 'list' in argv, argv
+        return 0, DNF_LIST, ''
+    return kn.DnfKernel(pk.Runner(run, str(tmp_path)))
+
+
+def test_dnf_plan(tmp_path):
+    node = dnf_node(tmp_path, locks='nvidia-driver-0:580.126.20-1.el9.*\n')
+    p = kn.dnf_plan(node, kn.KernelRequest(R16, '580', '580.130.00', 'prebuilt'), R13)
+    assert p.skipped == ['kernel-modules-core'] and p.way_back.ok
+    assert p.install == {'kernel': E16, 'kernel-core': E16, 'kernel-modules': E16,
+                         'kmod-nvidia-open-580.130.00-5.14.0-427.16.1': '580.130.00-1.el9',
+                         'nvidia-driver': '580.130.00-1.el9', 'nvidia-driver-libs': '580.130.00-1.el9',
+                         'nvidia-driver-cuda': '580.130.00-1.el9', 'nvidia-driver-cuda-libs': '580.130.00-1.el9'}
+    assert p.lock_delete == ['nvidia-driver-0:580.126.20-1.el9.*']       # the driver's old lock goes
+    assert 'kernel-%s' % E13 in p.lock_add and 'kernel-%s' % E16 in p.lock_add
+    assert p.protected == {'kernel': E13, 'kernel-core': E13, 'kernel-modules': E13,
+                           'kmod-nvidia-open-580.126.20-5.14.0-427.13.1': '580.126.20-1.el9'}
+    assert p.changed and 'kernel-0:%s.*\n' % E16 in p.diff()[0]['after']
+    base = ['dnf', '-y', '-q', '--installroot=%s' % tmp_path, '--setopt=pluginconfpath=%s/etc/dnf/plugins' % tmp_path,
+            '--releasever=9']
+    assert node.runner.commands[1][:len(base)] == base
+
+
+def test_dnf_plan_refuses(tmp_path):
+    node = dnf_node(tmp_path)
+    with pytest.raises(kn.KernelError) as e:
+        kn.dnf_plan(node, kn.KernelRequest(R16, '580', '580.126.20', 'prebuilt'), R13)
+    assert 'the repositories do not offer kmod-nvidia-open-580.126.20-5.14.0-427.16.1 580.126.20 (offered: none)' in str(e.value)
+    assert 'nothing was changed' in str(e.value)
+
+
+def test_dnf_lock_list_outside_the_root(tmp_path):
+    node = dnf_node(tmp_path)
+    (tmp_path / 'etc/dnf/plugins/versionlock.conf').write_text('[main]\nlocklist = /etc/dnf/plugins/versionlock.list\n')
+    with pytest.raises(kn.KernelError) as e:
+        kn.dnf_plan(node, kn.KernelRequest(R16, '580', '580.130.00', 'prebuilt'), R13)
+    assert "the versionlock list of %s/etc/dnf/plugins/versionlock.conf is '/etc/dnf/plugins/versionlock.list', " \
+        "outside the install root" % tmp_path in str(e.value)
+
+
+def test_dnf_module_problem(tmp_path):
+    """kernel_boot's gate on the RHEL family: the precompiled kmod of that kernel and driver, or DKMS's build."""
+    kmod16 = 'kmod-nvidia-open-580.130.00-5.14.0-427.16.1'
+    inst = {'kernel-core': ['5.14.0-427.13.1.el9_4', '5.14.0-427.16.1.el9_4'], kmod16: ['3:580.130.00-1.el9'],
+            'kmod-nvidia-open-580.126.20-5.14.0-427.13.1': ['3:580.126.20-1.el9']}
+
+    def path_of(rel):
+        return str(tmp_path / rel)
+
+    assert kn.dnf_module_problem(path_of, R16, 'prebuilt', '580.130.00', inst) is None
+    assert kn.dnf_module_problem(path_of, R16, 'prebuilt', None, inst) is None
+    assert kn.dnf_module_problem(path_of, R16, 'prebuilt', '580.126.20', inst) == (
+        'kmod-nvidia-open-580.126.20-5.14.0-427.16.1 is not installed (precompiled kmods for %s: %s)' % (R16, kmod16))
+    with pytest.raises(kn.KernelError, match=r'^module_source=dkms does not match the installed packages: '
+                                             r'kmod-nvidia-open-580.126.20-5.14.0-427.13.1 3:580.126.20-1.el9, '):
+        kn.dnf_module_problem(path_of, R16, 'dkms', '580.130.00', inst)
+    dkms = {'kmod-nvidia-open-dkms': ['3:580.130.00-1.el9']}
+    assert kn.dnf_module_problem(path_of, R16, 'dkms', '580.130.00', dkms).startswith(
+        'DKMS has no nvidia 580.130.00 module built for %s' % R16)
+    mod = tmp_path / 'var/lib/dkms/nvidia/580.130.00' / R16 / 'x86_64/module'
+    mod.mkdir(parents=True)
+    (mod / 'nvidia.ko.xz').write_bytes(b'\0')
+    assert kn.dnf_module_problem(path_of, R16, 'dkms', '580.130.00', dkms) is None
+    with pytest.raises(kn.KernelError, match='^module_source=prebuilt does not match'):
+        kn.dnf_module_problem(path_of, R16, 'prebuilt', '580.130.00', dkms)

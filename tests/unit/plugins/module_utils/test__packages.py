@@ -263,16 +263,37 @@ def test_dnf_versionlock_commands():
     pins = {'nvidia-driver': '3:580.126.20-1.el10', 'nvidia-driver-libs': '3:580.126.20-1.el10'}
     prev = {'nvidia-driver': '3:580.95.05-1.el10'}
     cmds = pk.dnf_pin_commands(pins, prev, 'versionlock', '580', '-dkms', {'nvidia-driver': '3:580.126.20-1.el10'}, '/mnt/sysimage')
+    base = ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', '--setopt=pluginconfpath=/mnt/sysimage/etc/dnf/plugins']
     assert cmds == [
-        ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', 'install', '--allowerasing', 'nvidia-driver-3:580.126.20-1.el10'],
-        ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', 'versionlock', 'delete', 'nvidia-driver'],
-        ['dnf', '-y', '-q', '--installroot=/mnt/sysimage', 'versionlock', 'add',
-         'nvidia-driver-3:580.126.20-1.el10', 'nvidia-driver-libs-3:580.126.20-1.el10'],
+        base + ['install', '--allowerasing', 'nvidia-driver-3:580.126.20-1.el10'],
+        base + ['versionlock', 'delete', 'nvidia-driver'],
+        base + ['versionlock', 'add', 'nvidia-driver-3:580.126.20-1.el10', 'nvidia-driver-libs-3:580.126.20-1.el10'],
     ]
     # Already locked at that version: nothing to do.
     assert pk.dnf_pin_commands(pins, dict(pins), 'versionlock', '580', '-dkms', {}, None) == []
     assert pk.dnf_unpin_commands(['nvidia-driver', 'x'], prev, None) == [
         ['dnf', '-y', '-q', 'versionlock', 'delete', 'nvidia-driver']]
+
+
+def test_dnf_base_reads_the_plugin_configuration_under_the_root():
+    # --installroot alone leaves pluginconfpath on the host: `versionlock add` would write the host's list.
+    assert pk.dnf_base(None) == ['dnf', '-y', '-q']
+    assert pk.dnf_base('/mnt/sysimage') == ['dnf', '-y', '-q', '--installroot=/mnt/sysimage',
+                                            '--setopt=pluginconfpath=/mnt/sysimage/etc/dnf/plugins']
+    assert pk.dnf_unpin_commands(['nvidia-driver'], {'nvidia-driver': '3:580.95.05-1.el10'}, '/mnt/sysimage') == [
+        pk.dnf_base('/mnt/sysimage') + ['versionlock', 'delete', 'nvidia-driver']]
+
+
+def test_dnf_backend_commands_use_the_roots_plugins(tmp_path):
+    runner = FakeRunner([(['dnf'], (0, '', ''))], installroot=str(tmp_path))
+    b = pk.DnfBackend(runner, branch='580', mode='versionlock')
+    b.available(['nvidia-driver'])
+    b.update_cache()
+    b.install({'nvidia-driver': '3:580.130.00-1.el9'})
+    dnf = [c for c in runner.commands if c[0] == 'dnf']
+    assert len(dnf) == 3
+    assert all(c[3:5] == ['--installroot=%s' % tmp_path, '--setopt=pluginconfpath=%s/etc/dnf/plugins' % tmp_path]
+               for c in dnf)
 
 
 def test_dnf_module_stream_commands():
@@ -309,7 +330,7 @@ def test_dnf_plan_with_recorded_outputs(tmp_path):
     (tmp_path / 'etc/os-release').write_text('ID="rhel"\nVERSION_ID="10.0"\n')
     runner = FakeRunner([
         (['rpm'], (0, 'nvidia-driver\t3:580.95.05-1.el10\n', '')),
-        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'list'],
+        (pk.dnf_base(str(tmp_path)) + ['list'],
          (0, 'nvidia-driver.x86_64  3:580.126.20-1.el10  cuda\nnvidia-driver.x86_64  3:580.95.05-1.el10  cuda\n', '')),
     ], installroot=str(tmp_path))
     b = pk.DnfBackend(runner, branch='580')
@@ -342,8 +363,8 @@ def _rhel9(tmp_path, enabled_out):
     (tmp_path / 'etc/os-release').write_text('ID="rhel"\nVERSION_ID="9.4"\n')
     return FakeRunner([
         (['rpm'], (0, 'nvidia-driver\t3:580.126.20-1.el9\n', '')),
-        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'module', 'list'], (0, enabled_out, '')),
-        (['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'list'],
+        (pk.dnf_base(str(tmp_path)) + ['module', 'list'], (0, enabled_out, '')),
+        (pk.dnf_base(str(tmp_path)) + ['list'],
          (0, 'nvidia-driver.x86_64  3:580.126.20-1.el9  cuda\nnvidia-driver.x86_64  3:580.130.00-1.el9  cuda\n', '')),
     ], installroot=str(tmp_path))
 
@@ -361,15 +382,14 @@ def test_dnf_module_stream_plan(tmp_path):
     assert not plan.changed and plan.commands == []
     # Another version: install only (the stream stays).
     plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.130.00', 'pinned', True)
-    assert plan.commands == [['dnf', '-y', '-q', '--installroot=%s' % tmp_path, 'install', '--allowerasing',
-                              'nvidia-driver-3:580.130.00-1.el9']]
+    assert plan.commands == [pk.dnf_base(str(tmp_path)) + ['install', '--allowerasing', 'nvidia-driver-3:580.130.00-1.el9']]
     # No stream enabled: reset + enable, shown in the diff.
     b = pk.DnfBackend(_rhel9(tmp_path, ''), branch='580')
     plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', False)
-    assert [c[4:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver'], ['module', 'enable', 'nvidia-driver:580-dkms']]
+    assert [c[5:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver'], ['module', 'enable', 'nvidia-driver:580-dkms']]
     assert plan.diff()[0] == {'before_header': 'dnf module nvidia-driver', 'after_header': 'dnf module nvidia-driver',
                               'before': '', 'after': 'nvidia-driver:580-dkms\n'}
     # Unpinned resets the module when a stream is enabled.
     b = pk.DnfBackend(_rhel9(tmp_path, MODULE_LIST), branch='580')
     plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), None, 'unpinned', False)
-    assert [c[4:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver']]
+    assert [c[5:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver']]
