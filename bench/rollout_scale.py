@@ -1,0 +1,546 @@
+"""Scale of the rollout: controller CPU, wall, API requests and memory per node and per batch, at several
+fleet sizes, next to Ansible's own floor for the same number of hosts and tasks (issue 18, items 1-2).
+
+    .venv/bin/python bench/rollout_scale.py [--sizes 40,200,1000] [--dir .lab-bench/scale]
+                                            [--change seed|driver] [--batch-size 4] [--forks 8] [--reuse]
+
+About 40 minutes for --sizes 10,20 on a shared 2-core machine (the rollout and its floor take about the same
+wall); 40,200,1000 needs a machine with many more cores (about 37 s of CPU per upgraded node here, all told).
+--reuse prints the figures again from what a run left under --dir (each size's n<N>.json, plan, runner
+artifacts and audit log).
+
+For each size, the lab's machinery (tests/tools/lab.py) on a fresh real control plane (tests/cluster: etcd,
+kube-apiserver, the controllers, the scheduler, KWOK as the kubelets) with a pool of that many GPU nodes and
+their workloads (DaemonSets, training ReplicaSets under PDBs); plan.yml, then rollout.yml in the plan's
+batches, as the operator ServiceAccount through the fault proxy, forks fixed. The canary playbook is not
+run: its result is written as the canary leaves it (approved qualification records, the canaries isolated
+and recorded done), so the figures are the rollout's alone.
+
+Real: planning, batching (serial from the plan), the stop switch, the availability budget before each
+batch, drains (PDBs, the real eviction API), the Node records, the RKE2 step through the System Upgrade
+Controller stand-in's Plans and Jobs (tests/cluster/suc.py), the GPU and node gates, the evidence bundle.
+Not real: the host side. HOST STAND-IN (named in the output): the lab's node stand-in, per node an install
+root of ~4 MB with real dpkg/apt (tiny Debian packages, tests/tools/debrepo.py), the NVML stand-in library,
+a kernel log and the lab's reboot hook (tests/tools/lab_node.py) instead of a reboot; no sleep stands for a
+drain, an install or a reboot. Every node-side module run and every emulated reboot goes through
+tests/tools/cpu_account.py and is subtracted from the controller's CPU, with the accounting wrapper's own
+start-up (measured here) too. The metric gate (Prometheus) is off unless --metrics auto.
+
+The floor: right after the rollout, in the same lab (same inventory, connection, interpreter, accounting,
+forks, serial batches), a generated playbook of `ansible.builtin.ping` tasks: per node host as many as the
+rollout ran for a node on average (runner events ok/failed; skipped tasks not counted), and on localhost as
+many as the rollout's localhost plays ran. Our figures are printed as ratios to it.
+
+API requests: the API server's audit log (tests/cluster, ResponseComplete events) of the operator
+ServiceAccount during the rollout. A request is a node's when its URI names exactly one node of the pool
+(the Node, its pods by field selector, its SUC Plan, its evictions...); the others inside a batch's time
+window are the batch's; the rest (before the first batch, the release play) are the run's. A paginated list
+counts once per page in the totals; "lists of the pool" counts logical lists (first pages) of nodes and
+pods that name no node.
+
+Figures of one run on one machine; nothing here asserts a timing (docs/development.md).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import types
+import urllib.parse
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
+from tools import cpu_account, labenv  # noqa: E402
+from tools import lab as labmod  # noqa: E402
+from tools.lab import Lab, LabError  # noqa: E402
+
+OPERATOR = 'system:serviceaccount:%s:%s' % labenv.OPERATOR_SA
+CANARY_OWNER = 'gpufleet.upgrade.canary'
+TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
+               'dcgm_exporter': 'dcgmExporter'}
+BATCH_START = ('Batch | The stop switch, read by every node of the batch before it starts', 'Batch | Re-read the cluster')
+RELEASE_START = 'Release | Read every node of the plan'
+FLOOR_NODE_PLAY = 'Floor | ping on the node hosts, batch by batch'
+HOST_STANDIN = ('the lab\'s node stand-in: per node a ~4 MB install root with real dpkg/apt (tiny packages), the NVML '
+                'stand-in, a kernel log, the lab reboot hook (no sleep for drain/install/reboot); its CPU is logged '
+                'apart (cpu_account.py) and not counted as the controller\'s')
+FAILURE_ALLOWANCE = '20%'     # of the pool's GPUs kept in service
+TARGETS = {'cpu_flat': 1.2, 'floor': 1.5, 'pool_lists': 1, 'per_node_growth': 1.1}
+
+# HOOK (tests/tools/lab.py): Lab.play runs every playbook under ansible_runner.run(timeout=900), too short for
+# the rollout of a few hundred nodes. Until Lab.play takes a timeout, the bench lifts it for its own runs.
+PLAY_TIMEOUT = 24 * 3600
+_real_runner = labmod.ansible_runner
+labmod.ansible_runner = types.SimpleNamespace(
+    run=lambda **kw: _real_runner.run(**dict(kw, timeout=PLAY_TIMEOUT)))
+
+
+def log(msg: str) -> None:
+    print('bench: ' + msg, flush=True)
+
+
+class ScaleLab(Lab):
+    """The lab, with the pool's start bounded by its size (labenv.apply_pool's 180 s default is for 40 nodes).
+    HOOK (tests/tools/lab.py): a pool timeout argument would make this override unnecessary."""
+
+    def start_cluster(self) -> None:
+        t0 = time.monotonic()
+        work = self.dir / 'cluster'
+        shutil.rmtree(work, ignore_errors=True)
+        self._cp, self._proxy, self.cluster = labmod.start_cluster(work, log=labmod.log)
+        labenv.apply_pool(self.cluster, self.names, timeout=max(180.0, 1.2 * len(self.names)))
+        self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig')
+        labmod.log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
+        self.cluster.apply([labenv.control_plane_node(labmod.SERVER, self.target['rke2'])], settle=False)
+        self.suc = labmod.SucStandIn(self.cluster, delay=labmod.SUC_DELAY, interval=labmod.SUC_INTERVAL).__enter__()
+
+
+# ---------------------------------------------------------------------------------------------- the canary's result
+def canary_as_done(lab: Lab, plan: dict) -> None:
+    """What canary.yml + the approval leave: one approved qualification record per combination for the target,
+    the canaries isolated (label, taint, owner) and recorded done for it."""
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    target = plan['target']
+    for c in plan['combinations']:
+        slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
+        record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'scale-' + slug,
+                  'state': 'qualified', 'approvedBy': 'bench-approver', 'sourceRevision': 'a' * 40,
+                  'hardware': c['key']['pci_ids'].split(','),
+                  'target': {TUPLE_NAMES[k]: v for k, v in target.items()},
+                  'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
+                             'rollbackPassed': True, 'evidence': 'bench-rollout-scale'}}
+        (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
+    key = us.target_key(target)
+    for name in plan['canaries']:
+        lab.cluster.patch('v1', 'Node', name, {
+            'metadata': {'labels': {us.CANARY_KEY: 'true'},
+                         'annotations': {us.ANN_ISOLATED_BY: CANARY_OWNER, us.ANN_DONE: key}},
+            'spec': {'taints': [{'key': us.CANARY_KEY, 'value': 'true', 'effect': 'NoSchedule'}]}})
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+class PeakRss:
+    """The ansible-playbook process's peak RSS (VmHWM), sampled from /proc while it runs (its pid from the events)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_event(self, event: dict) -> None:
+        if self.pid is None and event.get('pid'):
+            self.pid = int(event['pid'])
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> None:
+        try:
+            text = pathlib.Path('/proc/%d/status' % self.pid).read_text()
+        except OSError:
+            return
+        m = re.search(r'^VmHWM:\s+(\d+) kB', text, re.M)
+        if m:
+            self.peak_kib = max(self.peak_kib, int(m.group(1)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self._sample()
+
+    def stop(self) -> float:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        return self.peak_kib / 1024.0
+
+
+def wrapper_cpu_each(runs: int = 20) -> float:
+    """CPU of tests/tools/cpu_account.py itself around a command (its Python start-up), which it does not log."""
+    log_file = REPO / '.lab-bench' / 'wrapper-probe.log'
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    t0 = os.times()
+    for _run in range(runs):
+        subprocess.run([sys.executable, str(REPO / 'tests' / 'tools' / 'cpu_account.py'), str(log_file), 'true'],
+                       check=True)
+    t1 = os.times()
+    logged = cpu_account.total(str(log_file))
+    log_file.unlink(missing_ok=True)
+    return max(0.0, ((t1.children_user + t1.children_system) - (t0.children_user + t0.children_system) - logged) / runs)
+
+
+def log_lines(path: pathlib.Path | None) -> int:
+    try:
+        return sum(1 for line in open(path, encoding='ascii') if line.strip()) if path else 0
+    except FileNotFoundError:
+        return 0
+
+
+def stamp(text: str) -> float:
+    """An ISO timestamp (runner events: naive UTC; audit: ...Z) as epoch seconds."""
+    text = text.replace('Z', '+00:00')
+    d = datetime.datetime.fromisoformat(text)
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=datetime.timezone.utc)
+    return d.timestamp()
+
+
+def play_measured(lab: Lab, name: str, playbook: str, forks: int, wrapper_each: float) -> dict:
+    rss = PeakRss()
+    n0 = log_lines(lab.node_cpu_log)
+    status = lab.play(name, playbook, envvars={'ANSIBLE_FORKS': str(forks)}, hook=rss.on_event)
+    peak = rss.stop()
+    t = lab.timings[-1]
+    wrapped = log_lines(lab.node_cpu_log) - n0
+    own = t['cpu'] - t.get('node_cpu', 0.0) - wrapped * wrapper_each
+    return {'status': status, 'wall': t['wall'], 'tree_cpu': t['cpu'], 'node_cpu': t.get('node_cpu', 0.0),
+            'wrapped_runs': wrapped, 'own_cpu': own, 'rss_mib': peak, 'events': lab.runs[name]['events'],
+            'failures': lab.runs[name]['failures']}
+
+
+def tasks_per_host(events: list[dict]) -> collections.Counter:
+    """Tasks that ran (ok or failed; not skipped) per host, from the runner events."""
+    return collections.Counter(e['host'] for e in events
+                               if e['event'] in ('runner_on_ok', 'runner_on_failed', 'runner_on_unreachable')
+                               and e['host'])
+
+
+def write_floor(path: pathlib.Path, node_tasks: int, local_tasks: int, serial: list[int], names: list[str]) -> None:
+    """Ping tasks: `local_tasks` on localhost, then `node_tasks` on each node host in the plan's batches."""
+    def ping(prefix: str, count: int) -> list[dict]:
+        return [{'name': '%s %d' % (prefix, i + 1), 'ansible.builtin.ping': None} for i in range(count)]
+    plays = [{'name': 'Floor | ping on localhost', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
+              'tasks': ping('Floor | localhost ping', local_tasks)},
+             {'name': FLOOR_NODE_PLAY, 'hosts': ':'.join(names), 'gather_facts': False, 'strategy': 'linear',
+              'serial': serial, 'max_fail_percentage': 0, 'tasks': ping('Floor | node ping', node_tasks)}]
+    path.write_text(json.dumps(plays, indent=1))     # JSON is YAML
+
+
+def batch_windows(events: list[dict], starts: tuple[str, ...], end_task: str | None) -> list[tuple[float, float]]:
+    """[start, end) of each serial batch: from the start of its first pre-task to the next batch's (or the
+    release play's, or the last event)."""
+    task_starts = [(stamp(e['created']), e['task']) for e in events
+                   if e['event'] == 'playbook_on_task_start' and e.get('created')]
+    marks = []
+    for s in starts:
+        marks = [t for t, task in task_starts if task == s]
+        if marks:
+            break
+    last = max(stamp(e['created']) for e in events if e.get('created'))
+    end = next((t for t, task in task_starts if task == end_task), last) if end_task else last
+    bounds = marks + [end]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(marks))]
+
+
+NODE_RE = re.compile(r'(?<!\w)(gpu-\d+)(?!\d)')
+SERVERS = 'node-role.kubernetes.io/control-plane'
+
+
+def request_kind(ev: dict, uri: str) -> str:
+    """verb, resource and scope of a request with node and object names taken out (comparable across sizes)."""
+    ref = ev.get('objectRef') or {}
+    resource = ref.get('resource', '?') + ('/' + ref['subresource'] if ref.get('subresource') else '')
+    query = urllib.parse.parse_qs(uri.partition('?')[2])
+    scope = []
+    for key in ('labelSelector', 'fieldSelector'):
+        if key in query:
+            scope.append('%s=%s' % (key[:5], NODE_RE.sub('<node>', query[key][0])))
+    if ev.get('verb') in ('list', 'watch') and not ref.get('namespace'):
+        scope.append('cluster-wide')
+    return ' '.join([ev.get('verb', '?'), resource] + scope)
+
+
+def classify_audit(events: list[dict], names: set[str], windows: list[tuple[float, float]]) -> dict:
+    """Per node (the URI or the object's name names one node of the pool) / per batch window / run-level
+    requests by verb; logical lists of the pool per batch (first pages of lists of Nodes or Pods that name no
+    node, the servers' list excepted); every request's kind per batch window, for the growth check."""
+    per_node: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    per_batch = [collections.Counter() for _window in windows]
+    window_kind = [collections.Counter() for _window in windows]
+    pool_lists = [collections.Counter() for _window in windows]
+    run_level = collections.Counter()
+    for ev in events:
+        verb = ev.get('verb', '?')
+        uri = urllib.parse.unquote(ev.get('requestURI', ''))
+        ref = ev.get('objectRef') or {}
+        t = stamp(ev.get('requestReceivedTimestamp') or ev['stageTimestamp'])
+        i = next((i for i, (a, b) in enumerate(windows) if a <= t < b), None)
+        if i is not None and 'continue=' not in uri:
+            window_kind[i][request_kind(ev, uri)] += 1
+        found = {m for m in NODE_RE.findall(uri + ' ' + (ref.get('name') or '')) if m in names}
+        if len(found) == 1:
+            per_node[found.pop()][verb] += 1
+            continue
+        if i is None:
+            run_level[verb] += 1
+            continue
+        per_batch[i][verb] += 1
+        if verb == 'list' and ref.get('resource') in ('nodes', 'pods') and 'continue=' not in uri and SERVERS not in uri:
+            pool_lists[i][ref['resource']] += 1
+    return {'per_node': per_node, 'per_batch': per_batch, 'window_kind': window_kind, 'pool_lists': pool_lists,
+            'run_level': run_level}
+
+
+def runner_events(pdd: pathlib.Path) -> list[dict]:
+    """The events of a Lab.play run from its ansible-runner artifacts, as Lab.play records them."""
+    out = []
+    for f in pdd.glob('artifacts/*/job_events/*.json'):
+        e = json.loads(f.read_text())
+        data = e.get('event_data') or {}
+        out.append({'event': e.get('event'), 'host': data.get('host'), 'task': data.get('task'),
+                    'created': e.get('created'), 'counter': e.get('counter', 0)})
+    return sorted(out, key=lambda e: e['counter'])
+
+
+def audit_of(path: pathlib.Path, user: str, start: float, end: float) -> list[dict]:
+    out = []
+    with open(path, encoding='utf-8') as f:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get('stage') != 'ResponseComplete' or (ev.get('user') or {}).get('username') != user:
+                continue
+            if start <= stamp(ev.get('requestReceivedTimestamp') or ev['stageTimestamp']) <= end:
+                out.append(ev)
+    return out
+
+
+def mean_counter(counters: list[collections.Counter], n: int) -> dict[str, float]:
+    total: collections.Counter = collections.Counter()
+    for c in counters:
+        total.update(c)
+    return {k: v / max(n, 1) for k, v in sorted(total.items())}
+
+
+def verbs(d: dict[str, float]) -> str:
+    return ' '.join('%s %.1f' % (k, v) for k, v in d.items()) or '-'
+
+
+# ---------------------------------------------------------------------------------------------- one size
+def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
+    d = (args.dir / ('n%d' % size)).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    lab = ScaleLab(d, size, fault='none', stuck=[], quiet=True, metrics=args.metrics, account_node_cpu=True,
+                   change=args.change, lab_vars={
+                       'gpufleet_batch_size': args.batch_size,
+                       # the isolated canaries (up to 4) and one batch out at once, as the lab's 4 + 4 = 8
+                       'gpufleet_max_unavailable': max(8, args.batch_size + 4),
+                       # The lab's own allowance (75 % of the GPUs in service from 20 nodes) turns the
+                       # 20-node plan into batches of 1; the bench keeps batches of --batch-size at every size.
+                       'gpufleet_failure_allowance': {'gpus': FAILURE_ALLOWANCE}})
+    phases: dict[str, float] = {}
+    t0 = time.monotonic()
+    try:
+        lab.prepare()
+        phases['prepare'] = time.monotonic() - t0
+        t1 = time.monotonic()
+        plan = lab.plan()
+        phases['plan.yml'] = time.monotonic() - t1
+        canary_as_done(lab, plan)
+        roll = play_measured(lab, 'rollout', 'rollout.yml', args.forks, wrapper_each)
+        phases['rollout.yml'] = roll['wall']
+        if roll['status'] != 'successful':
+            raise LabError('rollout.yml %s: %s' % (roll['status'], roll['failures'][:3]))
+        rows = lab.node_view()
+        undone = [r['node'] for r in rows if r['state'] != 'done' or r['cordoned']]
+        if undone:
+            raise LabError('nodes not upgraded and in service after the rollout: %s' % undone[:10])
+        # The floor, right after, same lab and accounting.
+        counts = tasks_per_host(roll['events'])
+        node_counts = [counts.get(n, 0) for n in lab.names]
+        node_tasks = round(sum(node_counts) / len(node_counts))
+        local_tasks = counts.get('localhost', 0)
+        floor_file = d / 'floor.yml'
+        order = [n for b in plan['batches'] for n in b]
+        write_floor(floor_file, node_tasks, local_tasks, [len(b) for b in plan['batches']], order)
+        floor = play_measured(lab, 'floor', str(floor_file), args.forks, wrapper_each)
+        phases['floor'] = floor['wall']
+        if floor['status'] != 'successful':
+            raise LabError('the floor playbook %s: %s' % (floor['status'], floor['failures'][:3]))
+    finally:
+        lab.stop()
+    phases['total'] = time.monotonic() - t0
+    base = {'size': size, 'phases': phases, 'roll': {k: v for k, v in roll.items() if k not in ('events', 'failures')},
+            'floor': {k: v for k, v in floor.items() if k not in ('events', 'failures')},
+            'floor_node_tasks': node_tasks, 'floor_local_tasks': local_tasks, 'wrapper_each': wrapper_each}
+    (args.dir / ('n%d.json' % size)).write_text(json.dumps(base, indent=1))
+    return base
+
+
+def analyse(base: dict, d: pathlib.Path) -> dict:
+    """The figures of one size from what its run left on disk: the plan, the runner events of the rollout and
+    the floor, the API server's audit log (the operator's requests during the rollout)."""
+    size = base['size']
+    names = labenv.node_names(size)
+    plan = json.loads((d / 'plan.json').read_text())
+    roll_events = runner_events(d / 'runner' / 'rollout')
+    floor_events = runner_events(d / 'runner' / 'floor')
+    times = [stamp(e['created']) for e in roll_events if e.get('created')]
+    audit = audit_of(d / 'cluster' / 'audit.log', OPERATOR, min(times), max(times) + 2)
+    counts = tasks_per_host(roll_events)
+    upgraded = [n for n in names if n not in plan['canaries']]
+    windows = batch_windows(roll_events, BATCH_START, RELEASE_START)
+    canary_batches = [i for i, b in enumerate(plan['batches']) if set(b) <= set(plan['canaries'])]
+    upgrading = [i for i in range(len(windows)) if i not in canary_batches]
+    cls = classify_audit(audit, set(names), windows)
+    floor_windows = batch_windows(floor_events, ('Floor | node ping 1',), None)
+    batch_walls = [windows[i][1] - windows[i][0] for i in upgrading]
+    floor_walls = [floor_windows[i][1] - floor_windows[i][0] for i in upgrading if i < len(floor_windows)]
+    node_req = mean_counter([cls['per_node'][n] for n in upgraded], len(upgraded))
+    batch_req = mean_counter([cls['per_batch'][i] for i in upgrading], len(upgrading))
+    in_windows = mean_counter([cls['window_kind'][i] for i in upgrading], len(upgraded))
+    lists = {r: max((cls['pool_lists'][i][r] for i in upgrading), default=0) for r in ('nodes', 'pods')}
+    bundle = d / 'evidence' / 'rollout.json'
+    return dict(base, **{
+        'upgraded': len(upgraded), 'batches': len(upgrading), 'canary_batches': len(canary_batches),
+        'tasks_per_node': sum(counts.get(n, 0) for n in upgraded) / len(upgraded),
+        'tasks_total': sum(counts.values()),
+        'floor_tasks_total': base['floor_node_tasks'] * len(names) + base['floor_local_tasks'],
+        'batch_wall': sum(batch_walls) / max(len(batch_walls), 1), 'batch_wall_max': max(batch_walls, default=0),
+        'floor_batch_wall': sum(floor_walls) / max(len(floor_walls), 1),
+        'node_req': node_req, 'node_req_total': sum(node_req.values()),
+        'batch_req': batch_req, 'batch_req_total': sum(batch_req.values()),
+        'window_per_node': in_windows, 'window_per_node_total': sum(in_windows.values()),
+        'run_req': dict(cls['run_level']), 'pool_lists_max': lists, 'requests': len(audit),
+        'bundle_bytes': bundle.stat().st_size if bundle.is_file() else 0,
+        'simulated_batch': sum(labmod.SIMULATED.values()),
+    })
+
+
+# ---------------------------------------------------------------------------------------------- report
+def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -> None:
+    print()
+    print('rollout scale (%s change, batches of %d, %d forks, failure allowance %s of the GPUs, metric gate %s) on the '
+          'real control plane; %s'
+          % (args.change, args.batch_size, args.forks, FAILURE_ALLOWANCE, 'on' if args.metrics == 'auto' else 'off',
+             datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')))
+    print('HOST STAND-IN: ' + HOST_STANDIN)
+    print('controller CPU = ansible tree CPU - node-side modules and reboot hook (logged) - %.3f s per wrapped run '
+          '(the accounting wrapper\'s start-up)' % wrapper_each)
+    print('floor = ansible.builtin.ping, same hosts, same tasks per host, same forks/serial/connection, same lab, '
+          'right after')
+    print()
+    head = ('%6s %6s %5s | %9s %8s %8s | %9s %8s | %9s %8s | %7s %7s %7s | %7s %7s'
+            % ('nodes', 'upgr', 'batch', 'ctl CPU s', 'CPU/node', 'standin', 'floor CPU', 'ratio',
+               'wall/bat', 'floor/b', 'wall x', 'tasks/n', 'floor n', 'RSS MiB', 'flr RSS'))
+    print(head)
+    print('-' * len(head))
+    for r in results:
+        ro, fl = r['roll'], r['floor']
+        print('%6d %6d %5d | %9.1f %8.2f %8.2f | %9.1f %7.2fx | %8.1fs %7.1fs | %6.2fx %7.1f %7d | %7.0f %7.0f'
+              % (r['size'], r['upgraded'], r['batches'], ro['own_cpu'], ro['own_cpu'] / r['upgraded'],
+                 ro['node_cpu'] / r['upgraded'], fl['own_cpu'], ro['own_cpu'] / max(fl['own_cpu'], 1e-9),
+                 r['batch_wall'], r['floor_batch_wall'], r['batch_wall'] / max(r['floor_batch_wall'], 1e-9),
+                 r['tasks_per_node'], r['floor_node_tasks'], ro['rss_mib'], fl['rss_mib']))
+    print('  ctl CPU s: the rollout\'s controller CPU; CPU/node: per upgraded node; standin: node-side stand-in CPU '
+          'per node (not counted);')
+    print('  floor CPU, ratio: the ping floor\'s controller CPU and ours / it; wall/bat: mean wall of an upgrading '
+          'batch beyond its')
+    print('  simulated work (the lab sleeps none of it, so all of it; it includes the stand-in\'s own time), floor/b: '
+          'the floor\'s, wall x: ratio;')
+    print('  tasks/n: tasks run per upgraded node (ok+failed), floor n: pings per node host; RSS: ansible-playbook\'s '
+          'peak (VmHWM)')
+    print()
+    print('API requests of the operator ServiceAccount (audit log), mean per upgraded node and per upgrading batch:')
+    for r in results:
+        print('%6d nodes: naming the node %5.1f per node (%s); all requests of the batches per node %.1f'
+              % (r['size'], r['node_req_total'], verbs(r['node_req']), r['window_per_node_total']))
+        print('%6s        not naming a node %4.1f per batch (%s); pool lists per batch (max) nodes %d pods %d; '
+              'run-level %s; all %d'
+              % ('', r['batch_req_total'], verbs(r['batch_req']), r['pool_lists_max']['nodes'],
+                 r['pool_lists_max']['pods'], verbs({k: float(v) for k, v in sorted(r['run_req'].items())}),
+                 r['requests']))
+    print()
+    print('every request of the upgrading batches\' windows by kind (names taken out), per upgraded node '
+          '(a kind whose count per node grows with the fleet is flagged):')
+    kinds = sorted({k for r in results for k in r['window_per_node']})
+    print('  %-100s %s' % ('', ' '.join('%8d' % r['size'] for r in results)))
+    for k in kinds:
+        row = [r['window_per_node'].get(k, 0) for r in results]
+        flag = '  GROWS' if row[-1] > TARGETS['per_node_growth'] * row[0] + 0.05 else ''
+        print('  %-100s %s%s' % (k[:100], ' '.join('%8.2f' % v for v in row), flag))
+    print()
+    for r in results:
+        sim = r['simulated_batch']
+        print('%6d nodes: simulated maintenance %d s per batch (lab SIMULATED); controller wall per batch %.1f s = '
+              '%.2f %% of it, controller CPU per batch %.1f s = %.2f %% (machine-dependent)'
+              % (r['size'], sim, r['batch_wall'], 100 * r['batch_wall'] / sim,
+                 r['roll']['own_cpu'] / max(r['batches'], 1), 100 * r['roll']['own_cpu'] / max(r['batches'], 1) / sim))
+    print()
+    small, big = results[0], results[-1]
+    flat = (big['roll']['own_cpu'] / big['upgraded']) / (small['roll']['own_cpu'] / small['upgraded'])
+    floor_worst = max(r['roll']['own_cpu'] / max(r['floor']['own_cpu'], 1e-9) for r in results)
+    lists = max(max(r['pool_lists_max'].values()) for r in results)
+    growth = big['window_per_node_total'] / max(small['window_per_node_total'], 1e-9)
+    grown = [k for k in big['window_per_node']
+             if big['window_per_node'][k] > TARGETS['per_node_growth'] * small['window_per_node'].get(k, 0) + 0.05]
+
+    def verdict(ok: bool) -> str:
+        return 'met' if ok else 'NOT MET'
+    print('targets (issue 18 item 2), %d vs %d nodes:' % (big['size'], small['size']))
+    print('  controller CPU per node flat: %.2fx (<= %.1fx)  %s'
+          % (flat, TARGETS['cpu_flat'], verdict(flat <= TARGETS['cpu_flat'])))
+    print('  controller CPU <= %.1fx the ping floor at every size: worst %.2fx  %s'
+          % (TARGETS['floor'], floor_worst, verdict(floor_worst <= TARGETS['floor'])))
+    print('  per batch at most one list of the pool\'s nodes and one of its pods beyond per-node requests: max %d  %s'
+          % (lists, verdict(lists <= TARGETS['pool_lists'])))
+    print('  no per-node request count grows with the fleet: requests of the batches per node %.1f -> %.1f (%.2fx, '
+          '<= %.1fx)%s  %s'
+          % (small['window_per_node_total'], big['window_per_node_total'], growth, TARGETS['per_node_growth'],
+             '; grew: ' + ', '.join(grown) if grown else '', verdict(growth <= TARGETS['per_node_growth'] and not grown)))
+    if len(results) > 1 and big['size'] < 200:
+        print('  (sizes below 200 only show the method; the issue\'s figures need --sizes 40,200,1000)')
+    print()
+    print('time per size: ' + '; '.join('%d nodes: %s' % (r['size'], ', '.join('%s %.0fs' % kv for kv in r['phases'].items()))
+                                        for r in results))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
+    parser.add_argument('--sizes', default='40,200,1000', help='fleet sizes, comma-separated')
+    parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab-bench' / 'scale')
+    parser.add_argument('--change', choices=sorted(labenv.CHANGES), default='seed',
+                        help='seed: kernel, RKE2 (through the SUC stand-in) and driver; driver: the driver alone')
+    parser.add_argument('--batch-size', type=int, default=4)
+    parser.add_argument('--forks', type=int, default=8)
+    parser.add_argument('--reuse', action='store_true',
+                        help='no run: the figures again from what an earlier run left under --dir')
+    parser.add_argument('--metrics', choices=('auto', 'off'), default='off',
+                        help='auto: the metric gate with Prometheus when installed (its scrapes load the machine)')
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(','))
+    wrapper_each = None if args.reuse else wrapper_cpu_each()
+    results = []
+    for size in sizes:
+        d = (args.dir / ('n%d' % size)).resolve()
+        if args.reuse:
+            base = json.loads((args.dir / ('n%d.json' % size)).read_text())
+            wrapper_each = base.get('wrapper_each', wrapper_each)
+        else:
+            log('== %d nodes' % size)
+            try:
+                base = run_size(size, args, wrapper_each)
+            except LabError as exc:
+                log('%d nodes FAILED: %s' % (size, exc))
+                return 1
+            log('%d nodes done in %.0fs' % (size, base['phases']['total']))
+        results.append(analyse(base, d))
+    report(results, args, wrapper_each if wrapper_each is not None else wrapper_cpu_each())
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
