@@ -313,15 +313,15 @@ def test_every_mutating_request_of_one_node_rollout_faulted_once_keeps_the_invar
 
 
 def test_a_node_failed_after_its_new_driver_came_up_resumes_with_its_recorded_snapshot(cluster, run_playbook, tmp_path):
-    """The campaign's find (issue 12): one 429 on the `validated` record fails the node after its new
-    driver came up (without a qualification record the rollback is refused: it stays on the new driver,
+    """The campaign's find (issue 12): one refused write of the `validated` record (a 429 when it was found;
+    a 429 is retried now, so a 403 here) fails the node after its new driver came up (without a qualification record the rollback is refused: it stays on the new driver,
     cordoned, `failed`). The rerun resumes with the snapshot the Node records (the rollback point taken
     before the change) instead of taking a new one, which node_snapshot refused (the kept file was taken
     on the old driver), so the node could not be recovered by a rerun."""
     s = Scenario(cluster, run_playbook, tmp_path)
     s.reset()
     # The Node PATCHes before `validated`: cordon, drained (2), snapshotted, installed, activated.
-    fault = cluster.faults.add(method='PATCH', path='^/api/v1/nodes/%s$' % NODE, status=429, times=1, skip=6)
+    fault = cluster.faults.add(method='PATCH', path='^/api/v1/nodes/%s$' % NODE, status=403, times=1, skip=6)
     run = s.play()
     assert run.rc != 0 and fault.hits == 1
     faulted = [r for r in cluster.requests if r.get('fault')]
