@@ -320,13 +320,16 @@ class KernelRequest:
     previous_driver_version: Optional[str] = None
     check_way_back: bool = True
 
-    def validate(self) -> None:
-        ubuntu_release(self.kernel)
+    def validate(self, release: Any = None) -> None:
+        """KernelError naming the field and value; `release` parses a kernel release of the node's
+        family (ubuntu_release by default, rpm_release on the RHEL family)."""
+        parse = release or ubuntu_release
+        parse(self.kernel)
         pk.check_branch(self.branch)
         check_driver_version(self.driver_version, self.branch)
         check_module_source(self.module_source)
         if self.previous_kernel:
-            ubuntu_release(self.previous_kernel, 'previous_kernel')
+            parse(self.previous_kernel, 'previous_kernel')
         if self.previous_driver_version:
             check_driver_version(self.previous_driver_version, self.branch, 'previous_driver_version')
 
@@ -852,14 +855,7 @@ _LOCK_ENTRY = re.compile(r'^(?P<name>.+)-(?:(?P<epoch>\d+):)?(?P<version>[^-:]+)
 
 def validate_rpm_request(req: KernelRequest) -> None:
     """KernelError naming the field and value for a request the RHEL family cannot have."""
-    rpm_release(req.kernel)
-    pk.check_branch(req.branch)
-    check_driver_version(req.driver_version, req.branch)
-    check_module_source(req.module_source)
-    if req.previous_kernel:
-        rpm_release(req.previous_kernel, 'previous_kernel')
-    if req.previous_driver_version:
-        check_driver_version(req.previous_driver_version, req.branch, 'previous_driver_version')
+    req.validate(rpm_release)
 
 
 def _no_epoch(evr: str) -> str:
