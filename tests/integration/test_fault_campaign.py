@@ -315,9 +315,10 @@ def test_every_mutating_request_of_one_node_rollout_faulted_once_keeps_the_invar
 def test_a_node_failed_after_its_new_driver_came_up_resumes_with_its_recorded_snapshot(cluster, run_playbook, tmp_path):
     """The campaign's find (issue 12): one refused write of the `validated` record (a 429 when it was found;
     a 429 is retried now, so a 403 here) fails the node after its new driver came up (without a
-    qualification record the rollback is refused: it stays on the new driver, cordoned, `failed`). The rerun resumes with the snapshot the Node records (the rollback point taken
-    before the change) instead of taking a new one, which node_snapshot refused (the kept file was taken
-    on the old driver), so the node could not be recovered by a rerun."""
+    qualification record the rollback is refused: it stays on the new driver, cordoned, `failed`). The
+    rerun resumes with the snapshot the Node records (the rollback point taken before the change) instead
+    of taking a new one, which node_snapshot refused (the kept file was taken on the old driver), so the
+    node could not be recovered by a rerun."""
     s = Scenario(cluster, run_playbook, tmp_path)
     s.reset()
     # The Node PATCHes before `validated`: cordon, drained (2), snapshotted, installed, activated.
