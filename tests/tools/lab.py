@@ -681,7 +681,20 @@ def _kill_controller(pid: Any) -> None:
     except (TypeError, ValueError, OSError):
         return
     own = os.getpgrp()
-    tree = _process_tree(pid)
+    # Stop the whole tree, re-reading it until nothing new appears: a worker still running could
+    # otherwise fork a module (ansible puts it in a group of its own) after one read of the tree,
+    # and that module would finish its phase after the "kill".
+    tree: list[int] = []
+    while True:
+        new = [p for p in _process_tree(pid) if p not in tree]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                pass
+        tree += new
     groups = set()
     for p in tree:
         try:
