@@ -12,6 +12,7 @@ import json
 import subprocess
 
 from cluster import fixtures as f
+from cluster.client import FIXED
 
 TGT = 'v1.36.1+rke2r1'
 CUR = 'v1.35.3+rke2r3'
@@ -87,20 +88,33 @@ def _driver_daemonset():
 
 
 def _dra_cluster(emu, pod_ready_since):
-    ds = _driver_daemonset()
+    """The DaemonSet and its pods as the real DaemonSet controller makes them (one a node; a pod of the
+    test's own beside the controller's would be an excess pod the controller deletes); the one on
+    gpu-a-07 is then marked unready since `pod_ready_since` (annotated so KWOK keeps that status).
+    Returns the DaemonSet and the name of the stale pod."""
     emu.apply([f.namespace(NS), f.gpu_node('gpu-a-07'), f.gpu_node('gpu-a-08'),
-               f.resource_slice('gpu-a-07', devices=0), f.resource_slice('gpu-a-08', devices=8), ds])
+               f.resource_slice('gpu-a-07', devices=0), f.resource_slice('gpu-a-08', devices=8), _driver_daemonset()])
     ds = emu.get('apps/v1', 'DaemonSet', DS_NAME, NS)
-    emu.patch('apps/v1', 'DaemonSet', DS_NAME, {'status': {'desiredNumberScheduled': 2, 'currentNumberScheduled': 2,
-                                                           'numberReady': 1, 'updatedNumberScheduled': 2,
-                                                           'numberMisscheduled': 0}},
-              namespace=NS, subresource='status')
-    stale = f.daemonset_pod(ds, 'gpu-a-07', suffix='stale', ready=False)
-    for cond in stale['status']['conditions']:
-        if cond['type'] == 'Ready':
-            cond['lastTransitionTime'] = pod_ready_since
-    emu.apply([stale, f.daemonset_pod(ds, 'gpu-a-08', suffix='ok')])
-    return ds
+
+    def pods_by_node():
+        pods = {p['spec'].get('nodeName'): p for p in emu.list('v1', 'Pod', NS)}
+        return pods if {'gpu-a-07', 'gpu-a-08'} <= set(pods) else None
+
+    stale = emu.wait_for(pods_by_node, timeout=60, message='the DaemonSet controller to create its pods')['gpu-a-07']
+    name = stale['metadata']['name']
+    emu.patch('v1', 'Pod', name, {'metadata': {'annotations': {FIXED: 'fixed'}}}, namespace=NS)
+    conditions = [{'type': t, 'status': s, 'lastTransitionTime': pod_ready_since}
+                  for t, s in (('PodScheduled', 'True'), ('Initialized', 'True'), ('ContainersReady', 'False'),
+                               ('Ready', 'False'))]
+    emu.patch('v1', 'Pod', name, {'status': {'conditions': conditions}}, namespace=NS, subresource='status')
+    emu.wait_for(lambda: _ready(emu.get('v1', 'Pod', name, NS)) == 'False', timeout=30,
+                 message='the stale pod unready')
+    return ds, name
+
+
+def _ready(pod):
+    return next((c.get('status') for c in ((pod or {}).get('status') or {}).get('conditions') or []
+                 if c.get('type') == 'Ready'), None)
 
 
 def _dra_play(emu, now, min_unready=600):
@@ -120,15 +134,15 @@ def _dra_play(emu, now, min_unready=600):
 
 def test_dra_recovery_plan_from_the_api_and_after_the_daemonset_is_recreated(cluster, run_playbook):
     emu = cluster
-    ds = _dra_cluster(emu, '2026-07-14T11:40:00Z')
-    stale_uid = emu.get('v1', 'Pod', '%s-stale' % DS_NAME, NS)['metadata']['uid']
+    ds, stale = _dra_cluster(emu, '2026-07-14T11:40:00Z')
+    stale_uid = emu.get('v1', 'Pod', stale, NS)['metadata']['uid']
     emu.clear_requests()
     res = run_playbook(_dra_play(emu, '2026-07-14T12:00:00Z')).result('plan')
     assert res['candidate'] is True, res['conditions']
-    assert [(c['name'], c['uid']) for c in res['candidates']] == [('%s-stale' % DS_NAME, stale_uid)]
+    assert [(c['name'], c['uid']) for c in res['candidates']] == [(stale, stale_uid)]
     assert res['pods'][0]['unready_seconds'] == 1200
     assert emu.mutating_requests() == []  # read-only: nothing written, nothing deleted
-    assert emu.get('v1', 'Pod', '%s-stale' % DS_NAME, NS) is not None
+    assert emu.get('v1', 'Pod', stale, NS) is not None
 
     # The DaemonSet is deleted (orphaning its pods) and recreated: same name, new UID. The real
     # DaemonSet controller adopts the orphaned pods (same selector): the stale pod is the current
@@ -141,10 +155,10 @@ def test_dra_recovery_plan_from_the_api_and_after_the_daemonset_is_recreated(clu
     assert new_uid != ds['metadata']['uid']
 
     def adopted():
-        pod = emu.get('v1', 'Pod', '%s-stale' % DS_NAME, NS)
+        pod = emu.get('v1', 'Pod', stale, NS)
         return pod and [o['uid'] for o in pod['metadata'].get('ownerReferences') or []] == [new_uid]
 
     emu.wait_for(adopted, timeout=60, message='the new DaemonSet to adopt the orphaned pods')
     res = run_playbook(_dra_play(emu, '2026-07-14T12:00:00Z')).result('plan')
     assert res['candidate'] is True, res['conditions']
-    assert [(c['name'], c['uid']) for c in res['candidates']] == [('%s-stale' % DS_NAME, stale_uid)]
+    assert [(c['name'], c['uid']) for c in res['candidates']] == [(stale, stale_uid)]
