@@ -81,8 +81,11 @@ def target_entry(files: BootFiles, kernel: str, menu_entry: Optional[str]) -> st
     if menu_entry:
         item = gb.resolve_entry(files.menu, menu_entry)
         if item is None or item.kernel != kernel:
-            raise BootError('menu_entry %r does not name an entry of %s that boots kernel %s (it boots %s)'
-                            % (menu_entry, files.grub_cfg_path, kernel, item.kernel if item else 'nothing'))
+            # Name what was searched: the BootLoaderSpec entries directory, or the generated grub.cfg.
+            where = ('a BootLoaderSpec entry in %s (its file name without .conf)' if files.bls else 'an entry of %s') \
+                % files.grub_cfg_path
+            raise BootError('menu_entry %r does not name %s that boots kernel %s (it boots %s)'
+                            % (menu_entry, where, kernel, item.kernel if item else 'nothing'))
         return menu_entry
     found = gb.entries_for_kernel(files.menu, kernel)
     if not found:

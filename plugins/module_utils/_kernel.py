@@ -28,7 +28,8 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import shutil
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
@@ -201,7 +202,7 @@ def dnf_kernel_commands(packages: Dict[str, str], offered: Dict[str, List[str]],
         raise KernelError('the repositories do not offer: %s; nothing was changed' % '; '.join(missing))
     base = pk.dnf_base(installroot)
     specs = ['%s-%s' % kv for kv in sorted(names.items())]
-    return [base + ['install', '--allowerasing'] + specs, base + ['versionlock', 'add'] + specs]
+    return [base + [DNF_KEEP_INSTALLONLY, 'install', '--allowerasing'] + specs, base + ['versionlock', 'add'] + specs]
 
 
 # --------------------------------------------------------------------------------------------
@@ -842,12 +843,24 @@ def kernel_backend(os_release: Dict[str, str], has_apt: bool, has_dnf: bool) -> 
         os_release.get('ID') or 'none',))
 
 
+def managed_backend(runner: pk.Runner, which: Optional[Callable[[str], Optional[str]]] = None) -> str:
+    """`kernel_backend` for the system the runner manages: its os-release (under the install root)
+    and the tools on this node (`which`, default shutil.which). KernelError as there."""
+    which = which or shutil.which
+    return kernel_backend(pk.read_os_release(runner), bool(which('apt-get') and which('dpkg-query')),
+                          bool(which('dnf') and which('rpm')))
+
+
 # --------------------------------------------------------------------------------------------
 # RHEL family (dnf): one dnf transaction, versionlock, the previous kernel locked until released
 # --------------------------------------------------------------------------------------------
 
 DNF_DRIVER_PRESET = 'rhel-dnf'
-VERSIONLOCK_CONF = 'etc/dnf/plugins/versionlock.conf'
+VERSIONLOCK_CONF = pk.VERSIONLOCK_CONF
+# dnf removes the oldest installonly package (kernel, kernel-core, ...) once `installonly_limit` of them are
+# installed, whatever is versionlocked (the lock only filters what dnf may install; the install runs with the
+# plugin disabled anyway). 0 is unlimited: the transaction that brings kernel <k> keeps the previous kernel.
+DNF_KEEP_INSTALLONLY = '--setopt=installonly_limit=0'
 _ARCHES = ('x86_64', 'aarch64', 'ppc64le', 's390x', 'noarch', 'i686')
 _LOCK_ENTRY = re.compile(r'^(?P<name>.+)-(?:(?P<epoch>\d+):)?(?P<version>[^-:]+)-(?P<release>[^-]+?)'
                          r'(?:\.(?:\*|%s))?$' % '|'.join(_ARCHES))
@@ -937,7 +950,7 @@ class DnfKernel:
 
     def __init__(self, runner: pk.Runner) -> None:
         self.runner = runner
-        self.os_release = pk.parse_os_release(_fsio.read_text(runner.path('etc/os-release')))
+        self.os_release = pk.read_os_release(runner)
 
     @property
     def backend(self) -> 'DnfKernel':
@@ -963,22 +976,9 @@ class DnfKernel:
         return argv
 
     def lock_path(self) -> str:
-        """The versionlock list the plugin uses (its configuration's `locklist`), which must be
-        under the install root when there is one."""
-        conf = self.path_of(VERSIONLOCK_CONF)
-        text = _fsio.read_text(conf)
-        if text is None:
-            raise KernelError('%s does not exist: the dnf versionlock plugin (python3-dnf-plugin-versionlock) is '
-                              'needed to lock the kernel; nothing was changed' % conf)
-        m = re.search(r'^\s*locklist\s*=\s*(\S+)\s*$', text, re.M)
-        if not m:
-            raise KernelError('%s has no locklist setting; nothing was changed' % conf)
-        path = m.group(1)
-        root = self.runner.installroot
-        if root and not os.path.abspath(path).startswith(root.rstrip('/') + '/'):
-            raise KernelError('installroot %r: the versionlock list of %s is %r, outside the install root; '
-                              'nothing was changed' % (root, conf, path))
-        return path
+        """The versionlock list the plugin uses (its configuration's `locklist`, required here), which
+        must be under the install root when there is one (`_packages.versionlock_list_path`)."""
+        return pk.versionlock_list_path(self.runner, error=KernelError)
 
     def read_locks(self) -> Tuple[str, Optional[str]]:
         path = self.lock_path()
@@ -1177,7 +1177,8 @@ def dnf_apply(node: DnfKernel, p: DnfPlan) -> Dict[str, List[str]]:
     """One dnf transaction of the exact set (the lock does not hide it), then the versionlock
     changes and the protection record; checks what rpm then has."""
     if p.install:
-        node.runner(node.base() + ['--disableplugin=versionlock', 'install', '--allowerasing']
+        # DNF_KEEP_INSTALLONLY: installonly_limit must not remove the previous (rollback) kernel.
+        node.runner(node.base() + ['--disableplugin=versionlock', DNF_KEEP_INSTALLONLY, 'install', '--allowerasing']
                     + ['%s-%s' % (n, _no_epoch(v)) for n, v in sorted(p.install.items())], env=node.env())
     if p.lock_delete:
         node.runner(node.base() + ['versionlock', 'delete'] + p.lock_delete, env=node.env())

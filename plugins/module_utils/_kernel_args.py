@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 from typing import Any, Dict, Optional, Union
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
@@ -43,10 +42,7 @@ def make_node(module: Any) -> Union[kn.AptKernel, kn.DnfKernel]:
     if p['installroot'] and not os.path.isdir(p['installroot']):
         raise kn.KernelError('installroot %r is not a directory' % p['installroot'])
     runner = module_runner(module, p['installroot'])
-    os_release = pk.parse_os_release(_fsio.read_text(runner.path('etc/os-release')))
-    backend = kn.kernel_backend(os_release, bool(shutil.which('apt-get') and shutil.which('dpkg-query')),
-                                bool(shutil.which('dnf') and shutil.which('rpm')))
-    if backend == 'dnf':
+    if kn.managed_backend(runner) == 'dnf':
         return kn.DnfKernel(runner)
     return kn.AptKernel(pk.AptBackend(runner))
 

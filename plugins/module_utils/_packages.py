@@ -17,15 +17,15 @@ import dataclasses
 import functools
 import os
 import re
-import shutil
 import tempfile
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
 
 PIN_FILE = 'gpufleet-nvidia-driver.pref'
 PIN_PRIORITY = 1001
 VERSIONLOCK_FILE = 'etc/dnf/plugins/versionlock.list'
+VERSIONLOCK_CONF = 'etc/dnf/plugins/versionlock.conf'
 
 
 class PackageError(Exception):
@@ -528,6 +528,37 @@ def parse_os_release(text: Optional[str]) -> Dict[str, str]:
     return res
 
 
+def read_os_release(runner: Runner) -> Dict[str, str]:
+    """The managed system's os-release (``etc/os-release`` under the runner's install root); empty when absent."""
+    return parse_os_release(_fsio.read_text(runner.path('etc/os-release')))
+
+
+def versionlock_list_path(runner: Runner, default: Optional[str] = None,
+                          error: Type[Exception] = PackageError) -> str:
+    """The versionlock list the dnf plugin reads and `dnf versionlock add` writes: the `locklist` of
+    the plugin configuration (``etc/dnf/plugins/versionlock.conf`` under the install root, the one
+    `dnf_base` makes dnf read). Without that configuration or setting: `default` (relative to the
+    root) when given, else an `error`. With an install root the list must lie under it (dnf would
+    otherwise read and write the host's list): an `error` naming the list and the root otherwise."""
+    conf = runner.path(VERSIONLOCK_CONF)
+    text = _fsio.read_text(conf)
+    m = re.search(r'^\s*locklist\s*=\s*(\S+)\s*$', text, re.M) if text is not None else None
+    if m:
+        path = m.group(1)
+    elif default is not None:
+        path = runner.path(default)
+    elif text is None:
+        raise error('%s does not exist: the dnf versionlock plugin (python3-dnf-plugin-versionlock) is '
+                    'needed to lock the kernel; nothing was changed' % conf)
+    else:
+        raise error('%s has no locklist setting; nothing was changed' % conf)
+    root = runner.installroot
+    if root and not os.path.abspath(path).startswith(root.rstrip('/') + '/'):
+        raise error('installroot %r: the versionlock list of %s is %r, outside the install root; '
+                    'nothing was changed' % (root, conf, path))
+    return path
+
+
 def dnf_lock_mode(os_release: Dict[str, str]) -> str:
     """'module' (RHEL/Rocky/Alma 8 and 9: branch module stream) or 'versionlock' (10, Fedora)."""
     ids = {os_release.get('ID', '')} | set(os_release.get('ID_LIKE', '').split())
@@ -636,8 +667,16 @@ class DnfBackend:
         self.runner = runner
         self.branch = branch
         self.stream_suffix = stream_suffix
-        self.mode = mode or dnf_lock_mode(parse_os_release(_fsio.read_text(runner.path('etc/os-release'))))
-        self.pin_path = runner.path(VERSIONLOCK_FILE)
+        self.mode = mode or dnf_lock_mode(read_os_release(runner))
+        self._pin_path: Optional[str] = None
+
+    @property
+    def pin_path(self) -> str:
+        """The versionlock list (the plugin configuration's `locklist`, else VERSIONLOCK_FILE under the
+        root); a PackageError when it lies outside the install root, before anything reads or writes it."""
+        if self._pin_path is None:
+            self._pin_path = versionlock_list_path(self.runner, default=VERSIONLOCK_FILE)
+        return self._pin_path
 
     def env(self) -> Dict[str, str]:
         return {'LC_ALL': 'C', 'LANG': 'C'}
@@ -817,11 +856,3 @@ def apply_pin(backend, plan: PinPlan) -> PinState:
     if wrong:
         raise PackageError('the package transaction finished but: %s' % '; '.join(wrong))
     return now
-
-
-def detect_backend(which: Callable[[str], Optional[str]] = shutil.which) -> str:
-    if which('apt-get') and which('dpkg-query'):
-        return 'apt'
-    if which('dnf'):
-        return 'dnf'
-    raise PackageError('backend=auto found neither apt-get/dpkg-query nor dnf on the node')

@@ -86,7 +86,10 @@ options:
     type: path
   backend:
     description:
-      - The package manager. V(auto) uses the preset's, else apt when C(apt-get) exists, else dnf.
+      - The package manager. V(auto) uses the preset's; without O(preset) it decides as
+        M(gpufleet.upgrade.kernel_packages) does, from the managed system's C(os-release) (C(etc/os-release) under
+        O(installroot)), dnf on the RHEL family and apt on Ubuntu/Debian (failing when that tool is not on the node);
+        without an C(os-release), apt when C(apt-get) and C(dpkg-query) exist, else dnf (with C(rpm)).
     type: str
     choices: [auto, apt, dnf]
     default: auto
@@ -184,6 +187,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
 
@@ -211,9 +215,9 @@ def build(module):
             pk.check_branch(p['branch'])
     if p['version'] and p['state'] == 'pinned':
         pk.check_version_in_branch(p['version'], p['branch'])
-    if backend == 'auto':
-        backend = pk.detect_backend()
     runner = module_runner(module, p['installroot'])
+    if backend == 'auto':
+        backend = kn.managed_backend(runner)
     if backend == 'apt':
         return pk.AptBackend(runner), pkgs
     mode = None if p['dnf_lock'] == 'auto' else p['dnf_lock']
@@ -239,7 +243,7 @@ def main():
         required_if=[('state', 'pinned', ['version'])],
         supports_check_mode=True,
     )
-    with HostTask(module, 'driver_pin', (pk.PackageError,), report_commands=True) as task:
+    with HostTask(module, 'driver_pin', (pk.PackageError, kn.KernelError), report_commands=True) as task:
         task.backend, pkgs = build(module)
         backend = task.backend
         if module.params['update_cache'] and not module.check_mode:

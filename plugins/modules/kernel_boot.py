@@ -32,10 +32,10 @@ description:
     id, the file name without C(.conf) (C(<machine-id>-<kernel>)), what C(grub2-reboot) and C(grub2-set-default) /
     C(grubby --set-default) write. The environment block is C(/boot/grub2/grubenv); the packages are read through rpm
     (the precompiled C(kmod-nvidia-open-<driver>-<kver>-<krel>) or the DKMS build)."
-  - Refuses, with nothing changed, a kernel that is not installed, a C(grub.cfg) without an entry for it, a GRUB
-    environment block that is not one, C(GRUB_DEFAULT) other than C(saved) (the one-shot fallback needs it), and with
-    O(module_source) a kernel without the NVIDIA module for O(driver_version) or a module source that does not match
-    the installed packages.
+  - Refuses, with nothing changed, a kernel that is not installed, a menu (C(grub.cfg) or the BootLoaderSpec entries)
+    without an entry for it, a GRUB environment block that is not one, C(GRUB_DEFAULT) other than C(saved) (the
+    one-shot fallback needs it), and with O(module_source) a kernel without the NVIDIA module for O(driver_version) or
+    a module source that does not match the installed packages.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.mutating
@@ -63,7 +63,8 @@ options:
   menu_entry:
     description:
       - The GRUB menu entry (id, title or index path joined by C(>)) that boots O(kernel), instead of finding it in
-        C(grub.cfg). It must still resolve in C(grub.cfg) to an entry that boots O(kernel).
+        C(grub.cfg). It must still resolve in C(grub.cfg) to an entry that boots O(kernel); where the menu is the
+        BootLoaderSpec entries, to one of C(boot/loader/entries) (by its id, the file name without C(.conf)).
     type: str
   driver_version:
     description:

@@ -53,8 +53,10 @@ notes:
     C(os-release) says so) through dnf, see C(docs/host.md). There, B(one) C(dnf install) of the exact set (the kernel
     packages, the NVIDIA kmod for O(module_source) and the C(rhel-dnf) preset's driver user space at
     O(driver_version)), then C(dnf versionlock add) of the set; the previous kernel's packages (and its precompiled
-    kmod) are version-locked too, so they are kept, recorded in C(/var/lib/gpufleet/kernel-protect.json), and
-    O(state=released) deletes exactly those locks. RV(holds) lists the versionlock entries after the task, RV(unmarked)
+    kmod) are version-locked too, recorded in C(/var/lib/gpufleet/kernel-protect.json), and O(state=released)
+    deletes exactly those locks. A versionlock does not stop dnf's C(installonly_limit) from removing the oldest
+    kernel when a new one is installed, so the install runs with C(--setopt=installonly_limit=0) (unlimited) and
+    keeps the previous (rollback) kernel. RV(holds) lists the versionlock entries after the task, RV(unmarked)
     the locks deleted.
   - The kernel's own hooks (C(update-grub), DKMS autoinstall, initramfs) run as on any kernel install; under
     O(installroot) packages must not have maintainer scripts.

@@ -92,7 +92,10 @@ options:
     default: ['*nvidia*', 'cuda-drivers*']
   backend:
     description:
-      - The package manager. V(auto) uses apt when C(apt-get) exists, else dnf.
+      - The package manager. V(auto) decides as M(gpufleet.upgrade.kernel_packages) does, from the managed system's
+        C(os-release) (C(etc/os-release) under O(installroot)), dnf on the RHEL family and apt on Ubuntu/Debian (failing
+        when that tool is not on the node); without an C(os-release), apt when C(apt-get) and C(dpkg-query) exist,
+        else dnf (with C(rpm)).
     type: str
     choices: [auto, apt, dnf]
     default: auto
@@ -184,6 +187,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _kernel as kn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module import HostTask, module_runner
@@ -193,7 +197,7 @@ def backend_for(module):
     p = module.params
 
     runner = module_runner(module, p['installroot'])
-    name = pk.detect_backend() if p['backend'] == 'auto' else p['backend']
+    name = kn.managed_backend(runner) if p['backend'] == 'auto' else p['backend']
     return pk.AptBackend(runner) if name == 'apt' else pk.DnfBackend(runner)
 
 
@@ -225,7 +229,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    with HostTask(module, 'node_snapshot', (pk.PackageError, sn.SnapshotError), report_commands=True) as task:
+    with HostTask(module, 'node_snapshot', (pk.PackageError, sn.SnapshotError, kn.KernelError), report_commands=True) as task:
         backend = task.backend = backend_for(module)
         if p['state'] == 'captured':
             snap = sn.capture(backend, proc_path=p['proc_path'], gpu_facts=p['gpu_facts'],

@@ -219,3 +219,19 @@ def test_check_installed_names_the_package():
     with pytest.raises(bt.BootError, match=r'^kernel %s is not installed \(no kernel-core for %s package and no '
                                            r'boot/vmlinuz-%s under /r; installed kernels: %s\)' % (R16, R16, R16, R13)):
         bt.check_installed(R16, [R13], '/r', 'kernel-core for %s')
+
+
+def test_menu_entry_error_names_what_was_searched():
+    """The BLS entries directory on BootLoaderSpec, the generated grub.cfg otherwise."""
+    with pytest.raises(bt.BootError) as e:
+        bt.plan_trial(bls_files({'saved_entry': '%s-%s' % (MID, R13)}), R16, R13, None, menu_entry='%s-%s' % (MID, R13))
+    assert str(e.value) == ("menu_entry '%s-%s' does not name a BootLoaderSpec entry in /boot/loader/entries (its file name "
+                            "without .conf) that boots kernel %s (it boots %s)" % (MID, R13, R16, R13))
+    assert 'grub.cfg' not in str(e.value)
+    with pytest.raises(bt.BootError) as e:
+        bt.plan_trial(bls_files(), R16, R13, None, menu_entry='nope')
+    assert "does not name a BootLoaderSpec entry in /boot/loader/entries" in str(e.value) and 'nothing' in str(e.value)
+    with pytest.raises(bt.BootError) as e:
+        bt.plan_trial(files(), K135, K134, None, menu_entry='nope')
+    assert str(e.value) == ("menu_entry 'nope' does not name an entry of /boot/grub/grub.cfg that boots kernel %s "
+                            "(it boots nothing)" % K135)

@@ -96,7 +96,9 @@ def test_dnf_kernel_commands():
     specs = ['kernel-5.14.0-427.13.1.el9_4', 'kernel-core-5.14.0-427.13.1.el9_4', 'kernel-modules-5.14.0-427.13.1.el9_4',
              'kmod-nvidia-open-580.130.00-5.14.0-427.13.1-580.130.00-3.el9_4']
     base = ['dnf', '-y', '-q', '--installroot=/srv/root', '--setopt=pluginconfpath=/srv/root/etc/dnf/plugins']
-    assert cmds == [base + ['install', '--allowerasing'] + specs, base + ['versionlock', 'add'] + specs]
+    # installonly_limit=0: dnf must not remove the previous kernel to make room for this one.
+    assert cmds == [base + ['--setopt=installonly_limit=0', 'install', '--allowerasing'] + specs,
+                    base + ['versionlock', 'add'] + specs]
     del offered['kmod-nvidia-open-580.130.00-5.14.0-427.13.1']
     with pytest.raises(kn.KernelError, match=r'^the repositories do not offer: kmod-nvidia-open-580\.130\.00-5\.14\.0-427\.13\.1 '
                        r'580\.130\.00 \(offered: none\); nothing was changed$'):
@@ -286,6 +288,37 @@ def test_kernel_backend_refuses(os_release, has_apt, has_dnf, msg):
     assert str(e.value) == msg
 
 
+@pytest.mark.parametrize('os_release, tools, expected', [
+    ('ID="rocky"\nID_LIKE="rhel centos fedora"\n', ('apt-get', 'dpkg-query', 'dnf', 'rpm'), 'dnf'),
+    ('ID=ubuntu\nID_LIKE=debian\n', ('apt-get', 'dpkg-query', 'dnf', 'rpm'), 'apt'),
+    (None, ('apt-get', 'dpkg-query', 'dnf', 'rpm'), 'apt'),   # no os-release under the root: the tools, apt first
+    (None, ('dnf', 'rpm'), 'dnf'),
+    (None, ('apt-get', 'dnf'), 'KernelError'),                # half a toolset counts as none
+])
+def test_managed_backend(tmp_path, os_release, tools, expected):
+    """kernel_backend on the os-release under the install root and the tools found by `which`."""
+    if os_release is not None:
+        (tmp_path / 'etc').mkdir()
+        (tmp_path / 'etc/os-release').write_text(os_release)
+    runner = pk.Runner(lambda argv, env: (0, '', ''), str(tmp_path))
+
+    def which(name):
+        return '/usr/bin/' + name if name in tools else None
+    if expected == 'KernelError':
+        with pytest.raises(kn.KernelError, match='has neither apt-get/dpkg-query nor dnf'):
+            kn.managed_backend(runner, which)
+    else:
+        assert kn.managed_backend(runner, which) == expected
+
+
+def test_managed_backend_refuses_a_rhel_root_without_dnf(tmp_path):
+    (tmp_path / 'etc').mkdir()
+    (tmp_path / 'etc/os-release').write_text('ID="rocky"\nPRETTY_NAME="Rocky Linux 9.4"\n')
+    runner = pk.Runner(lambda argv, env: (0, '', ''), str(tmp_path))
+    with pytest.raises(kn.KernelError, match=r'^the managed system is Rocky Linux 9\.4 \(RHEL family\) but this node has no dnf$'):
+        kn.managed_backend(runner, lambda name: '/usr/bin/' + name if name in ('apt-get', 'dpkg-query') else None)
+
+
 @pytest.mark.parametrize('entry, key', [
     ('kernel-0:5.14.0-427.13.1.el9_4.*', 'kernel-5.14.0-427.13.1.el9_4'),
     ('nvidia-driver-3:580.130.00-1.el9.*', 'nvidia-driver-580.130.00-1.el9'),
@@ -404,6 +437,21 @@ def test_dnf_lock_list_outside_the_root(tmp_path):
         kn.dnf_plan(node, kn.KernelRequest(R16, '580', '580.130.00', 'prebuilt'), R13)
     assert "the versionlock list of %s/etc/dnf/plugins/versionlock.conf is '/etc/dnf/plugins/versionlock.list', " \
         "outside the install root" % tmp_path in str(e.value)
+
+
+def test_dnf_apply_keeps_the_previous_kernel(tmp_path):
+    """A versionlock does not stop installonly_limit: the install transaction sets it to 0 (unlimited)."""
+    node = dnf_node(tmp_path)
+    p = kn.dnf_plan(node, kn.KernelRequest(R16, '580', '580.130.00', 'prebuilt', previous_kernel=R13), R13)
+    after = RPM_QA + ''.join('%s\t0:%s\n' % kv for kv in p.install.items())
+
+    def run(argv, env):
+        return (0, after, '') if argv[0] == 'rpm' else (0, '', '')
+    node.runner = pk.Runner(run, str(tmp_path))
+    kn.dnf_apply(node, p)
+    install = [c for c in node.runner.commands if 'install' in c]
+    assert len(install) == 1 and '--setopt=installonly_limit=0' in install[0]
+    assert install[0].index('--setopt=installonly_limit=0') < install[0].index('install')
 
 
 def test_dnf_module_problem(tmp_path):

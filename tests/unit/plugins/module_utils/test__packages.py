@@ -342,11 +342,36 @@ def test_dnf_plan_with_recorded_outputs(tmp_path):
     assert runner.commands[0] == ['rpm', '--root=%s' % tmp_path, '-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n']
 
 
-def test_detect_backend():
-    assert pk.detect_backend(lambda n: '/usr/bin/' + n) == 'apt'
-    assert pk.detect_backend(lambda n: '/usr/bin/dnf' if n == 'dnf' else None) == 'dnf'
-    with pytest.raises(pk.PackageError, match='neither apt-get'):
-        pk.detect_backend(lambda n: None)
+def _rhel10_versionlock(tmp_path, conf):
+    (tmp_path / 'etc/dnf/plugins').mkdir(parents=True)
+    (tmp_path / 'etc/os-release').write_text('ID="rhel"\nVERSION_ID="10.0"\n')
+    if conf is not None:
+        (tmp_path / 'etc/dnf/plugins/versionlock.conf').write_text(conf)
+    runner = FakeRunner([
+        (['rpm'], (0, 'nvidia-driver\t3:580.95.05-1.el10\n', '')),
+        (pk.dnf_base(str(tmp_path)) + ['list'], (0, 'nvidia-driver.x86_64  3:580.126.20-1.el10  cuda\n', '')),
+    ], installroot=str(tmp_path))
+    return pk.DnfBackend(runner, branch='580')
+
+
+def test_dnf_backend_refuses_a_lock_list_outside_the_root(tmp_path):
+    # The root's plugin configuration (the one dnf_base makes dnf read) names the host's list.
+    b = _rhel10_versionlock(tmp_path, '[main]\nenabled = 1\nlocklist = /etc/dnf/plugins/versionlock.list\n')
+    with pytest.raises(pk.PackageError) as e:
+        pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), '580.126.20', 'pinned', True)
+    assert str(e.value) == ("installroot %r: the versionlock list of %s/etc/dnf/plugins/versionlock.conf is "
+                            "'/etc/dnf/plugins/versionlock.list', outside the install root; nothing was changed"
+                            % (str(tmp_path), tmp_path))
+    assert [c[0] for c in b.runner.commands] == ['rpm']     # refused before dnf ran
+
+
+def test_dnf_backend_lock_list_under_the_root(tmp_path):
+    lock = tmp_path / 'var/lib/locks/versionlock.list'
+    b = _rhel10_versionlock(tmp_path, '[main]\nlocklist = %s\n' % lock)
+    assert b.pin_path == str(lock)
+    # Without the configuration (or its locklist setting): the plugin's default list under the root.
+    assert _rhel10_versionlock(tmp_path / 'a', None).pin_path == str(tmp_path / 'a/etc/dnf/plugins/versionlock.list')
+    assert _rhel10_versionlock(tmp_path / 'b', '[main]\n').pin_path == str(tmp_path / 'b/etc/dnf/plugins/versionlock.list')
 
 
 MODULE_LIST = """\
