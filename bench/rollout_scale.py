@@ -60,16 +60,13 @@ import urllib.parse
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
-from tools import cpu_account, labenv  # noqa: E402
+from tools import cpu_account, labenv, records  # noqa: E402
 from tools import lab as labmod  # noqa: E402
 from tools.lab import Lab, LabError  # noqa: E402
 
 OPERATOR = 'system:serviceaccount:%s:%s' % labenv.OPERATOR_SA
 CANARY_OWNER = 'gpufleet.upgrade.canary'
-TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
-               'dcgm_exporter': 'dcgmExporter'}
 BATCH_START = ('Batch | The stop switch, read by every node of the batch before it starts', 'Batch | Re-read the cluster')
 RELEASE_START = 'Release | Read every node of the plan'
 FLOOR_NODE_PLAY = 'Floor | ping on the node hosts, batch by batch'
@@ -111,17 +108,8 @@ class ScaleLab(Lab):
 def canary_as_done(lab: Lab, plan: dict) -> None:
     """What canary.yml + the approval leave: one approved qualification record per combination for the target,
     the canaries isolated (label, taint, owner) and recorded done for it."""
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     target = plan['target']
-    for c in plan['combinations']:
-        slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
-        record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'scale-' + slug,
-                  'state': 'qualified', 'approvedBy': 'bench-approver', 'sourceRevision': 'a' * 40,
-                  'hardware': c['key']['pci_ids'].split(','),
-                  'target': {TUPLE_NAMES[k]: v for k, v in target.items()},
-                  'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
-                             'rollbackPassed': True, 'evidence': 'bench-rollout-scale'}}
-        (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
+    records.write_approved(lab.dir / 'qualification', plan, target, 'scale', approver='bench-approver')
     key = us.target_key(target)
     for name in plan['canaries']:
         lab.cluster.patch('v1', 'Node', name, {

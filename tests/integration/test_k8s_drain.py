@@ -96,6 +96,25 @@ def test_kubectl_blocks_on_the_same_pods(cluster):
     assert not any(r['verb'] == 'POST' and r['path'].endswith('/eviction') for r in cluster.requests)
 
 
+def test_the_drain_reads_the_vmis_of_its_node_only_and_finds_an_unlabelled_one_by_its_launcher(cluster, run_playbook):
+    """Issue 18: no read of the drain grows with the fleet: the VMIs are listed by KubeVirt's
+    kubevirt.io/nodeName label, never cluster-wide; a VMI whose label is not set (yet) is still found,
+    read by name through its virt-launcher pod on the node, and blocks the drain (vmi_policy=refuse)."""
+    objs = S.scenario()
+    for o in objs:
+        if o['kind'] == 'VirtualMachineInstance':
+            del o['metadata']['labels']['kubevirt.io/nodeName']
+    load(cluster, objs + [S.vmi('vm-other', node_name='gpu-2'), S.launcher_pod('vm-other', node_name='gpu-2')])
+    res = run_playbook(play(cluster, drain_task(ignore_errors=True))).result('drain')
+    assert [(b['kind'], b['namespace'], b['name']) for b in res['blocked'] if b['kind'] != 'Pod'] == [
+        ('VirtualMachineInstance', 'vms', 'vm-gpu')]
+    reads = [r for r in cluster.requests if r['verb'] == 'GET' and '/virtualmachineinstances' in r['path']]
+    lists = [r for r in reads if r['path'].endswith('/virtualmachineinstances')]
+    assert lists and all(r['query'].get('labelSelector') == 'kubevirt.io/nodeName=' + S.NODE for r in lists), lists
+    assert [r['path'] for r in reads if not r['path'].endswith('/virtualmachineinstances')] == [
+        '/apis/kubevirt.io/v1/namespaces/vms/virtualmachineinstances/vm-gpu']
+
+
 def test_vmi_without_virtualmachine_is_refused_under_stop(cluster, run_playbook):
     objs = S.scenario()
     for o in objs:

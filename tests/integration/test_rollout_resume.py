@@ -22,7 +22,6 @@ chained over reruns of the same lab, cheap on 2 cores:
 """
 from __future__ import annotations
 
-import datetime
 import pathlib
 import shutil
 import sys
@@ -33,17 +32,14 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests')]
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
 from cluster.kubevirt import KubeVirtStandIn  # noqa: E402
-from tools import grubsim, labenv  # noqa: E402
+from tools import grubsim, labenv, records  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
                                 reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
 
-TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
-               'dcgm_exporter': 'dcgmExporter'}
 # The driver change (a reload): the kill points are the phases of that rollout (the kernel's trial boot is
 # covered by test_lab's FAULT_KIND=kernel run, not by a kill in it).
 TARGET = labenv.CHANGES['driver']
@@ -71,17 +67,7 @@ FAULT_KILLS = [
 
 
 def approved_records(lab: Lab, plan: dict, target: dict | None = None) -> None:
-    target = TARGET if target is None else target
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    for c in plan['combinations']:
-        slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
-        record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'resume-' + slug,
-                  'state': 'qualified', 'approvedBy': 'test-approver', 'sourceRevision': 'a' * 40,
-                  'hardware': c['key']['pci_ids'].split(','),
-                  'target': {TUPLE_NAMES[k]: v for k, v in target.items()},
-                  'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
-                             'rollbackPassed': True, 'evidence': 'resume-test'}}
-        (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
+    records.write_approved(lab.dir / 'qualification', plan, TARGET if target is None else target, 'resume')
 
 
 def task_events(run: dict, node: str, prefix: str, event: str = 'runner_on_ok') -> list[dict]:

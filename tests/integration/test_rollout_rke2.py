@@ -11,7 +11,6 @@ is covered by test_lab.py.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import pathlib
 import shutil
@@ -22,9 +21,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests')]
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q  # noqa: E402
 from cluster.suc import SucStandIn  # noqa: E402
-from tools import labenv  # noqa: E402
+from tools import labenv, records  # noqa: E402
 from tools.lab import Lab  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
@@ -33,22 +31,11 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
 TARGET_RKE2 = 'v1.36.1+rke2r1'          # one minor newer than the lab's v1.35.3+rke2r3
 # The driver change plus RKE2 (the kernel stays: this test is about RKE2 through the SUC).
 TARGET = dict(labenv.CHANGES['driver'], rke2=TARGET_RKE2)
-TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
-               'dcgm_exporter': 'dcgmExporter'}
 PLANS = '/apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans'
 
 
 def approved_records(lab: Lab, plan: dict, target: dict) -> None:
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    for c in plan['combinations']:
-        slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
-        record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': 'rke2-' + slug,
-                  'state': 'qualified', 'approvedBy': 'test-approver', 'sourceRevision': 'a' * 40,
-                  'hardware': c['key']['pci_ids'].split(','),
-                  'target': {TUPLE_NAMES[k]: v for k, v in target.items()},
-                  'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
-                             'rollbackPassed': True, 'evidence': 'rke2-test'}}
-        (lab.dir / 'qualification' / (slug + '.yaml')).write_text(q.dump_record(record))
+    records.write_approved(lab.dir / 'qualification', plan, target, 'rke2')
 
 
 def control_plane_node(name: str) -> dict:

@@ -80,3 +80,25 @@ def text(data: t.Any) -> str:
 
 def timestamp(value: datetime.datetime) -> str:
     return value.astimezone(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+# The record's names of the tuple's components (the plan's target uses the module-side names).
+TUPLE_NAMES = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
+               'dcgm_exporter': 'dcgmExporter'}
+
+
+def write_approved(directory: t.Any, plan: dict, target: dict, prefix: str, approver: str = 'test-approver') -> None:
+    """What canary.yml and the approval leave for a test that runs rollout.yml only: one approved
+    qualification record of `target` (module-side names) per combination of `plan`, in `directory`
+    (a pathlib.Path, the lab's qualification directory), id and evidence named by `prefix`."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    for c in plan['combinations']:
+        slug = c['key']['pci_ids'].replace(':', '').replace('/', '-').replace(',', '-')
+        record = {'apiVersion': 'kube-dc.io/v1alpha1', 'kind': 'GPUUpgradeQualification', 'id': '%s-%s' % (prefix, slug),
+                  'state': 'qualified', 'approvedBy': approver, 'sourceRevision': 'a' * 40,
+                  'hardware': c['key']['pci_ids'].split(','),
+                  'target': {TUPLE_NAMES[k]: v for k, v in target.items()},
+                  'canary': {'completedAt': now, 'allocationPassed': True, 'monitoringPassed': True,
+                             'rollbackPassed': True, 'evidence': '%s-test' % prefix}}
+        (directory / (slug + '.yaml')).write_text(q.dump_record(record))
