@@ -298,9 +298,7 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
                 if os.path.isfile(os.path.join(pref_dir, name)):
                     preferences['etc/apt/preferences.d/' + name] = _fsio.read_text(os.path.join(pref_dir, name)) or ''
     else:
-        r = runner(['rpm'] + (['--root=%s' % runner.installroot] if runner.installroot else [])
-                   + ['-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n'], env=backend.env())
-        installed = pk.parse_rpm_query(r.stdout)
+        installed = rpm_installed(backend)
         held = []
         preferences = {}
         vl = _fsio.read_text(backend.pin_path)
@@ -343,8 +341,27 @@ def capture(backend, proc_path: str = '/proc', gpu_facts: Optional[Dict[str, Any
     return snap
 
 
+def rpm_installed(backend) -> Dict[str, str]:
+    """{name: [epoch:]version-release} of every package rpm has under the root (dnf nodes)."""
+    runner = backend.runner
+    r = runner(['rpm'] + (['--root=%s' % runner.installroot] if runner.installroot else [])
+               + ['-qa', '--qf', '%{NAME}\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\n'], env=backend.env())
+    return pk.parse_rpm_query(r.stdout)
+
+
 def backend_parse_pins(backend, text: Optional[str]) -> Dict[str, str]:
     return pk.parse_preferences(text) if backend.name == 'apt' else pk.parse_versionlock(text)
+
+
+def snapshot_pin_state(backend, state: pk.PinState) -> pk.PinState:
+    """`state` (what `backend.read_state` gave) with the pin file a snapshot records and a restore writes.
+    On dnf that is the versionlock list (what `capture` reads and `write_pins` writes), also where the
+    backend's own pin is the `nvidia-driver` module stream (RHEL 8/9 roots), which the snapshot does not hold:
+    comparing the captured list with the stream made every restore report a change."""
+    if backend.name == 'dnf' and state.pin_file != backend.pin_path:
+        text = _fsio.read_text(backend.pin_path)
+        state = dataclasses.replace(state, pin_file=backend.pin_path, pin_text=text, pins=pk.parse_versionlock(text))
+    return state
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,11 +408,12 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
     path_of = backend.runner.path
     packages: Dict[str, str] = dict(snap.get('packages') or {})
     names = sorted(packages)
-    before = backend.read_state(names)
+    before = snapshot_pin_state(backend, backend.read_state(names))
     if backend.name == 'apt':
         all_installed = {n: e.version for n, e in backend.dpkg_entries().items() if e.installed}
     else:
-        all_installed = dict(before.installed)
+        # Every package, not only the snapshot's (read_state's): driver-set packages installed since are reported.
+        all_installed = rpm_installed(backend)
     to_install = {n: v for n, v in packages.items() if before.installed.get(n) != v}
     problems = []
     if to_install:
@@ -508,7 +526,7 @@ def plan_boot_kernel(boot: Dict[str, Any], captured_kernels: Sequence[str], kern
 def apply_restore(backend, plan: RestorePlan) -> pk.PinState:
     now = plan.pin_plan.before
     if plan.pin_plan.changed:
-        now = pk.apply_pin(backend, plan.pin_plan)
+        now = snapshot_pin_state(backend, pk.apply_pin(backend, plan.pin_plan))
     for f in plan.files:
         _fsio.write_text(backend.runner.path(f.rel), f.after, 0o644)
     return now

@@ -111,6 +111,8 @@ notes:
     built for the newer driver), which the restore removes in its transaction (RV(removed_packages)); kernel
     packages are recorded but not reinstalled (a missing default-boot kernel fails the restore).
   - On dnf nodes the default-boot kernel is restored only through the captured C(GRUB_DEFAULT)/C(saved_entry).
+  - On dnf nodes the pin captured and restored is the versionlock list, also on RHEL 8/9 where M(gpufleet.upgrade.driver_pin)
+    pins the C(nvidia-driver) module stream; the module stream is neither captured nor restored.
   - Only the collection's own pin file is restored; other apt preference files are recorded for evidence.
 seealso:
   - module: gpufleet.upgrade.driver_pin

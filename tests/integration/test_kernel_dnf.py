@@ -10,6 +10,9 @@ only). The root says Rocky Linux 9 in its os-release, which makes the modules ta
 kernel_boot on that root: BootLoaderSpec entries in boot/loader/entries and the environment block
 boot/grub2/grubenv, written with the real grub-editenv (Debian's grub-common; the block is the one
 grub2-editenv writes), the boot simulated with GRUB's one-shot rule (tests/tools/grubsim.py).
+
+node_snapshot on that root: captured on the previous pair, restored after the move to the target (real dnf
+downgrade of the driver, the versionlock list and the BLS saved_entry put back).
 """
 from __future__ import annotations
 
@@ -211,6 +214,15 @@ def tasks(run_playbook, *steps: tuple) -> dict:
     return {step[0]: r.result(step[0]) for step in steps}
 
 
+def rocky_boot(root: pathlib.Path, kernel: str, saved: str) -> pathlib.Path:
+    """What `kernel-install add <kernel>` leaves on Rocky 9 (a BLS entry), its /etc/default/grub, and a fresh
+    environment block with `saved`'s entry as the saved default: the grubenv path."""
+    grubsim.write_bls_entry(root, kernel)
+    (root / 'etc/default').mkdir(parents=True, exist_ok=True)
+    (root / 'etc/default/grub').write_text('GRUB_TIMEOUT=5\nGRUB_DEFAULT=saved\nGRUB_ENABLE_BLSCFG=true\n')
+    return grubsim.create_grubenv(root / 'boot/grub2/grubenv', saved_entry=grubsim.bls_id(saved), kernelopts='root=/dev/sda2 ro')
+
+
 def test_bls_trial_boot_verify_default(tmp_path, rpm_repo, run_playbook, grub_editenv):
     node = make_node(tmp_path, rpm_repo, 'prebuilt')
     root = node.root.path
@@ -220,11 +232,8 @@ def test_bls_trial_boot_verify_default(tmp_path, rpm_repo, run_playbook, grub_ed
     # would (one BLS entry per kernel; the target's below), the /etc/default/grub of Rocky 9, and the
     # environment block with the new kernel as the saved default (kernel-install does that with
     # UPDATEDEFAULT=yes in /etc/sysconfig/kernel).
-    grubsim.write_bls_entry(root, KERNEL_OLD)
-    (root / 'etc/default').mkdir(parents=True, exist_ok=True)
-    (root / 'etc/default/grub').write_text('GRUB_TIMEOUT=5\nGRUB_DEFAULT=saved\nGRUB_ENABLE_BLSCFG=true\n')
+    grubenv = rocky_boot(root, KERNEL_OLD, saved=KERNEL_TARGET)
     old_id, new_id = grubsim.bls_id(KERNEL_OLD), grubsim.bls_id(KERNEL_TARGET)
-    grubenv = grubsim.create_grubenv(root / 'boot/grub2/grubenv', saved_entry=new_id, kernelopts='root=/dev/sda2 ro')
     entries = root / 'boot/loader/entries'
     boot = {'kernel': KERNEL_TARGET, 'installroot': str(root), 'proc_path': str(node.proc)}
     trial = dict(boot, state='trial', module_source='prebuilt', branch='580', driver_version=NEW)
@@ -277,3 +286,81 @@ def test_bls_trial_boot_verify_default(tmp_path, rpm_repo, run_playbook, grub_ed
     assert ok(res['again'])['changed'] is False
     assert grubsim.read_env(grubenv) == {'saved_entry': new_id, 'kernelopts': 'root=/dev/sda2 ro', 'next_entry': ''}
     assert grubsim.boot(grubenv, entries=entries).kernel == KERNEL_TARGET
+
+
+def snapshot_task(name: str, path: pathlib.Path, node: Node, **kw) -> dict:
+    args = {'path': str(path), 'installroot': str(node.root.path), 'proc_path': str(node.proc), **kw}
+    return {'name': name, 'gpufleet.upgrade.node_snapshot': args}
+
+
+def test_snapshot_rollback_after_kernel_and_driver_move(tmp_path, rpm_repo, run_playbook, grub_editenv):
+    """One engineer's rollback on a RHEL node: snapshot on the previous pair, move to the target kernel and
+    driver (kernel_packages, BLS trial boot, new default), then node_snapshot state=restored."""
+    node = make_node(tmp_path, rpm_repo, 'prebuilt')
+    root = node.root
+    kmod13, kmod16 = precompiled_name(OLD, KERNEL_OLD), precompiled_name(NEW, KERNEL_TARGET)
+    entries, old_id, new_id = root.path / 'boot/loader/entries', grubsim.bls_id(KERNEL_OLD), grubsim.bls_id(KERNEL_TARGET)
+    # The previous pair as it runs: the driver locked at its version (real `dnf versionlock add`), booting 427.13.1.
+    root.dnf('versionlock', 'add', *('%s-%s' % (n, DRV % OLD) for n in DRIVER_NAMES))
+    grubenv = rocky_boot(root.path, KERNEL_OLD, saved=KERNEL_OLD)
+    captured_locks, captured_text = root.locks(), (root.path / rpmrepo.VERSIONLOCK_LIST).read_text()
+    assert captured_locks == sorted(lock(n, DRV % OLD) for n in DRIVER_NAMES)
+    snap_path = tmp_path / 'node-snapshot.json'
+    boot = {'kernel': KERNEL_TARGET, 'installroot': str(root.path), 'proc_path': str(node.proc)}
+
+    # Snapshot, then the target kernel with the driver in one transaction (the snapshot keeps the rollback point).
+    r = run_playbook(play(snapshot_task('capture', snap_path, node, state='captured'),
+                          {'name': 'move', 'gpufleet.upgrade.kernel_packages': node.args()}))
+    cap, moved = ok(r.result('capture')), ok(r.result('move'))
+    snap = cap['snapshot']
+    assert cap['changed'] is True and json.loads(snap_path.read_text())['sha256'] == cap['sha256']
+    assert snap['backend'] == 'dnf' and snap['packages'] == {**{n: DRV % OLD for n in DRIVER_NAMES}, kmod13: DRV % OLD}
+    assert snap['pins']['content'] == captured_text
+    assert snap['boot']['saved_entry'] == old_id and snap['boot']['grub_default'] == 'saved'
+    assert moved['changed'] is True
+    # kernel-install of the target (its BLS entry, UPDATEDEFAULT=yes), the trial boot, verify and the new default.
+    rocky_boot(root.path, KERNEL_TARGET, saved=KERNEL_TARGET)
+    trial = dict(boot, state='trial', module_source='prebuilt', branch='580', driver_version=NEW)
+    assert ok(tasks(run_playbook, ('trial', trial, {}))['trial'])['changed'] is True
+    assert grubsim.boot(grubenv, entries=entries, proc=node.proc, driver=NEW).kernel == KERNEL_TARGET
+    res = tasks(run_playbook, ('verify', dict(boot, state='verify', driver_version=NEW), {}),
+                ('default', dict(boot, state='default'), {}))
+    assert ok(res['verify'])['verification']['ok'] is True and ok(res['default'])['entry'] == new_id
+    inst = root.installed()
+    assert {n: inst[n] for n in DRIVER_NAMES} == {n: [DRV % NEW] for n in DRIVER_NAMES} and inst[kmod16] == [DRV % NEW]
+    assert lock('nvidia-driver', DRV % NEW) in root.locks() and root.locks() != captured_locks
+    assert grubsim.read_env(grubenv)['saved_entry'] == new_id
+
+    # Bad input: an altered snapshot (digest mismatch) is refused before anything changes.
+    doc = json.loads(snap_path.read_text())
+    doc['snapshot']['packages']['nvidia-driver'] = DRV % NEW
+    altered = tmp_path / 'altered-snapshot.json'
+    altered.write_text(json.dumps(doc))
+    before, rpm_before, env_before = root.digest(), root.installed(), grubenv.read_bytes()
+    msg = failed(run(run_playbook, 'node_snapshot', {'state': 'restored', 'path': str(altered),
+                                                      'installroot': str(root.path)}))
+    assert msg.startswith('node_snapshot: %s: snapshot digest mismatch: recorded sha256 %s' % (altered, cap['sha256']))
+    assert msg.endswith('nothing was restored')
+    assert root.digest() == before and root.installed() == rpm_before and grubenv.read_bytes() == env_before
+
+    # The rollback, then again: nothing left to do.
+    restore = {'state': 'restored', 'sha256': cap['sha256']}
+    r = run_playbook(play(snapshot_task('restore', snap_path, node, **restore),
+                          snapshot_task('again', snap_path, node, **restore)))
+    res, again = ok(r.result('restore')), ok(r.result('again'))
+    assert res['changed'] is True, res
+    installs = [c for c in res['commands'] if c[0] == 'dnf' and 'install' in c]
+    assert len(installs) == 1 and installs[0][-len(DRIVER_NAMES):] == sorted('%s-%s' % (n, DRV % OLD) for n in DRIVER_NAMES)
+    assert res['changed_files'] == ['boot/grub2/grubenv'] and res['restored']['pin_file'] == str(root.path / rpmrepo.VERSIONLOCK_LIST)
+    assert again['changed'] is False, again
+    assert not [c for c in again['commands'] if c[0] == 'dnf' and 'install' in c] and again['changed_files'] == []
+    inst = root.installed()
+    assert {n: inst[n] for n in DRIVER_NAMES} == {n: [DRV % OLD] for n in DRIVER_NAMES}
+    assert inst[kmod13] == [DRV % OLD]
+    for n in KERNEL:
+        assert inst[n] == [E13, E16]                          # the previous kernel is still there (the target too)
+    assert res['extra_packages'] == {kmod16: DRV % NEW}       # the target kernel's kmod: reported, left installed
+    assert root.locks() == captured_locks
+    assert (root.path / rpmrepo.VERSIONLOCK_LIST).read_text() == captured_text
+    assert grubsim.read_env(grubenv) == {'saved_entry': old_id, 'kernelopts': 'root=/dev/sda2 ro', 'next_entry': ''}
+    assert grubsim.boot(grubenv, entries=entries).kernel == KERNEL_OLD

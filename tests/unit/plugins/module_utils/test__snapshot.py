@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _packages as pk
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
 
 SNAP = {
@@ -174,3 +175,50 @@ def test_a_kept_snapshot_of_another_driver_is_refused():
                    'it is not this node\'s rollback point (move it away, or set force: true to take a new one)')
     assert snap_mod.kept_snapshot_problem({'gpu_facts': {}}, {'driver_version': '580.130.00'}) is not None
     assert snap_mod.kept_snapshot_problem(kept, None) is None     # nothing to compare with
+
+
+# -- issue 14 (4): restore on a RHEL 8/9 root, whose dnf pin is the module stream --------------------
+ROCKY9 = 'ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n'
+CAPTURED_LOCKS = '\n# Added lock on Mon Dec  1 10:00:00 2026\nnvidia-driver-0:580.126.20-1.el9.*\n'
+RPM_QA = ('nvidia-driver\t0:580.126.20-1.el9\nkmod-nvidia-open-580.130.00-5.14.0-427.16.1\t0:580.130.00-1.el9\n'
+          'kernel-core\t0:5.14.0-427.16.1.el9_4\n')
+
+
+def rocky9_backend(root) -> pk.DnfBackend:
+    """A DnfBackend of a Rocky 9 root (module mode) whose rpm lists RPM_QA and which has no module stream enabled."""
+    (root / 'etc/dnf/plugins').mkdir(parents=True)
+    (root / 'etc/os-release').write_text(ROCKY9)
+    (root / 'etc/dnf/plugins/versionlock.conf').write_text('[main]\nenabled = 1\nlocklist = %s\n'
+                                                           % (root / 'etc/dnf/plugins/versionlock.list'))
+
+    def run(argv: list, env: dict) -> tuple:
+        if argv[0] == 'rpm':
+            return 0, RPM_QA, ''
+        assert argv[0] == 'dnf' and 'module' in argv, argv    # `dnf module list --enabled nvidia-driver`: none
+        return 1, '', 'Error: No matching Modules to list'
+    return pk.DnfBackend(pk.Runner(run, str(root)))
+
+
+def test_dnf_restore_compares_the_versionlock_list_not_the_module_stream(tmp_path):
+    backend = rocky9_backend(tmp_path)
+    assert backend.mode == 'module'
+    lock_list = tmp_path / 'etc/dnf/plugins/versionlock.list'
+    snap = {'backend': 'dnf', 'packages': {'nvidia-driver': '580.126.20-1.el9'}, 'holds': [], 'boot': {},
+            'pins': {'pin_file': 'etc/dnf/plugins/versionlock.list', 'content': CAPTURED_LOCKS, 'pins': {}}}
+    # The list as captured: nothing to do (the module stream, None here, is not what the snapshot holds).
+    lock_list.write_text(CAPTURED_LOCKS)
+    plan = sn.plan_restore(backend, snap)
+    assert plan.changed is False and plan.files == []
+    assert plan.pin_plan.before.pin_file == str(lock_list) and plan.pin_plan.before.pin_text == CAPTURED_LOCKS
+    # Driver-set packages installed since the snapshot are reported, not only the snapshot's names.
+    assert plan.extra_packages == {'kmod-nvidia-open-580.130.00-5.14.0-427.16.1': '580.130.00-1.el9'}
+    # Another list: the restore writes the captured one back and reports the list, not the stream.
+    lock_list.write_text('nvidia-driver-0:580.130.00-1.el9.*\n')
+    plan = sn.plan_restore(backend, snap)
+    assert plan.changed is True and plan.pin_plan.install == {}
+    assert plan.diff()[0] == {'before_header': str(lock_list), 'after_header': str(lock_list),
+                              'before': 'nvidia-driver-0:580.130.00-1.el9.*\n', 'after': CAPTURED_LOCKS}
+    now = sn.apply_restore(backend, plan)
+    assert lock_list.read_text() == CAPTURED_LOCKS
+    assert (now.pin_file, now.pin_text, now.pins) == (str(lock_list), CAPTURED_LOCKS, {'nvidia-driver': '0:580.126.20-1.el9'})
+    assert sn.plan_restore(backend, snap).changed is False
