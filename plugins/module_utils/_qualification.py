@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - reported by the modules with missing_r
 
 API_VERSION = 'kube-dc.io/v1alpha1'
 KIND = 'GPUUpgradeQualification'
+PATH_MAX = 4096   # a path in a message is shown whole (the operator's own input; Linux PATH_MAX)
 MAX_RECORD_BYTES = 65536
 MAX_DEPTH = 8
 FUTURE_SKEW = datetime.timedelta(minutes=5)
@@ -483,7 +484,7 @@ def read_record_file(path: str) -> bytes:
             return f.read(MAX_RECORD_BYTES + 1)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, 'strerror', None) or str(exc)
-        raise QualificationError(['cannot read the qualification record %s: %s' % (show(path), reason)])
+        raise QualificationError(['cannot read the qualification record %s: %s' % (show(path, limit=PATH_MAX), reason)])
 
 
 # --- rules ----------------------------------------------------------------------------------

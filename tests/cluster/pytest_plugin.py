@@ -3,7 +3,8 @@
 - `control_plane` (session): one control plane and fault proxy per pytest session, started on first
   use, stopped at the end (no process left behind).
 - `cluster` (function): the `Cluster` test-side API on it, reset before each test (every test's
-  objects, nodes, proxy rules and request log gone), so tests are isolated by running one at a time.
+  objects, nodes, proxy rules and request log gone), so tests are isolated by running one at a time
+  on it (under pytest-xdist each worker is its own session, with its own control plane).
 """
 from __future__ import annotations
 

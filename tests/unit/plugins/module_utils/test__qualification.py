@@ -83,6 +83,13 @@ def test_read_record_file_names_a_missing_path(tmp_path):
     assert err.value.problems == ['cannot read the qualification record "%s": No such file or directory' % (tmp_path / 'nope.yaml')]
 
 
+def test_read_record_file_names_a_long_path_whole(tmp_path):
+    path = tmp_path / ('d' * 150) / 'nope.yaml'
+    with pytest.raises(q.QualificationError) as err:
+        q.read_record_file(str(path))
+    assert err.value.problems == ['cannot read the qualification record "%s": No such file or directory' % path]
+
+
 @pytest.mark.parametrize('doc', [
     SEED_TEXT + '---\n' + SEED_TEXT,
     SEED_TEXT + '...\n---\n' + 'id: other\n',
