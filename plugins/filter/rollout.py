@@ -91,6 +91,15 @@ def rollback_time(node: str, start: t.Any, end: t.Any, window: t.Any = '') -> t.
     return _call('rollback_time', _rollout.rollback_time, node, start, end, window)
 
 
+def observation_window(window: t.Any, started: t.Any, now: t.Any) -> t.Dict[str, t.Any]:
+    return _call('observation_window', _rollout.observation_window, window, started, now)
+
+
+def observation_verdict(nodes: t.List[t.Dict[str, t.Any]], plan: t.Dict[str, t.Any], window: t.Dict[str, t.Any],
+                        metric: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
+    return _call('observation_verdict', _rollout.observation_verdict, nodes, plan, window, metric)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
@@ -99,4 +108,5 @@ class FilterModule:
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
                 'plan_digest': plan_digest, 'forks_verdict': forks_verdict,
-                'rollback_time': rollback_time, 'activation': activation}
+                'rollback_time': rollback_time, 'activation': activation,
+                'observation_window': observation_window, 'observation_verdict': observation_verdict}

@@ -54,6 +54,8 @@ DCGM_ROW_REMAP_FAILURE = 'DCGM_FI_DEV_ROW_REMAP_FAILURE'
 DCGM_GPU_TEMP = 'DCGM_FI_DEV_GPU_TEMP'
 
 _LABEL_NAME = re.compile(r'^[a-zA-Z_][a-zA-Z0-9_]*$')
+# A Kubernetes node name: a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters).
+_NODE_NAME = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
 
 
 class MetricGateError(ValueError):
@@ -175,6 +177,8 @@ class QuerySpec:
     min_count: Optional[float] = None
     critical: bool = True
     preset: Optional[str] = None
+    # (label, names): every name must have an observed series whose `label` equals it (the presets over `nodes`).
+    expect_label: Optional[Tuple[str, Tuple[str, ...]]] = None
 
     def allowed(self, reference: float) -> float:
         """The written tolerance: the larger of `abs` and `rel` x |reference|."""
@@ -295,19 +299,54 @@ def _label_value(value: str) -> str:
     return value.replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
 
 
+def parse_nodes(nodes: Any, field: str = 'nodes') -> List[str]:
+    """Kubernetes node names (DNS-1123 subdomains), in their order, without repeats; at least one."""
+    if not isinstance(nodes, (list, tuple)):
+        raise MetricGateError('%s: %r is not a list of node names' % (field, nodes))
+    if not nodes:
+        raise MetricGateError('%s: give at least one node name' % field)
+    out = []  # type: List[str]
+    for index, name in enumerate(nodes):
+        if not isinstance(name, str) or len(name) > 253 or not _NODE_NAME.match(name):
+            raise MetricGateError("%s[%d]: %r is not a Kubernetes node name (a DNS-1123 subdomain: lowercase "
+                                  "alphanumerics, '-' and '.', at most 253 characters)" % (field, index, name))
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def nodes_regex(nodes: List[str]) -> str:
+    """The RE2 alternation matching exactly these (validated) node names: '.' escaped. Prometheus anchors
+    label matchers, so `a|b` matches `a` or `b` and nothing else."""
+    return '|'.join(n.replace('.', '\\.') for n in nodes)
+
+
 def preset_queries(presets: List[str], node: Optional[str], node_label: str, temperature_max: float,
-                   min_samples: int) -> List[QuerySpec]:
-    """DCGM presets over dcgm-exporter series of one node, each a critical `limit` query."""
+                   min_samples: int, nodes: Optional[List[str]] = None) -> List[QuerySpec]:
+    """DCGM presets over dcgm-exporter series of one node, each a critical `limit` query.
+
+    With `nodes` (instead of `node`), one query per preset selects the series of all these nodes, and
+    every node must have at least one series in the observation window (`expect_label`)."""
+    if nodes is not None:
+        if node:
+            raise MetricGateError('node and nodes are mutually exclusive: give one')
+        nodes = parse_nodes(nodes)
     if not presets:
         return []
     bad = [p for p in presets if p not in PRESETS]
     if bad:
         raise MetricGateError('presets: %s not one of %s' % (', '.join(repr(b) for b in bad), ', '.join(PRESETS)))
-    if not node:
+    if not node and not nodes:
         raise MetricGateError('node is required with presets (the value of %s on the node\'s DCGM series)' % node_label)
     if not _LABEL_NAME.match(node_label or ''):
         raise MetricGateError('node_label: %r is not a Prometheus label name' % (node_label,))
-    sel = '{%s="%s"}' % (node_label, _label_value(node))
+    expect = None  # type: Optional[Tuple[str, Tuple[str, ...]]]
+    if nodes:
+        # The PromQL string literal holds the RE2 regex: its backslashes are escaped once more.
+        sel = '{%s=~"%s"}' % (node_label, _label_value(nodes_regex(nodes)))
+        expect = (node_label, tuple(nodes))
+    else:
+        sel = '{%s="%s"}' % (node_label, _label_value(node or ''))
     table = {
         # Last Xid seen since the exporter (re)started; any non-zero value is a new Xid.
         'xid': ('dcgm_xid', DCGM_XID + sel, 0.0),
@@ -321,7 +360,7 @@ def preset_queries(presets: List[str], node: Optional[str], node_label: str, tem
     for p in presets:
         name, expr, limit = table[p]
         out.append(QuerySpec(name=name, expr=expr, compare='limit', limit=limit, direction='higher_is_worse',
-                             reduce='max', min_samples=min_samples, critical=True, preset=p))
+                             reduce='max', min_samples=min_samples, critical=True, preset=p, expect_label=expect))
     return out
 
 
@@ -466,9 +505,26 @@ def _compare(spec: QuerySpec, obs: float, ref: float, ref_word: str, where: str)
     return None
 
 
-def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, step: float) -> Dict[str, Any]:
-    """Evidence and verdict of one query. Prometheus errors become problems of this query."""
+def attribute_problems(problems: List[str], tied: Dict[int, Dict[str, str]], label: str,
+                       nodes: Tuple[str, ...]) -> Dict[str, List[str]]:
+    """{node: [problems]}: a problem about a series goes to the node its `label` names; one about no series,
+    or about a series of no listed node, goes to every node (nothing clears them)."""
+    out = {n: [] for n in nodes}  # type: Dict[str, List[str]]
+    for index, problem in enumerate(problems):
+        owner = tied.get(index, {}).get(label)
+        for n in ([owner] if owner in out else nodes):
+            out[n].append(problem)
+    return out
+
+
+def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, step: float,
+                   attribute: Optional[Tuple[str, Tuple[str, ...]]] = None) -> Dict[str, Any]:
+    """Evidence and verdict of one query. Prometheus errors become problems of this query.
+
+    With `spec.expect_label` (label, names), every name needs an observed series whose label equals it.
+    With it or `attribute` (label, nodes), the evidence has `by_node`, the problems of each node."""
     problems = []  # type: List[str]
+    tied = {}  # type: Dict[int, Dict[str, str]]  # index in problems -> labels of the series it is about
     ev = {
         'name': spec.name, 'preset': spec.preset, 'critical': spec.critical, 'compare': spec.compare,
         'direction': spec.direction, 'reduce': spec.reduce, 'min_samples': spec.min_samples,
@@ -490,8 +546,17 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
                         % (spec.name, spec.expr))
     for s in observed:
         if s['samples'] < spec.min_samples:
+            tied[len(problems)] = s['labels']
             problems.append('%s: %d valid sample(s) for %s in the observation window, at least %d required'
                             % (spec.name, s['samples'], _labels_text(s['labels']), spec.min_samples))
+    if spec.expect_label is not None and raw is not None:
+        label, names = spec.expect_label
+        seen = {s['labels'].get(label) for s in observed}
+        for name in names:
+            if name not in seen:
+                tied[len(problems)] = {label: name}
+                problems.append('%s: no series of node %s in the observation window (its monitoring is lost: a failure)'
+                                % (spec.name, name))
 
     # Reference.
     reference = []  # type: List[Dict[str, Any]]
@@ -513,6 +578,7 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
                     iso(spec.reference_window.end)))
             for s in reference:
                 if s['samples'] < spec.min_samples:
+                    tied[len(problems)] = s['labels']
                     problems.append('%s: %d valid %s sample(s) for %s, at least %d required' % (
                         spec.name, s['samples'], spec.compare, _labels_text(s['labels']), spec.min_samples))
         except PrometheusError as exc:
@@ -539,12 +605,12 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
             problems.append('%s: count_expr: %s' % (spec.name, exc))
 
     # Comparison, only over series that have a value.
-    pairs = []  # type: List[Tuple[float, float, str]]
+    pairs = []  # type: List[Tuple[float, float, str, Dict[str, str]]]
     if spec.compare == 'limit':
         limit = spec.limit if spec.limit is not None else 0.0
         for s in observed:
             if s['value'] is not None:
-                pairs.append((s['value'], limit, ' for ' + _labels_text(s['labels'])))
+                pairs.append((s['value'], limit, ' for ' + _labels_text(s['labels']), s['labels']))
     elif spec.compare == 'baseline':
         ref_by_key = {_key(s['labels']): s for s in reference}
         obs_by_key = {_key(s['labels']): s for s in observed}
@@ -552,14 +618,16 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
             r = ref_by_key.get(k)
             if r is None:
                 if reference:
+                    tied[len(problems)] = s['labels']
                     problems.append('%s: series %s has no baseline series with the same labels'
                                     % (spec.name, _labels_text(s['labels'])))
                 continue
             if s['value'] is not None and r['value'] is not None:
-                pairs.append((s['value'], r['value'], ' for ' + _labels_text(s['labels'])))
+                pairs.append((s['value'], r['value'], ' for ' + _labels_text(s['labels']), s['labels']))
         if observed:
             for k, r in ref_by_key.items():
                 if k not in obs_by_key:
+                    tied[len(problems)] = r['labels']
                     problems.append('%s: series %s is in the baseline but missing in the observation window '
                                     '(lost telemetry)' % (spec.name, _labels_text(r['labels'])))
     else:  # control
@@ -567,14 +635,15 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
             problems.append('%s: a control comparison needs one series on each side (got %d observed, %d control); '
                             'aggregate with sum() or avg()' % (spec.name, len(observed), len(reference)))
         elif observed and reference and observed[0]['value'] is not None and reference[0]['value'] is not None:
-            pairs.append((observed[0]['value'], reference[0]['value'], ''))
+            pairs.append((observed[0]['value'], reference[0]['value'], '', {}))
     word = {'limit': 'limit', 'baseline': 'baseline', 'control': 'control'}[spec.compare]
     allowed = []
-    for obs, ref, where in pairs:
+    for obs, ref, where, labels in pairs:
         low, high = spec.bounds(ref)
         allowed.append({'reference': ref, 'low': low, 'high': high, 'value': obs})
         msg = _compare(spec, obs, ref, word, where)
         if msg:
+            tied[len(problems)] = labels
             problems.append(msg)
     ev['allowed'] = allowed
     obs_vals = [s['value'] for s in observed if s['value'] is not None]
@@ -585,6 +654,9 @@ def evaluate_query(client: PrometheusClient, spec: QuerySpec, window: Window, st
         ev['reference']['value'] = _worst(ref_vals, spec.direction)
     ev['problems'] = problems
     ev['passed'] = not problems
+    owners = spec.expect_label or attribute
+    if owners is not None:
+        ev['by_node'] = attribute_problems(problems, tied, owners[0], tuple(owners[1]))
     return ev
 
 
@@ -592,15 +664,21 @@ def _worst(values: List[float], direction: str) -> float:
     return min(values) if direction == 'lower_is_worse' else max(values)
 
 
-def run_gate(client: PrometheusClient, specs: List[QuerySpec], window: Window, step: float) -> Dict[str, Any]:
-    """Evaluate every query; the verdict is conjunctive over the critical ones."""
+def run_gate(client: PrometheusClient, specs: List[QuerySpec], window: Window, step: float,
+             nodes: Optional[List[str]] = None, node_label: str = 'Hostname') -> Dict[str, Any]:
+    """Evaluate every query; the verdict is conjunctive over the critical ones.
+
+    With `nodes`, each query's evidence has `by_node` (its series' problems go to the node their
+    `node_label` names, the others to every node) and the verdict has `failed_nodes`: the nodes with a
+    problem in a critical query."""
     if not specs:
         raise MetricGateError('queries: declare at least one query or preset')
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise MetricGateError('queries: duplicate name(s) %s' % ', '.join(dupes))
-    results = [evaluate_query(client, s, window, step) for s in specs]
+    attribute = (node_label, tuple(nodes)) if nodes else None
+    results = [evaluate_query(client, s, window, step, attribute) for s in specs]
     failed_critical = [r['name'] for r in results if not r['passed'] and r['critical']]
     failed_other = [r['name'] for r in results if not r['passed'] and not r['critical']]
     problems = [p for r in results if r['critical'] for p in r['problems']]
@@ -612,8 +690,12 @@ def run_gate(client: PrometheusClient, specs: List[QuerySpec], window: Window, s
             '; non-critical failed: ' + ', '.join(failed_other) if failed_other else '')
     else:
         msg = 'metric gate: FAIL: ' + '; '.join(problems)
-    return {
+    verdict = {
         'passed': passed, 'msg': msg, 'failed_critical': failed_critical, 'failed_noncritical': failed_other,
         'problems': problems, 'warnings': noncritical, 'window': dict(window.as_dict(), step=step),
         'queries': results,
     }
+    if nodes:
+        verdict['failed_nodes'] = [n for n in nodes
+                                   if any(r['critical'] and r['by_node'].get(n, r['problems']) for r in results)]
+    return verdict

@@ -9,6 +9,8 @@ module calls: file names derived from a tuple, the verdict of a node's gates, an
 the rollout's evidence bundle. Pure functions; the playbooks call them as filters."""
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -314,3 +316,88 @@ def rollback_time(node: str, start: Any, end: Any, window: Any = '') -> Dict[str
     return {'seconds': seconds, 'window_s': window_s, 'judged': True, 'passed': passed,
             'msg': 'the rollback of %s took %.1f s, %s the maintenance window of %s (%.0f s)'
                    % (node, seconds, 'within' if passed else 'LONGER THAN', window, window_s)}
+
+
+def _plan_nodes(plan: Dict[str, Any]) -> List[str]:
+    out: List[str] = []
+    for name in list(plan.get('canaries') or []) + [n for b in plan.get('batches') or [] for n in b]:
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def observation_window(window: Any, started: Any, now: Any) -> Dict[str, Any]:
+    """The observation window of a stage (issue 16), anchored at the stage's end: when the last node of
+    the batch (or the canary pool) finished its activation and gates. `window`: a duration (for
+    example V(30m)); `started`, `now`: epoch seconds. {'start', 'end' (RFC 3339), 'seconds', 'wait'
+    (seconds still to wait, 0 when it has passed)}."""
+    try:
+        seconds = parse_seconds(window, 'gpufleet_observation_window')
+    except ValueError as exc:
+        raise RolloutError(str(exc))
+    try:
+        t0, t1 = float(started), float(now)
+    except (TypeError, ValueError):
+        raise RolloutError('started/now: %r, %r are not times in seconds' % (started, now))
+    def at(ts: float) -> str:
+        return rfc3339(datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc))
+    return {'start': at(t0), 'end': at(t0 + seconds), 'started': t0, 'seconds': seconds,
+            'wait': max(0, int(math.ceil(t0 + seconds - t1)))}
+
+
+def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], window: Dict[str, Any],
+                        metric: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The verdict at the end of an observation window (issue 16) over every node of the plan upgraded
+    so far (recorded done for the plan's target), from one read of the cluster (`nodes`: fleet_info's
+    node views) and, when configured, one metric gate over the window on all of them (`metric`: its
+    result, with `failed_nodes`). A node fails when it is not Ready, when the kubelet reports another
+    kernel or RKE2 than the target's (it changed underneath), or when the metric gate failed it (a
+    health series over the limit, or its DCGM series missing: its monitoring is lost).
+
+    {'nodes', 'window', 'failed': {node: [reasons]}, 'problems' (one line a failed node), 'passed', 'msg',
+    'metric' (the gate's message or None)}."""
+    if not isinstance(plan, dict) or not isinstance(plan.get('target'), dict) or not plan['target']:
+        raise RolloutError('plan: has no target tuple')
+    if not isinstance(nodes, (list, tuple)) or not all(isinstance(n, dict) for n in nodes):
+        raise RolloutError('nodes: %r is not a list of fleet_info node views' % (nodes,))
+    if not isinstance(window, dict):
+        raise RolloutError('window: %r is not an observation window' % (window,))
+    if metric is not None and not isinstance(metric, dict):
+        raise RolloutError('metric: %r is not a metric gate result' % (metric,))
+    target = plan['target']
+    key = target_key(target)
+    in_plan = _plan_nodes(plan)
+    by_name = {n.get('name'): n for n in nodes}
+    upgraded = [name for name in in_plan if name in by_name and finished(by_name[name].get('annotations') or {}, key)]
+    failed: Dict[str, List[str]] = {}
+    for name in upgraded:
+        node = by_name[name]
+        reasons: List[str] = []
+        if not node.get('ready'):
+            reasons.append('not Ready')
+        for comp in ('kernel', 'rke2'):
+            want, have = target.get(comp), node.get(comp)
+            if want and have and _version(have) != _version(want):
+                reasons.append('the kubelet reports %s %s, the target is %s' % (comp, have, want))
+        if reasons:
+            failed[name] = reasons
+    metric_msg = None
+    if metric:
+        metric_msg = metric.get('msg')
+        listed = list(metric.get('failed_nodes') or [])
+        if not metric.get('passed', False) and not listed:
+            listed = list(upgraded)      # a failure not tied to a node (Prometheus unreachable): all of them
+        for name in listed:
+            if name in upgraded:
+                failed.setdefault(name, []).append('metric gate: %s' % (metric_msg or 'failed'))
+    where = 'observation window %s..%s (%s s)' % (window.get('start'), window.get('end'), window.get('seconds'))
+    if failed:
+        msg = ('%s: %d of %d upgraded node(s) failed their re-gating: %s. They are cordoned and the rollout stops; '
+               'roll them back with gpufleet.upgrade.rollback' % (
+                   where, len(failed), len(upgraded), '; '.join('%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items()))))
+    else:
+        msg = '%s: all %d upgraded node(s) passed their re-gating (%s)' % (
+            where, len(upgraded), 'node state and kubelet versions' + (', metric gate' if metric else ''))
+    problems = ['%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items())]
+    return {'nodes': upgraded, 'window': dict(window), 'failed': failed, 'problems': problems, 'passed': not failed,
+            'msg': msg, 'metric': metric_msg}

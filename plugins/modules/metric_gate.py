@@ -153,6 +153,8 @@ options:
   presets:
     description:
       - DCGM presets over dcgm-exporter series of O(node), each a critical query against a limit with reducer V(max).
+      - With O(nodes), one query per preset selects the series of all these nodes, and each node must have at least
+        one series in the observation window; a node without one fails the query (its monitoring is lost).
       - V(xid) C(DCGM_FI_DEV_XID_ERRORS) must stay 0 (the last Xid seen since the exporter started).
       - V(ecc) C(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL) must stay 0 (uncorrectable ECC errors since the driver loaded;
         this counter is off in dcgm-exporter's default counters, enable it).
@@ -163,8 +165,25 @@ options:
     choices: [xid, ecc, row_remap, temperature]
     default: []
   node:
-    description: The node the presets select, the value of O(node_label) on its DCGM series.
+    description:
+      - The node the presets select, the value of O(node_label) on its DCGM series.
+      - Mutually exclusive with O(nodes).
     type: str
+  nodes:
+    description:
+      - The nodes the presets select, each the value of O(node_label) on its DCGM series, for example every node
+        upgraded so far, re-gated in one call during an observation window.
+      - Each must be a Kubernetes node name (a DNS-1123 subdomain, lowercase alphanumerics, C(-) and C(.)). Each
+        preset is one query with the selector C({<node_label>=~"<node1>|<node2>|..."}), its C(.) escaped so that
+        it matches exactly these names.
+      - Every node must have at least one series of each preset in the observation window; a node without one
+        fails the gate, since its monitoring is lost.
+      - The evidence of each query then has C(by_node), the problems of each node (a problem about a series goes
+        to the node named by its O(node_label) label, any other problem to every node), and the result has
+        RV(failed_nodes).
+      - Mutually exclusive with O(node).
+    type: list
+    elements: str
   node_label:
     description: Label that names the host on the DCGM series (dcgm-exporter sets C(Hostname)).
     type: str
@@ -208,6 +227,20 @@ EXAMPLES = r"""
     node: gpu-7
   delegate_to: localhost
   register: metrics
+
+- name: Re-gate the DCGM health of every node upgraded so far, one query per preset
+  gpufleet.upgrade.metric_gate:
+    url: http://prometheus.monitoring:9090
+    window: 2h
+    presets: [xid, ecc, row_remap, temperature]
+    nodes: [gpu-7, gpu-8.example.com, gpu-9]
+  delegate_to: localhost
+  register: fleet_metrics
+  failed_when: false
+
+- name: Show the nodes that failed it
+  ansible.builtin.debug:
+    var: fleet_metrics.failed_nodes
 """
 
 RETURN = r"""
@@ -239,6 +272,15 @@ failed_noncritical:
   returned: always
   type: list
   elements: str
+failed_nodes:
+  description:
+    - The nodes of O(nodes) with a problem in a critical query, in the order of O(nodes); empty when the gate passed.
+    - A problem about a series counts against the node its O(node_label) label names; any other problem
+      (no answer from Prometheus, no series at all, a series of no listed node) against every node.
+  returned: when O(nodes) is given and the input is valid
+  type: list
+  elements: str
+  sample: [gpu-8]
 window:
   description: The observation window (start, end, seconds, step).
   returned: when the input is valid
@@ -248,7 +290,7 @@ queries:
     - Evidence per query, with keys name, preset, critical, compare, direction, reduce, min_samples, tolerance,
       observed (expr, window, series with labels, value, samples and invalid_points, value), reference (kind,
       expr, window, series, value; or kind limit and value), count (expr, min, value, at), allowed, warnings,
-      problems and passed.
+      problems and passed; with O(nodes), also by_node (the problems of each node).
   returned: when the input is valid
   type: list
   elements: dict
@@ -260,7 +302,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._metric_gate import (
-    MetricGateError, PrometheusClient, parse_query, preset_queries, resolve_step, resolve_window, run_gate)
+    MetricGateError, PrometheusClient, parse_nodes, parse_query, preset_queries, resolve_step, resolve_window, run_gate)
 
 try:
     from urllib.error import HTTPError
@@ -310,10 +352,11 @@ def main():
             )),
             presets=dict(type='list', elements='str', default=[], choices=['xid', 'ecc', 'row_remap', 'temperature']),
             node=dict(type='str'),
+            nodes=dict(type='list', elements='str'),
             node_label=dict(type='str', default='Hostname'),
             temperature_max=dict(type='float', default=85),
         ),
-        mutually_exclusive=[('window', 'window_start')],
+        mutually_exclusive=[('window', 'window_start'), ('node', 'nodes')],
         required_one_of=[('window', 'window_start')],
         supports_check_mode=True,
     )
@@ -325,12 +368,13 @@ def main():
         if p['min_samples'] < 1:
             raise MetricGateError('min_samples: %r must be at least 1' % p['min_samples'])
         specs = [parse_query(q, i, window, p['min_samples']) for i, q in enumerate(p['queries'])]
-        specs += preset_queries(p['presets'], p['node'], p['node_label'], p['temperature_max'], p['min_samples'])
+        nodes = parse_nodes(p['nodes']) if p['nodes'] is not None else None
+        specs += preset_queries(p['presets'], p['node'], p['node_label'], p['temperature_max'], p['min_samples'], nodes=nodes)
         headers = {}
         if p['bearer_token']:
             headers['Authorization'] = 'Bearer %s' % p['bearer_token']
         client = PrometheusClient(p['url'], _opener(module), timeout=p['timeout'], headers=headers)
-        verdict = run_gate(client, specs, window, step)
+        verdict = run_gate(client, specs, window, step, nodes=nodes, node_label=p['node_label'])
     except MetricGateError as exc:
         result['msg'] = 'metric gate: invalid input: %s' % exc
         module.fail_json(**result)

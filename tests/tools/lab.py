@@ -276,6 +276,9 @@ class Lab:
             'node_upgrade_drain_timeout': 60, 'node_upgrade_drain_retry_interval': 0.2,
             # The SUC stand-in completes a node's RKE2 Job in SUC_DELAY: poll the Plan often.
             'node_upgrade_rke2_interval': 0.5, 'node_upgrade_rke2_timeout': 120,
+            # A short observation window after each batch (a real fleet's is hours: the default is 15m); at
+            # its end every node upgraded so far is re-gated (8 s: enough scrapes for the metric gate's 5 samples).
+            'gpufleet_observation_window': '8s',
         }
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)

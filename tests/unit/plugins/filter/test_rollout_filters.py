@@ -20,7 +20,7 @@ PLAN = {
 }
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
-         'forks_verdict', 'rollback_time', 'activation']
+         'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict']
 
 
 def fleet():
@@ -122,3 +122,10 @@ def test_errors_name_the_filter(name, args, kwargs, message):
     with pytest.raises(AnsibleFilterError) as err:
         getattr(F, name)(*args, **kwargs)
     assert err.value.message == 'gpufleet.upgrade.%s: %s' % (name, message)
+
+
+def test_observation_filters_name_the_bad_input():
+    with pytest.raises(AnsibleFilterError, match="observation_window: gpufleet_observation_window: 'soon' is not a duration"):
+        F.observation_window('soon', 0, 0)
+    with pytest.raises(AnsibleFilterError, match='observation_verdict: plan: has no target tuple'):
+        F.observation_verdict([], {}, {})

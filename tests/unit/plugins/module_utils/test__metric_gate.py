@@ -197,3 +197,147 @@ def test_prometheus_errors_name_the_url_without_its_credentials():
     with pytest.raises(mg.MetricGateError) as exc:
         mg.PrometheusClient('ftp://scrape:pw0rd@prom', opener)
     assert 'pw0rd' not in str(exc.value)
+
+
+# --------------------------------------------------------------------------------------------
+# nodes: the presets over several nodes, one query per preset, honest per node
+# --------------------------------------------------------------------------------------------
+
+NODES = ['gpu-7', 'gpu-8.example.com', 'gpu-9']
+
+
+def _promql_string(literal: str) -> str:
+    """The value of a double-quoted PromQL string literal (Go escapes, as these selectors use them)."""
+    assert literal.startswith('"') and literal.endswith('"')
+    return json.loads(literal)
+
+
+def test_presets_over_nodes_select_all_of_them_in_one_query() -> None:
+    specs = mg.preset_queries(['xid', 'temperature'], None, 'Hostname', 80.0, 5, nodes=NODES)
+    assert [s.expr for s in specs] == [
+        'DCGM_FI_DEV_XID_ERRORS{Hostname=~"gpu-7|gpu-8\\\\.example\\\\.com|gpu-9"}',
+        'DCGM_FI_DEV_GPU_TEMP{Hostname=~"gpu-7|gpu-8\\\\.example\\\\.com|gpu-9"}']
+    assert all(s.expect_label == ('Hostname', tuple(NODES)) for s in specs)
+    # The RE2 regex inside the literal matches exactly these names (Prometheus anchors it).
+    regex = _promql_string(specs[0].expr.split('=~', 1)[1][:-1])
+    assert regex == 'gpu-7|gpu-8\\.example\\.com|gpu-9'
+    import re
+    for name in NODES:
+        assert re.fullmatch(regex, name)
+    for name in ('gpu-8xexample.com', 'gpu-77', 'gpu-9.example.com', 'gpu-7|gpu-9', ''):
+        assert not re.fullmatch(regex, name)
+    # Repeats collapse; the single-node selector is unchanged.
+    assert mg.preset_queries(['xid'], None, 'Hostname', 80.0, 5, nodes=['a', 'b', 'a'])[0].expr == \
+        'DCGM_FI_DEV_XID_ERRORS{Hostname=~"a|b"}'
+    assert mg.preset_queries(['xid'], 'gpu-7', 'Hostname', 80.0, 5)[0].expect_label is None
+
+
+@pytest.mark.parametrize('nodes,message', [
+    (['gpu-7', 'GPU-8'], r"^nodes\[1\]: 'GPU-8' is not a Kubernetes node name"),
+    (['gpu"7'], r"^nodes\[0\]: 'gpu\"7' is not a Kubernetes node name"),
+    (['gpu-7|.*'], r"^nodes\[0\]: 'gpu-7\|\.\*' is not a Kubernetes node name"),
+    (['-gpu'], r"^nodes\[0\]: '-gpu' is not a Kubernetes node name"),
+    (['gpu..7'], r"^nodes\[0\]: 'gpu\.\.7' is not a Kubernetes node name"),
+    (['a' * 254], r"^nodes\[0\]: 'a{254}' is not a Kubernetes node name"),
+    ([7], r"^nodes\[0\]: 7 is not a Kubernetes node name"),
+    ([], r'^nodes: give at least one node name$'),
+    ('gpu-7', r"^nodes: 'gpu-7' is not a list of node names$"),
+])
+def test_bad_node_names_are_rejected_naming_field_and_value(nodes: Any, message: str) -> None:
+    with pytest.raises(mg.MetricGateError, match=message):
+        mg.preset_queries(['xid'], None, 'Hostname', 80.0, 5, nodes=nodes)
+
+
+def test_node_and_nodes_are_mutually_exclusive() -> None:
+    with pytest.raises(mg.MetricGateError, match='^node and nodes are mutually exclusive: give one$'):
+        mg.preset_queries(['xid'], 'gpu-7', 'Hostname', 80.0, 5, nodes=['gpu-8'])
+
+
+def dcgm_series(host: str, gpu: str, vals: list[float]) -> tuple[dict[str, str], list[float]]:
+    return ({'Hostname': host, 'gpu': gpu, '__name__': 'DCGM_FI_DEV_XID_ERRORS'}, vals)
+
+
+def nodes_gate(answers: dict[str, Any], presets: list[str], nodes: list[str], min_samples: int = 3) -> dict[str, Any]:
+    specs = mg.preset_queries(presets, None, 'Hostname', 85.0, min_samples, nodes=nodes)
+    client = mg.PrometheusClient('http://prom:9090', stub_opener(answers))
+    v = mg.run_gate(client, specs, W, 60, nodes=nodes, node_label='Hostname')
+    assert client.requests == len(presets)   # one query per preset, whatever the number of nodes
+    return v
+
+
+def test_node_without_series_fails_and_the_others_pass() -> None:
+    sel = '{Hostname=~"gpu-7|gpu-8\\\\.example\\\\.com|gpu-9"}'
+    answers = {
+        'DCGM_FI_DEV_XID_ERRORS' + sel: (200, matrix(dcgm_series('gpu-7', '0', [0, 0, 0]), dcgm_series('gpu-7', '1', [0, 0, 0]),
+                                                      dcgm_series('gpu-9', '0', [0, 0, 0]))),
+        'DCGM_FI_DEV_GPU_TEMP' + sel: (200, matrix(dcgm_series('gpu-7', '0', [50, 51, 52]),
+                                                    dcgm_series('gpu-8.example.com', '0', [50, 50, 50]),
+                                                    dcgm_series('gpu-9', '0', [50, 50, 50]))),
+    }
+    v = nodes_gate(answers, ['xid', 'temperature'], NODES)
+    missing = ('dcgm_xid: no series of node gpu-8.example.com in the observation window '
+               '(its monitoring is lost: a failure)')
+    assert v['passed'] is False
+    assert v['problems'] == [missing]
+    assert v['failed_critical'] == ['dcgm_xid']
+    assert v['failed_nodes'] == ['gpu-8.example.com']
+    xid, temp = v['queries']
+    assert xid['by_node'] == {'gpu-7': [], 'gpu-8.example.com': [missing], 'gpu-9': []}
+    assert temp['passed'] is True and temp['by_node'] == {'gpu-7': [], 'gpu-8.example.com': [], 'gpu-9': []}
+
+
+def test_failed_nodes_attributes_series_problems_to_their_node() -> None:
+    sel = '{Hostname=~"gpu-7|gpu-9"}'
+    answers = {
+        # gpu-7: Xid 79 on GPU 1; gpu-9: too few samples on GPU 0.
+        'DCGM_FI_DEV_XID_ERRORS' + sel: (200, matrix(dcgm_series('gpu-7', '0', [0, 0, 0]), dcgm_series('gpu-7', '1', [0, 79, 79]),
+                                                      dcgm_series('gpu-9', '0', [0]))),
+        'DCGM_FI_DEV_GPU_TEMP' + sel: (200, matrix(dcgm_series('gpu-7', '0', [50, 50, 50]),
+                                                    dcgm_series('gpu-9', '0', [50, 50, 50]))),
+    }
+    v = nodes_gate(answers, ['xid', 'temperature'], ['gpu-7', 'gpu-9'])
+    assert v['failed_nodes'] == ['gpu-7', 'gpu-9']
+    by_node = v['queries'][0]['by_node']
+    assert len(by_node['gpu-7']) == 1 and 'is above the allowed 0' in by_node['gpu-7'][0] and 'gpu="1"' in by_node['gpu-7'][0]
+    assert len(by_node['gpu-9']) == 1 and '1 valid sample(s)' in by_node['gpu-9'][0]
+    assert v['queries'][1]['by_node'] == {'gpu-7': [], 'gpu-9': []}
+    # All clean: passed, and no failed node.
+    answers['DCGM_FI_DEV_XID_ERRORS' + sel] = (200, matrix(dcgm_series('gpu-7', '0', [0, 0, 0]),
+                                                           dcgm_series('gpu-9', '0', [0, 0, 0])))
+    v = nodes_gate(answers, ['xid', 'temperature'], ['gpu-7', 'gpu-9'])
+    assert v['passed'] is True and v['failed_nodes'] == [] and v['problems'] == []
+
+
+def test_problems_without_a_series_go_to_every_node() -> None:
+    sel = '{Hostname=~"gpu-7|gpu-9"}'
+    answers = {'DCGM_FI_DEV_XID_ERRORS' + sel: (503, {'status': 'error', 'errorType': 'unavailable', 'error': 'down'}),
+               'DCGM_FI_DEV_GPU_TEMP' + sel: (200, matrix())}
+    v = nodes_gate(answers, ['xid', 'temperature'], ['gpu-7', 'gpu-9'])
+    assert v['failed_nodes'] == ['gpu-7', 'gpu-9']
+    xid, temp = v['queries']
+    assert xid['by_node']['gpu-7'] == xid['by_node']['gpu-9'] == xid['problems'] and len(xid['problems']) == 1
+    # No series at all: the general message for every node, and each node's own.
+    assert temp['by_node']['gpu-7'] == [temp['problems'][0], 'dcgm_gpu_temperature: no series of node gpu-7 in the '
+                                        'observation window (its monitoring is lost: a failure)']
+    assert temp['problems'][0].startswith('dcgm_gpu_temperature: no series for ')
+
+
+def test_custom_queries_get_by_node_but_no_presence_check() -> None:
+    answers = {'err': (200, matrix(({'Hostname': 'gpu-7'}, [0.5, 0.5]), ({'Hostname': 'gpu-9'}, [0.0, 0.0]))),
+               'agg': (200, matrix(({}, [5.0, 5.0])))}
+    specs = [mg.parse_query({'name': 'err', 'expr': 'err', 'limit': 0.1}, 0, W, 2),
+             mg.parse_query({'name': 'agg', 'expr': 'agg', 'limit': 1, 'critical': False}, 1, W, 2)]
+    client = mg.PrometheusClient('http://prom', stub_opener(answers))
+    v = mg.run_gate(client, specs, W, 60, nodes=['gpu-7', 'gpu-8', 'gpu-9'])
+    assert specs[0].expect_label is None
+    err, agg = v['queries']
+    assert err['by_node']['gpu-8'] == [] and err['by_node']['gpu-9'] == [] and len(err['by_node']['gpu-7']) == 1
+    assert len(agg['by_node']['gpu-8']) == 1          # a series of no listed node: every node
+    assert v['failed_nodes'] == ['gpu-7']             # agg is not critical
+
+
+def test_single_node_result_is_unchanged() -> None:
+    answers = {'DCGM_FI_DEV_XID_ERRORS{Hostname="gpu-7"}': (200, matrix(dcgm_series('gpu-7', '0', [0, 0, 0])))}
+    specs = mg.preset_queries(['xid'], 'gpu-7', 'Hostname', 85.0, 3)
+    v = mg.run_gate(mg.PrometheusClient('http://prom', stub_opener(answers)), specs, W, 60)
+    assert v['passed'] is True and 'failed_nodes' not in v and 'by_node' not in v['queries'][0]

@@ -611,3 +611,70 @@ def test_activation_bad_input(args, message):
     with pytest.raises(_rollout.RolloutError) as err:
         _rollout.activation(*args)
     assert str(err.value) == message
+
+
+# ---------------------------------------------------------------------------- observation windows (issue 16)
+
+def test_observation_window_is_anchored_at_the_stage_end_and_says_what_is_left_to_wait():
+    w = _rollout.observation_window('15m', 1798761600, 1798761700.5)
+    assert (w['start'], w['end'], w['seconds'], w['wait']) == ('2027-01-01T00:00:00Z', '2027-01-01T00:15:00Z', 900.0, 800)
+    assert _rollout.observation_window('10s', 0, 10)['wait'] == 0 and _rollout.observation_window('10s', 0, 99)['wait'] == 0
+
+
+@pytest.mark.parametrize('window,message', [
+    ('soon', "gpufleet_observation_window: 'soon' is not a duration"),
+    ('0s', "gpufleet_observation_window: '0s' must be greater than zero"),
+])
+def test_observation_window_refuses_what_is_not_a_duration(window, message):
+    with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
+        _rollout.observation_window(window, 0, 0)
+
+
+def _observed(name, done=True, ready=True, **kw):
+    ann = {_node_record.ANN_DONE: target_key(TARGET)} if done else {}
+    return dict({'name': name, 'ready': ready, 'kernel': TARGET['kernel'], 'rke2': TARGET['rke2'], 'annotations': ann}, **kw)
+
+
+OBS_PLAN = {'target': TARGET, 'canaries': ['c1'], 'batches': [['c1'], ['n1', 'n2'], ['n3']]}
+WINDOW = _rollout.observation_window('8s', 1798761600, 1798761600)
+
+
+def test_observation_verdict_regates_every_node_upgraded_so_far_not_only_the_batch():
+    nodes = [_observed('n2'), _observed('c1'), _observed('n1'), _observed('n3', done=False), _observed('other')]
+    v = _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW)
+    assert v['nodes'] == ['c1', 'n1', 'n2'] and v['passed'] is True and v['failed'] == {}
+    assert v['msg'] == ('observation window 2027-01-01T00:00:00Z..2027-01-01T00:00:08Z (8.0 s): all 3 upgraded node(s) '
+                        'passed their re-gating (node state and kubelet versions)')
+
+
+def test_observation_verdict_fails_a_node_that_is_not_ready_changed_underneath_or_lost_its_monitoring():
+    nodes = [_observed('c1', ready=False), _observed('n1', kernel='6.8.0-140-generic'), _observed('n2')]
+    metric = {'passed': False, 'failed_nodes': ['n2'], 'msg': 'metric gate: FAIL: dcgm_xid: no series of node n2'}
+    v = _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW, metric)
+    assert v['passed'] is False and v['metric'] == metric['msg']
+    assert v['failed'] == {'c1': ['not Ready'],
+                           'n1': ['the kubelet reports kernel 6.8.0-140-generic, the target is %s' % TARGET['kernel']],
+                           'n2': ['metric gate: ' + metric['msg']]}
+    assert v['problems'] == ['c1: not Ready', 'n1: ' + v['failed']['n1'][0], 'n2: metric gate: ' + metric['msg']]
+    assert v['msg'].startswith('observation window 2027-01-01T00:00:00Z..2027-01-01T00:00:08Z (8.0 s): 3 of 3 upgraded '
+                               'node(s) failed their re-gating: c1: not Ready; n1: ')
+    assert v['msg'].endswith('They are cordoned and the rollout stops; roll them back with gpufleet.upgrade.rollback')
+
+
+def test_observation_verdict_a_metric_failure_that_names_no_node_fails_them_all():
+    v = _rollout.observation_verdict([_observed('n1'), _observed('n2')], OBS_PLAN, WINDOW,
+                                     {'passed': False, 'failed_nodes': [], 'msg': 'Prometheus: connection refused'})
+    assert sorted(v['failed']) == ['n1', 'n2']
+    ok = _rollout.observation_verdict([_observed('n1')], OBS_PLAN, WINDOW, {'passed': True, 'failed_nodes': [], 'msg': 'ok'})
+    assert ok['passed'] is True and ok['msg'].endswith('(node state and kubelet versions, metric gate)')
+
+
+@pytest.mark.parametrize('nodes,plan,window,metric,message', [
+    ([], {'batches': []}, WINDOW, None, 'plan: has no target tuple'),
+    (['n1'], OBS_PLAN, WINDOW, None, "nodes: ['n1'] is not a list of fleet_info node views"),
+    ([], OBS_PLAN, '8s', None, "window: '8s' is not an observation window"),
+    ([], OBS_PLAN, WINDOW, 'failed', "metric: 'failed' is not a metric gate result"),
+])
+def test_observation_verdict_names_the_bad_input(nodes, plan, window, metric, message):
+    with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
+        _rollout.observation_verdict(nodes, plan, window, metric)

@@ -1,0 +1,96 @@
+"""Issue 16, observation windows, on the lab's pool (8 nodes, a real control plane, the lab's real
+Prometheus scraping the DCGM stand-in): after each batch, rollout.yml holds the batch's observation window
+(the lab's is 8 s) and at its end re-gates every node upgraded so far, not only the batch's. A node of the
+first batch gets a new Xid 79 during the second batch's window, after it passed its own gates and returned
+to service: that window fails it, it is cordoned and recorded failed, the rollout stops before the next
+batch (whose nodes are untouched), the canaries stay isolated, and both windows are in the evidence
+bundle (the first passed, the second failed naming the node).
+
+The canaries are left as the canary playbook leaves them and the records are written directly
+(test_rollout_wiring does the same), so the rollout upgrades the other nodes.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / 'tests'), str(REPO / 'tests' / 'integration')]
+
+from tools import labenv  # noqa: E402
+from tools.lab import Lab  # noqa: E402
+from test_rollout_resume import approved_records  # noqa: E402
+from test_rollout_stop import started  # noqa: E402
+from test_rollout_wiring import canaries_as_the_canary_playbook_leaves_them  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
+                                reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
+
+WAIT = 'Observe | Wait for the window to end (bounded by its length)'
+VERDICT = 'Observe | Every upgraded node passed the window'
+
+
+def new_xid(lab: Lab, node: str) -> None:
+    """What the lab's nodes log for an Xid (tests/tools/lab_node.py): the DCGM stand-in reports it at the next scrape."""
+    d = lab.dir / 'nodes' / node
+    bus = json.loads((d / 'nvml.json').read_text())['gpus'][2]['bus_id'][4:14].lower()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S+00:00')
+    with open(d / 'kern.log', 'a', encoding='utf-8') as log:
+        log.write('%s %s kernel: NVRM: Xid (PCI:%s): 79, pid=0, name=lab, GPU has fallen off the bus.\n' % (when, node, bus))
+
+
+def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_stops_the_rollout(tmp_path):
+    lab = Lab(tmp_path / 'lab', nodes=8, fault='none', stuck=[], quiet=True, change='driver',
+              lab_vars={'gpufleet_batch_size': 2})
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        plan = lab.plan()
+        approved_records(lab, plan)
+        canaries_as_the_canary_playbook_leaves_them(lab, plan)
+        batches = [b for b in plan['batches'] if not set(b) & set(plan['canaries'])]
+        assert len(batches) >= 3, plan['batches']
+        early, second, later = batches[0][0], batches[1], [n for b in batches[2:] for n in b]
+        windows: list[str] = []
+
+        def xid_in_the_second_window(event: dict) -> None:
+            data = event.get('event_data') or {}
+            if event.get('event') == 'runner_on_start' and data.get('task') == WAIT:
+                windows.append(data.get('host'))
+                if len(windows) == 2:
+                    new_xid(lab, early)
+
+        assert lab.play('rollout', 'rollout.yml', hook=xid_in_the_second_window) == 'failed'
+        run = lab.runs['rollout']
+        assert len(windows) == 2, windows
+        failures = run['failures']
+        assert [f['task'] for f in failures] == [VERDICT], failures
+        msg = failures[0]['msg']
+        assert ': 1 of %d upgraded node(s) failed their re-gating: %s: metric gate: ' % (len(plan['canaries']) + 4, early) in msg, msg
+        assert 'Xid' in msg or 'xid' in msg, msg
+        rows = {r['node']: r for r in lab.node_view()}
+        # The node that failed the window: cordoned, recorded failed (a rerun does not skip it as done).
+        assert rows[early]['cordoned'] is True and rows[early]['state'] == 'failed', rows[early]
+        # The second batch passed its own gates and the window (only the earlier node failed it): done, in service.
+        for n in second:
+            assert rows[n]['state'] == 'done' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.TARGET_DRIVER
+        # Nothing after it started; the canaries stay isolated (the fleet's window did not pass).
+        for n in later:
+            assert started(run, n) == [] and rows[n]['state'] == '-' and rows[n]['driver'] == labenv.SOURCE_DRIVER
+        assert all(rows[c]['canary'] for c in plan['canaries'])
+        # Both windows in the evidence bundle, each a gate of its batch with its start and end.
+        bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
+        observed = sorted((g for g in bundle['gates'] if g['kind'] == 'observation'), key=lambda g: g['batch'])
+        index = [plan['batches'].index(batches[0]), plan['batches'].index(second)]
+        assert [(g['batch'], g['passed'], g['category']) for g in observed] == [
+            (index[0], True, 'monitoring'), (index[1], False, 'monitoring')], observed
+        assert observed[1]['result']['failed'] == {early: observed[1]['result']['failed'][early]}
+        assert observed[1]['result']['nodes'] == [n for n in plan['canaries'] + batches[0] + second]
+        assert all(g['started'] and g['finished'] and g['duration_s'] >= 8 for g in observed), observed
+    finally:
+        lab.stop()
