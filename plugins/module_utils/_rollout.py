@@ -339,6 +339,7 @@ def observation_window(window: Any, started: Any, now: Any) -> Dict[str, Any]:
         t0, t1 = float(started), float(now)
     except (TypeError, ValueError):
         raise RolloutError('started/now: %r, %r are not times in seconds' % (started, now))
+
     def at(ts: float) -> str:
         return rfc3339(datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc))
     return {'start': at(t0), 'end': at(t0 + seconds), 'started': t0, 'seconds': seconds,

@@ -338,7 +338,7 @@ def test_snapshot_rollback_after_kernel_and_driver_move(tmp_path, rpm_repo, run_
     altered.write_text(json.dumps(doc))
     before, rpm_before, env_before = root.digest(), root.installed(), grubenv.read_bytes()
     msg = failed(run(run_playbook, 'node_snapshot', {'state': 'restored', 'path': str(altered),
-                                                      'installroot': str(root.path)}))
+                                                     'installroot': str(root.path)}))
     assert msg.startswith('node_snapshot: %s: snapshot digest mismatch: recorded sha256 %s' % (altered, cap['sha256']))
     assert msg.endswith('nothing was restored')
     assert root.digest() == before and root.installed() == rpm_before and grubenv.read_bytes() == env_before

@@ -269,10 +269,10 @@ def test_node_without_series_fails_and_the_others_pass() -> None:
     sel = '{Hostname=~"gpu-7|gpu-8\\\\.example\\\\.com|gpu-9"}'
     answers = {
         'DCGM_FI_DEV_XID_ERRORS' + sel: (200, matrix(dcgm_series('gpu-7', '0', [0, 0, 0]), dcgm_series('gpu-7', '1', [0, 0, 0]),
-                                                      dcgm_series('gpu-9', '0', [0, 0, 0]))),
+                                                     dcgm_series('gpu-9', '0', [0, 0, 0]))),
         'DCGM_FI_DEV_GPU_TEMP' + sel: (200, matrix(dcgm_series('gpu-7', '0', [50, 51, 52]),
-                                                    dcgm_series('gpu-8.example.com', '0', [50, 50, 50]),
-                                                    dcgm_series('gpu-9', '0', [50, 50, 50]))),
+                                                   dcgm_series('gpu-8.example.com', '0', [50, 50, 50]),
+                                                   dcgm_series('gpu-9', '0', [50, 50, 50]))),
     }
     v = nodes_gate(answers, ['xid', 'temperature'], NODES)
     missing = ('dcgm_xid: no series of node gpu-8.example.com in the observation window '
@@ -291,9 +291,9 @@ def test_failed_nodes_attributes_series_problems_to_their_node() -> None:
     answers = {
         # gpu-7: Xid 79 on GPU 1; gpu-9: too few samples on GPU 0.
         'DCGM_FI_DEV_XID_ERRORS' + sel: (200, matrix(dcgm_series('gpu-7', '0', [0, 0, 0]), dcgm_series('gpu-7', '1', [0, 79, 79]),
-                                                      dcgm_series('gpu-9', '0', [0]))),
+                                                     dcgm_series('gpu-9', '0', [0]))),
         'DCGM_FI_DEV_GPU_TEMP' + sel: (200, matrix(dcgm_series('gpu-7', '0', [50, 50, 50]),
-                                                    dcgm_series('gpu-9', '0', [50, 50, 50]))),
+                                                   dcgm_series('gpu-9', '0', [50, 50, 50]))),
     }
     v = nodes_gate(answers, ['xid', 'temperature'], ['gpu-7', 'gpu-9'])
     assert v['failed_nodes'] == ['gpu-7', 'gpu-9']

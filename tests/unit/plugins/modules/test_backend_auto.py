@@ -78,6 +78,6 @@ def test_driver_pin_auto_follows_os_release(tmp_path, monkeypatch):
 def test_driver_pin_auto_without_the_tool_fails_cleanly(tmp_path, monkeypatch):
     tools(monkeypatch, APT_TOOLS)
     result = run_main(monkeypatch, driver_pin.main, {'packages': ['nvidia-driver'], 'version': '580.126.20',
-                                                      'installroot': rocky_root(tmp_path)})
+                                                     'installroot': rocky_root(tmp_path)})
     assert result['failed'] is True
     assert result['msg'] == 'the managed system is Rocky Linux 9.4 (RHEL family) but this node has no dnf'
