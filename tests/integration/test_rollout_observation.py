@@ -4,33 +4,25 @@ Prometheus scraping the DCGM stand-in): after each batch, rollout.yml holds the 
 first batch gets a new Xid 79 during the second batch's window, after it passed its own gates and returned
 to service: that window fails it, it is cordoned and recorded failed, the rollout stops before the next
 batch (whose nodes are untouched), the canaries stay isolated, and both windows are in the evidence
-bundle (the first passed, the second failed naming the node).
-
-The canaries are left as the canary playbook leaves them and the records are written directly
-(test_rollout_wiring does the same), so the rollout upgrades the other nodes.
+bundle (the first passed, the second failed naming the node). Set up as test_rollout_stop's lab.
 """
 from __future__ import annotations
 
 import datetime
 import json
 import pathlib
-import shutil
 import sys
-
-import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests'), str(REPO / 'tests' / 'integration')]
 
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
-from test_rollout_resume import approved_records  # noqa: E402
+import test_rollout_stop  # noqa: E402
 from test_rollout_stop import started  # noqa: E402
-from test_rollout_wiring import canaries_as_the_canary_playbook_leaves_them  # noqa: E402
+from test_rollout_wiring import past_the_canary  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
-                                reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
-
+pytestmark = test_rollout_stop.pytestmark     # the lab's skip condition
 WAIT = 'Observe | Wait for the window to end (bounded by its length)'
 VERDICT = 'Observe | Every upgraded node passed the window'
 
@@ -49,10 +41,7 @@ def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_st
               lab_vars={'gpufleet_batch_size': 2})
     lab.dir.mkdir()
     try:
-        lab.prepare()
-        plan = lab.plan()
-        approved_records(lab, plan)
-        canaries_as_the_canary_playbook_leaves_them(lab, plan)
+        plan = past_the_canary(lab)
         batches = [b for b in plan['batches'] if not set(b) & set(plan['canaries'])]
         assert len(batches) >= 3, plan['batches']
         early, second, later = batches[0][0], batches[1], [n for b in batches[2:] for n in b]

@@ -20,8 +20,7 @@ sys.path[:0] = [str(REPO / 'tests'), str(REPO / 'tests' / 'integration')]
 
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
-from test_rollout_resume import approved_records  # noqa: E402
-from test_rollout_wiring import canaries_as_the_canary_playbook_leaves_them  # noqa: E402
+from test_rollout_wiring import past_the_canary  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
                                 reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
@@ -42,10 +41,7 @@ def test_a_batch_runs_its_nodes_at_once_and_too_few_forks_are_refused(tmp_path):
         'gpufleet_batch_size': 6, 'gpufleet_max_unavailable': 8, 'gpufleet_failure_allowance': {'gpus': '20%'}})
     lab.dir.mkdir()
     try:
-        lab.prepare()
-        plan = lab.plan()
-        approved_records(lab, plan)
-        canaries_as_the_canary_playbook_leaves_them(lab, plan)
+        plan = past_the_canary(lab)
         batch = max(plan['batches'], key=len)
         assert len(batch) == 6 and not set(batch) & set(plan['canaries']), plan['batches']
 

@@ -26,8 +26,7 @@ sys.path[:0] = [str(REPO / 'tests'), str(REPO / 'tests' / 'integration')]
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record as R  # noqa: E402
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
-from test_rollout_resume import approved_records  # noqa: E402
-from test_rollout_wiring import canaries_as_the_canary_playbook_leaves_them  # noqa: E402
+from test_rollout_wiring import past_the_canary  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-deb') and shutil.which('apt-get')),
                                 reason='the lab needs gcc (stand-in NVML) and dpkg/apt (install roots)')
@@ -48,10 +47,7 @@ def lab(tmp_path_factory):
     lab = Lab(tmp_path_factory.mktemp('stop') / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver')
     lab.dir.mkdir()
     try:
-        lab.prepare()
-        lab.plan_doc = lab.plan()
-        approved_records(lab, lab.plan_doc)
-        canaries_as_the_canary_playbook_leaves_them(lab, lab.plan_doc)
+        lab.plan_doc = past_the_canary(lab)
         yield lab
     finally:
         lab.stop()

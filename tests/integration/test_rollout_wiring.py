@@ -76,6 +76,16 @@ def canaries_as_the_canary_playbook_leaves_them(lab: Lab, plan: dict) -> None:
             'spec': {'taints': [{'key': S.CANARY_KEY, 'value': 'true', 'effect': 'NoSchedule'}]}})
 
 
+def past_the_canary(lab: Lab) -> dict:
+    """Start the lab and plan; leave the canaries and the approved records as canary.yml and the approval
+    do (the rollout then upgrades the other nodes). Returns the plan."""
+    lab.prepare()
+    plan = lab.plan()
+    approved_records(lab, plan)
+    canaries_as_the_canary_playbook_leaves_them(lab, plan)
+    return plan
+
+
 def dra_lab(tmp_path: pathlib.Path) -> tuple[Lab, dict]:
     lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver',
               lab_vars={'gpufleet_dra': True})
