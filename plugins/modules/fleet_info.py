@@ -29,7 +29,9 @@ options:
     type: str
     default: ''
   names:
-    description: Only these Nodes (after O(node_selector)). Empty means all.
+    description:
+      - Only these Nodes (after O(node_selector)). Empty means all.
+      - With one name, only that Node is read (a field selector), not every Node of the cluster.
     type: list
     elements: str
     default: []
@@ -159,7 +161,11 @@ def main() -> None:
             if p[field]:  # {} skips it (a null cannot be told from the default)
                 _fleet.validate_resource(0, p[field])
         k8s = module.client
-        query = {'labelSelector': p['node_selector']} if p['node_selector'] else None
+        query = {'labelSelector': p['node_selector']} if p['node_selector'] else {}
+        if len(set(p['names'])) == 1:
+            # One node (the rollout's failure path reads the failed node's kubelet): read that node only, not
+            # every Node of the cluster (issue 18: no read inside a node's phases grows with the fleet).
+            query['fieldSelector'] = 'metadata.name=%s' % p['names'][0]
         nodes = [_fleet.node_facts(n) for n in k8s.list_all(path_for('v1', 'nodes'), query)]
         if p['names']:
             wanted = set(p['names'])

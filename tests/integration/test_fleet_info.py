@@ -1,0 +1,29 @@
+"""fleet_info on the real control plane: one named node is read alone (a field selector), not every Node of
+the cluster (issue 18); a name that is not in the pool is a clear error."""
+from __future__ import annotations
+
+from cluster import fixtures as f
+from k8s_support import play
+
+
+def info_task(ignore_errors: bool = False, **args) -> dict:
+    task = {'name': 'info', 'gpufleet.upgrade.fleet_info': dict({'gpu_operator': {}, 'dcgm_exporter': {}}, **args),
+            'register': 'info'}
+    return dict(task, ignore_errors=True) if ignore_errors else task
+
+
+def test_one_named_node_is_read_alone_and_a_missing_one_is_named(cluster, run_playbook):
+    cluster.apply([f.gpu_node('gpu-a'), f.gpu_node('gpu-b'), f.node('cpu-c')])
+    cluster.clear_requests()
+    res = run_playbook(play(cluster, info_task(names=['gpu-b'], node_selector='nvidia.com/gpu.present=true'))).result('info')
+    assert [n['name'] for n in res['nodes']] == ['gpu-b'] and res['nodes'][0]['gpus'] == 8
+    lists = [r['query'] for r in cluster.requests if r['verb'] == 'GET' and r['path'] == '/api/v1/nodes']
+    assert [(q.get('fieldSelector'), q.get('labelSelector')) for q in lists] == [
+        ('metadata.name=gpu-b', 'nvidia.com/gpu.present=true')]
+    # several names: the pool is listed once and filtered
+    res = run_playbook(play(cluster, info_task(names=['gpu-b', 'gpu-a']))).result('info')
+    assert [n['name'] for n in res['nodes']] == ['gpu-a', 'gpu-b']
+    # a name outside the pool (here: not a GPU node) fails, naming it
+    res = run_playbook(play(cluster, info_task(True, names=['cpu-c'], node_selector='nvidia.com/gpu.present=true'))).result('info')
+    assert res['_event'] == 'runner_on_failed' and res['msg'] == 'names: no such node in the pool: cpu-c'
+    assert cluster.mutating_requests() == []
