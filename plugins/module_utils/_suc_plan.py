@@ -339,6 +339,21 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
 
 
 # ------------------------------------------------------------------------------- applying
+# A Plan whose node finished (``wait_for_plan`` done) is labelled COMPLETE_LABEL=<its version>, and
+# the check "no other RKE2 upgrade unfinished" lists only the Plans without that label: the list is
+# the Plans in flight, not every node upgraded so far (one list per node would otherwise read N^2/2
+# Plans over a pool of N; issue 18). Rewriting a Plan's spec removes the label in the same patch.
+COMPLETE_LABEL = 'gpufleet.io/rke2-complete'
+
+
+UNFINISHED_SELECTOR = 'app.kubernetes.io/managed-by=%s,!%s' % (MANAGED_BY, COMPLETE_LABEL)
+
+
+def complete_mark(version: str) -> str:
+    """The label value for a Plan finished at ``version`` (``+`` is not allowed in a label value)."""
+    return version.replace('+', '-')
+
+
 def plan_path(namespace: str, name: str) -> str:
     return '/apis/upgrade.cattle.io/v1/namespaces/%s/plans/%s' % (namespace, name)
 
@@ -388,6 +403,10 @@ def _desired_patch(existing: Dict[str, Any], plan: Dict[str, Any]) -> Optional[D
     spec = merge_patch(existing.get('spec') or {}, plan['spec'])
     if spec is not None:
         patch['spec'] = spec
+    mark = (meta.get('labels') or {}).get(COMPLETE_LABEL)
+    if mark is not None and (spec is not None or mark != complete_mark(plan['spec']['version'])):
+        # A Plan rewritten for another version (or someone else's mark) is unfinished again: unmark it.
+        patch.setdefault('metadata', {}).setdefault('labels', {})[COMPLETE_LABEL] = None
     return patch or None
 
 
@@ -459,6 +478,7 @@ class PlanProgress:
     failed: Optional[str]
     summary: str
     kubelet_version: Optional[str] = None
+    marked: Optional[str] = None  # the Plan's COMPLETE_LABEL as read
 
     def as_dict(self) -> Dict[str, Any]:
         return {'done': self.done, 'failed': self.failed, 'summary': self.summary,
@@ -491,6 +511,7 @@ def plan_progress(plan: Optional[Dict[str, Any]], node: Optional[Dict[str, Any]]
     phash = status.get('latestHash')
     labelled = bool(phash) and ((node.get('metadata') or {}).get('labels') or {}).get(PLAN_LABEL_PREFIX + name) == phash
     complete = _condition(plan, 'Complete')
+    marked = ((plan.get('metadata') or {}).get('labels') or {}).get(COMPLETE_LABEL)
     applying = status.get('applying') or []
     summary = ('Plan %s: Complete=%s%s, latestVersion %s, applying %s; node %s kubeletVersion %s'
                % (name, complete.get('status', 'Unknown'),
@@ -501,7 +522,7 @@ def plan_progress(plan: Optional[Dict[str, Any]], node: Optional[Dict[str, Any]]
         return PlanProgress(False, 'the upgrade Job failed: %s' % (complete.get('message') or 'JobFailed'), summary,
                             kubelet)
     if latest_ok and complete.get('status') == 'True' and at_target and labelled:
-        return PlanProgress(True, None, summary, kubelet)
+        return PlanProgress(True, None, summary, kubelet, marked)
     if latest_ok and complete.get('status') == 'True' and not labelled and not at_target and node_name not in applying:
         return PlanProgress(False, 'the Plan completed without upgrading node %s: its node selector does not match '
                             'the node (is node_upgrade_rke2_role right for it?)' % node_name, summary, kubelet)
@@ -556,13 +577,15 @@ class SequenceResult:
     summary); ``msg``: why it stopped before every Plan was done (None: all done); ``refused``: it
     stopped before writing anything, ``problems`` saying why; ``error``: the SucPlanError or
     K8sError that stopped it (``applied`` still holds the Plans written before it; ``problems`` the
-    error's problems)."""
+    error's problems); ``warnings``: a finished Plan that could not be marked complete (it is
+    listed, and judged complete, by the next check: only its cost grows)."""
     applied: ApplyResult
     waited: List[Dict[str, Any]] = field(default_factory=list)
     msg: Optional[str] = None
     refused: bool = False
     problems: List[str] = field(default_factory=list)
     error: Optional[Exception] = None
+    warnings: List[str] = field(default_factory=list)
 
 
 def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str, target_rke2: str,
@@ -579,8 +602,9 @@ def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str
     out = SequenceResult(applied=applied)
     if not plans:
         return out
+    # Plans marked complete are left out of the list (they were complete when marked; a rewrite unmarks).
     busy = unfinished_plans(client.list_all('/apis/upgrade.cattle.io/v1/namespaces/%s/plans' % namespace,
-                                            {'labelSelector': 'app.kubernetes.io/managed-by=%s' % MANAGED_BY}),
+                                            {'labelSelector': UNFINISHED_SELECTOR}),
                             [pl['metadata']['name'] for pl in plans])
     if busy:
         out.refused, out.problems = True, busy
@@ -610,6 +634,16 @@ def apply_one_at_a_time(client: Any, plans: List[Dict[str, Any]], namespace: str
             out.msg = 'RKE2 Plan %s for node %s: %s. %s.' % (
                 plan['metadata']['name'], node, progress.failed, RECOVERY_HINT)
             return out
+        mark = complete_mark(plan['spec']['version'])
+        if progress.marked != mark:
+            try:
+                client.patch(plan_path(plan['metadata']['namespace'], plan['metadata']['name']),
+                             {'metadata': {'labels': {COMPLETE_LABEL: mark}}})
+                applied.changed = True
+            except K8sError as exc:
+                out.warnings.append('RKE2 Plan %s for node %s finished, but labelling it %s=%s failed (%s): the '
+                                    'next node lists it again' % (plan['metadata']['name'], node, COMPLETE_LABEL,
+                                                                  mark, exc))
     return out
 
 

@@ -37,7 +37,10 @@ description:
     the target version, its node carries the controller's C(plan.upgrade.cattle.io/<plan>) label with the
     Plan's C(latestHash), and the Node's C(status.nodeInfo.kubeletVersion) is the target; only then is the
     next Plan written. No Plan is written while another gpufleet-managed Plan in the namespace is
-    unfinished (not C(Complete) for its version), so there is one RKE2 upgrade at a time. A failed upgrade
+    unfinished (not C(Complete) for its version), so there is one RKE2 upgrade at a time. A Plan whose node
+    finished is labelled C(gpufleet.io/rke2-complete=<version>) and that check lists only the Plans without the
+    label (the Plans in flight, not every node upgraded so far); rewriting a Plan's spec removes the label. A
+    Plan edited by hand after it finished keeps it: remove the label then. A failed upgrade
     Job (C(Complete=False), reason C(JobFailed)), a Plan that completed without selecting its node, or the
     deadline fail the task; nothing is rolled back (RKE2 is not downgraded). A Plan it may not change (not
     gpufleet-managed) or an API error fails it too; the failure result still lists the Plans written before in
@@ -352,6 +355,8 @@ def main() -> None:
                 # One Plan at a time: write it, wait for its node, then the next.
                 sequence = apply_one_at_a_time(module.client, result.plans, p['namespace'], p['target_rke2'],
                                                p['wait_timeout'], p['wait_interval'])
+                for warning in sequence.warnings:
+                    module.warn(warning)
                 if sequence.refused:
                     module.fail_json(msg=sequence.msg, problems=sequence.problems, **out)
                 applied = sequence.applied

@@ -165,6 +165,19 @@ def test_wait_applies_one_plan_at_a_time_until_the_kubelet_runs_the_target(emu, 
     posts = [i for i, r in enumerate(emu.requests) if r['verb'] == 'POST']
     reads_between = [r['path'] for r in emu.requests[posts[0]:posts[1]] if r['path'].endswith('/nodes/gpu-a-02')]
     assert len(posts) == 2 and reads_between
+    # Each finished Plan is marked, and the check before the next Plan lists only the unmarked ones (issue 18).
+    for name in ('gpu-a-01', 'gpu-a-02'):
+        plan = emu.get('upgrade.cattle.io/v1', 'Plan', 'gpufleet-rke2-agent-' + name, 'system-upgrade')
+        assert plan['metadata']['labels']['gpufleet.io/rke2-complete'] == 'v1.36.1-rke2r1'
+    lists = [r for r in emu.requests if r['verb'] == 'GET' and r['path'].endswith('/namespaces/system-upgrade/plans')]
+    assert len(lists) == 1 and 'gpufleet.io/rke2-complete' in str(lists[0]['query'])
+    assert [r['verb'] for r in emu.requests if r['verb'] not in ('GET', 'POST')] == ['PATCH', 'PATCH']
+    # Another run with the same Plans writes nothing, and its check lists no Plan: both are finished.
+    emu.clear_requests()
+    with SucStandIn(emu, delay=0.2):
+        again = run_playbook(_present_play(emu, args)).result('apply')
+    assert again['_event'] == 'runner_on_ok' and again['changed'] is False, again.get('msg')
+    assert emu.mutating_requests() == []
     # Reads the Plans and the Node besides its own Plan role: the reader role covers the Node.
     assert R.violations('gpufleet-upgrade-rke2-plans', [r for r in emu.requests if '/plans' in r['path']]) == []
     assert R.violations('gpufleet-upgrade-reader', [r for r in emu.requests if '/plans' not in r['path']]) == []

@@ -254,7 +254,12 @@ class FakePlanClient:
         self.writes.append(('PATCH', path, patch))
         obj = self.store[path]
         for part in ('labels', 'annotations'):
-            obj['metadata'].setdefault(part, {}).update((patch.get('metadata') or {}).get(part) or {})
+            have = obj['metadata'].setdefault(part, {})
+            for key, value in ((patch.get('metadata') or {}).get(part) or {}).items():
+                if value is None:
+                    have.pop(key, None)
+                else:
+                    have[key] = value
         if 'spec' in patch:
             obj['spec'] = _apply_merge(obj['spec'], patch['spec'])
 
@@ -426,10 +431,22 @@ class _SequenceClient(FakePlanClient):
         super().__init__(objs)
         self.fail = set(fail)
         self.events = []
+        self.broken_patch = False
 
     def list_all(self, path, query=None):
-        self.events.append(('LIST', path, (query or {}).get('labelSelector')))
-        return [copy.deepcopy(o) for p, o in sorted(self.store.items()) if p.startswith(path + '/')]
+        selector = (query or {}).get('labelSelector')
+        self.events.append(('LIST', path, selector))
+        # the two terms the code sends: key=value and !key
+        terms = [t.split('=', 1) if '=' in t else (t, None) for t in (selector or '').split(',') if t]
+        return [copy.deepcopy(o) for p, o in sorted(self.store.items()) if p.startswith(path + '/')
+                and all((o['metadata'].get('labels') or {}).get(k.lstrip('!')) == v if not k.startswith('!')
+                        else k[1:] not in (o['metadata'].get('labels') or {}) for k, v in terms)]
+
+    def patch(self, path, body):
+        self.events.append(('MARK', path.rsplit('/', 1)[1], body))
+        if self.broken_patch:
+            raise K8sError('PATCH %s: 503 Service Unavailable' % path, status=503, method='PATCH', path=path)
+        self.store[path]['metadata'].setdefault('labels', {}).update(body['metadata']['labels'])
 
     def post(self, path, body):
         self.events.append(('POST', body['metadata']['name']))
@@ -467,16 +484,56 @@ def test_sequence_writes_each_plan_after_the_previous_node_is_done():
     out = _sequence(client, _two_plans())
     assert out.msg is None and not out.refused and out.problems == []
     assert client.events[0] == ('LIST', '/apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans',
-                                'app.kubernetes.io/managed-by=gpufleet.upgrade')
-    # The agent's Plan is written only once the server's node runs the target.
+                                'app.kubernetes.io/managed-by=gpufleet.upgrade,!gpufleet.io/rke2-complete')
+    # The agent's Plan is written only once the server's node runs the target; each finished Plan is marked.
+    mark = {'metadata': {'labels': {'gpufleet.io/rke2-complete': 'v1.36.1-rke2r1'}}}
     assert [e for e in client.events if e[0] != 'LIST'] == [
-        ('POST', 'gpufleet-rke2-server-cp-1'), ('GET node', 'cp-1'),
-        ('POST', 'gpufleet-rke2-agent-g-1'), ('GET node', 'g-1')]
+        ('POST', 'gpufleet-rke2-server-cp-1'), ('GET node', 'cp-1'), ('MARK', 'gpufleet-rke2-server-cp-1', mark),
+        ('POST', 'gpufleet-rke2-agent-g-1'), ('GET node', 'g-1'), ('MARK', 'gpufleet-rke2-agent-g-1', mark)]
+    assert out.warnings == []
     assert out.applied.changed and [a['action'] for a in out.applied.applied] == ['created', 'created']
     assert sorted(out.applied.after) == ['system-upgrade/gpufleet-rke2-agent-g-1',
                                          'system-upgrade/gpufleet-rke2-server-cp-1']
     assert [(w['name'], w['node'], w['done'], w['kubelet_version']) for w in out.waited] == [
         ('gpufleet-rke2-server-cp-1', 'cp-1', True, TGT), ('gpufleet-rke2-agent-g-1', 'g-1', True, TGT)]
+
+
+def test_sequence_lists_only_unmarked_plans_and_a_rewrite_unmarks():
+    client = _SequenceClient()
+    assert _sequence(client, _two_plans()).msg is None
+    # The next node's check lists neither finished Plan; a rerun of the same Plans writes nothing.
+    client.events.clear()
+    client.writes.clear()
+    out = _sequence(client, _two_plans())
+    assert out.msg is None and not out.applied.changed and client.writes == []
+    assert [e for e in client.events if e[0] in ('LIST', 'MARK')] == [
+        ('LIST', '/apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans', S.UNFINISHED_SELECTOR)]
+    assert client.list_all('/apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans',
+                           {'labelSelector': S.UNFINISHED_SELECTOR}) == []
+    # A Plan rewritten for another version loses the mark in the same patch: unfinished again, and listed.
+    newer = render_plans(nodes=[{'name': 'g-1', 'role': 'agent'}], target_rke2='v1.36.2+rke2r1', current_rke2=TGT,
+                         server_plan='gpufleet-rke2-server-cp-1').plans
+    existing = client.store[plan_path('system-upgrade', 'gpufleet-rke2-agent-g-1')]
+    patch = S._desired_patch(existing, newer[0])
+    assert patch['metadata']['labels'] == {'gpufleet.io/rke2-complete': None}
+    assert patch['spec']['version'] == 'v1.36.2+rke2r1'
+    # A mark that names another version than the spec's (set by hand) is removed, even with the spec unchanged.
+    assert S._desired_patch(dict(existing, metadata=dict(existing['metadata'], labels=dict(
+        existing['metadata']['labels'], **{'gpufleet.io/rke2-complete': 'v1.35.0-rke2r1'}))), _two_plans()[1]) == {
+        'metadata': {'labels': {'gpufleet.io/rke2-complete': None}}}
+    assert S._desired_patch(existing, _two_plans()[1]) is None
+
+
+def test_sequence_a_failed_mark_is_a_warning_not_a_failure():
+    client = _SequenceClient()
+    client.broken_patch = True
+    out = _sequence(client, _two_plans())
+    assert out.msg is None and out.error is None and [w['done'] for w in out.waited] == [True, True]
+    assert out.warnings == [
+        'RKE2 Plan gpufleet-rke2-%s for node %s finished, but labelling it gpufleet.io/rke2-complete=v1.36.1-rke2r1 '
+        'failed (PATCH /apis/upgrade.cattle.io/v1/namespaces/system-upgrade/plans/gpufleet-rke2-%s: 503 Service '
+        'Unavailable): the next node lists it again' % (role, node, role) for role, node in
+        (('server-cp-1', 'cp-1'), ('agent-g-1', 'g-1'))]
 
 
 def test_sequence_stops_at_the_first_plan_that_fails():
@@ -488,6 +545,7 @@ def test_sequence_stops_at_the_first_plan_that_fails():
     assert ('POST', 'gpufleet-rke2-agent-g-1') not in client.events          # the next Plan is not written
     assert [a['name'] for a in out.applied.applied] == ['gpufleet-rke2-server-cp-1']
     assert [(w['node'], w['done']) for w in out.waited] == [('cp-1', False)]
+    assert not [e for e in client.events if e[0] == 'MARK']                  # a failed Plan is never marked
 
 
 def test_sequence_refuses_while_another_upgrade_is_unfinished():
