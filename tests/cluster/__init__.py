@@ -1,9 +1,15 @@
 """A real Kubernetes control plane for the tests, the molecule scenarios and the lab (test support,
 not shipped): etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK, built from
 their Go modules (tests/cluster/go), with a fault-injecting proxy in front. See README.md here."""
+import pathlib
+
+import yaml
+
 from .client import ApiClient, ApiError, Cluster
 from .controlplane import ControlPlane, ControlPlaneError
 from .faultproxy import FaultProxy, Faults
+
+RBAC_DIR = pathlib.Path(__file__).resolve().parents[2] / 'docs' / 'rbac'
 
 __all__ = ['ApiClient', 'ApiError', 'Cluster', 'ControlPlane', 'ControlPlaneError', 'FaultProxy', 'Faults',
            'start_cluster']
@@ -18,4 +24,13 @@ def start_cluster(workdir, log=None):  # type: ignore[no-untyped-def]
     except BaseException:
         cp.stop()
         raise
-    return cp, proxy, Cluster(cp, proxy)
+    cluster = Cluster(cp, proxy)
+    # The collection's namespace, as production creates it (docs/rbac/gpufleet-system-namespace.yml): the roles'
+    # default snapshot store keeps the rollback snapshots there (snapshot_store). Namespaces outlive reset().
+    try:
+        cluster.apply([yaml.safe_load((RBAC_DIR / 'gpufleet-system-namespace.yml').read_text())], settle=False)
+    except BaseException:
+        proxy.stop()
+        cp.stop()
+        raise
+    return cp, proxy, cluster

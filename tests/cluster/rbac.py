@@ -19,7 +19,7 @@ READ_VERBS = ('get', 'list', 'watch')
 # the service account each role's tests run as (gpufleet-upgrade is the one bindings-example.yml binds)
 SERVICE_ACCOUNTS = {'gpufleet-upgrade-reader': 'reader', 'gpufleet-upgrade-workload-gate': 'workload-gate',
                     'gpufleet-upgrade-rke2-plans': 'rke2-plans', 'gpufleet-upgrade-operator': 'operator',
-                    'gpufleet-upgrade-gpu-operator': 'gpu-operator'}
+                    'gpufleet-upgrade-gpu-operator': 'gpu-operator', 'gpufleet-upgrade-snapshots': 'snapshots'}
 
 
 def user(sa: str, namespace: str = SA_NAMESPACE) -> str:

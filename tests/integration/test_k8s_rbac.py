@@ -148,3 +148,27 @@ def test_who_may_stop_a_rollout_the_stop_role_and_the_reader(cluster, run_playbo
     finally:  # a switch left behind would stop every later rollout on this control plane
         for name in ('gpufleet-stop', 'other'):
             cluster.delete('v1', 'ConfigMap', name, 'gpufleet-system')
+
+
+def test_snapshot_store_with_the_example_bindings_in_gpufleet_system_only(cluster, run_playbook, tmp_path):
+    """Issue 17: docs/rbac/bindings-example.yml binds gpufleet-upgrade-snapshots with a RoleBinding in gpufleet-system:
+    the rollout's identity keeps and fetches snapshots there, and reads no Secret of any other namespace."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
+    load(cluster)
+    kubeconfig = rbac.apply_example_bindings(cluster)
+    role = R.module_roles()['snapshot_store']
+    assert role == 'gpufleet-upgrade-snapshots'
+    path = tmp_path / 'gpu-1--driver_580.130.00.json'
+    doc = sn.make_document({'packages': {}, 'pins': {}, 'holds': [], 'boot': {}})
+    path.write_text(sn.dump_document(doc))
+    args = {'node': S.NODE, 'target': {'driver': '580.130.00'}, 'path': str(path)}
+    mark = cluster.audit_mark()
+    reqs = _run(cluster, run_playbook, kubeconfig, {'gpufleet.upgrade.snapshot_store': dict(args, state='stored')})
+    path.unlink()
+    reqs += _run(cluster, run_playbook, kubeconfig, {'gpufleet.upgrade.snapshot_store': dict(
+        args, state='fetched', sha256=doc['sha256'])})
+    assert path.exists()
+    assert R.violations(role, reqs) == []
+    assert rbac.refused(cluster.audit_events(since=mark, user=rbac.user('gpufleet-upgrade'))) == []
+    cp = kubectl(As(kubeconfig), '-n', 'default', 'get', 'secrets', check=False)
+    assert cp.returncode != 0 and 'forbidden' in cp.stderr.lower()

@@ -67,6 +67,9 @@ def test_a_recorded_snapshot_missing_here_fails_before_anything_is_drained(clust
                        'drained')
     assert check['_event'] == 'runner_on_failed'
     assert 'records the rollback snapshot sha256 ' + 'ab' * 32 in check['msg'] and 'is missing' in check['msg']
+    # the cluster was asked first (issue 17: the snapshot_store copy) and had none
+    assert 'and the cluster has none: no snapshot of node %s for target %s' % (S.NODE, KEY) in check['msg'], check['msg']
+    assert 'the Secret does not exist' in check['msg']
     assert not any(r['path'].endswith('/eviction') for r in cluster.requests)
     assert cluster.get('v1', 'Node', S.NODE)['spec']['unschedulable'] is True
     assert annotations(cluster)[U.ANN_STATE] == 'failed'

@@ -22,6 +22,7 @@ chained over reruns of the same lab, cheap on 2 cores:
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import sys
@@ -131,7 +132,11 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
 
         runs = []
         kills = [(victim,) + k for k in VICTIM_KILLS] + [(fault,) + k for k in FAULT_KILLS]
-        for node, phase, prefix, recorded in kills:
+        snapshots = lab.dir / 'snapshots'
+        for i, (node, phase, prefix, recorded) in enumerate(kills):
+            if i:   # each rerun is an AWX relaunch (issue 17): a fresh controller, no snapshot directory
+                shutil.rmtree(snapshots)
+                snapshots.mkdir()
             name = 'killed-%s-%s' % (node, phase)
             status = lab.play(name, 'rollout.yml', cancel_on=kill_at(lab, node, phase, prefix))
             runs.append(name)
@@ -151,6 +156,8 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
                 assert ANN_VMS not in ann
                 assert lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')['spec']['runStrategy'] == 'RerunOnFailure'
 
+        shutil.rmtree(snapshots)
+        snapshots.mkdir()
         final = lab.play('resumed-final', 'rollout.yml')
         runs.append('resumed-final')
         assert final == 'failed', lab.runs['resumed-final']
@@ -186,6 +193,18 @@ def test_killed_in_each_phase_resumes_to_the_uninterrupted_verdict(tmp_path):
         # The resumes skipped what the Node recorded: one snapshot and one install of the victim in all.
         for task in ('Snapshot | Capture', 'Install | The target kernel with the driver', 'Gates | Record the phase'):
             assert sum(len(task_events(lab.runs[r], victim, task)) for r in runs) == 1, task
+        # The snapshots came back from the cluster (snapshot_store's Secrets), verified against the digest each
+        # Node records: every rerun after the victim's snapshot fetched it into the empty directory, and the faulty
+        # node's rerun fetched its own, from which its rollback restored it (asserted above).
+        fetched = {n: sum(1 for r in runs for e in task_events(lab.runs[r], n, 'Progress | Fetch the snapshot')
+                          if e['changed']) for n in (victim, fault)}
+        assert fetched[victim] >= 4 and fetched[fault] >= 1, fetched
+        stored = {s['metadata']['annotations']['gpufleet.io/node']: s['metadata']['annotations']['gpufleet.io/snapshot-sha256']
+                  for s in lab.cluster.list('v1', 'Secret', 'gpufleet-system',
+                                            label_selector='app.kubernetes.io/managed-by=gpufleet.upgrade')}
+        assert set(stored) >= {fault} | {n for b in batches[:fault_batch] for n in b}, stored   # kept after done
+        (fault_file,) = snapshots.glob(fault + '--*.json')
+        assert json.loads(fault_file.read_text())['sha256'] == stored[fault]
         # The VM the drain stopped is started again with its exact previous run strategy; its record is gone.
         vm = lab.cluster.get(KV, 'VirtualMachine', 'vm-gpu', 'ml')
         assert vm['spec']['runStrategy'] == 'RerunOnFailure'

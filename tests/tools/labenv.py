@@ -285,12 +285,13 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
     """The identity the lab's playbooks run as: the ServiceAccount gpufleet-system/gpufleet-upgrade
     bound to the collection's ClusterRoles (docs/rbac) as docs/rbac/bindings-example.yml and the
     roles' own comments say (reader and operator cluster-wide, the SUC Plans role in the controller's
-    namespace), never cluster-admin. A token kubeconfig through the fault proxy, written to `path`."""
+    namespace, the snapshots role in gpufleet-system), never cluster-admin. A token kubeconfig
+    through the fault proxy, written to `path`."""
     import yaml
     ns, sa = OPERATOR_SA
     roles = {}
     bound = ('reader', 'operator') + (('gpu-operator',) if gpu_operator else ())
-    for name in bound + ('rke2-plans',):
+    for name in bound + ('rke2-plans', 'snapshots'):
         doc = yaml.safe_load((RBAC_DIR / ('gpufleet-upgrade-%s.yml' % name)).read_text())
         roles[name] = doc
     subject = [{'kind': 'ServiceAccount', 'name': sa, 'namespace': ns}]
@@ -304,6 +305,10 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
     objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
                  'metadata': {'name': 'gpufleet-upgrade-rke2-plans', 'namespace': 'system-upgrade'},
                  'roleRef': dict(ref, name='gpufleet-upgrade-rke2-plans'), 'subjects': subject})
+    # the rollback snapshots (snapshot_store's Secrets) in the collection's namespace only
+    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
+                 'metadata': {'name': 'gpufleet-upgrade-snapshots', 'namespace': ns},
+                 'roleRef': dict(ref, name='gpufleet-upgrade-snapshots'), 'subjects': subject})
     cluster.apply(objs, settle=False)
     return cluster.sa_kubeconfig(ns, sa, path=str(path), seconds=24 * 3600)
 
