@@ -378,12 +378,23 @@ def _key_text(key: Any) -> str:
 
 def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetime.datetime] = None
           ) -> Tuple[Dict[str, Any], bool]:
-    """Return (new bundle, changed). Entries with an existing key replace it; nodes merge field-wise."""
-    new = copy.deepcopy(bundle)
+    """Return (new bundle, changed). Entries with an existing key replace it; nodes merge field-wise.
+
+    ``bundle`` is not modified. The new bundle shares the entries it did not replace with ``bundle``
+    (entries are replaced whole, never changed in place), and ``changed`` is judged on the entries the
+    updates touched: the cost of a call grows with the bundle only by copying its top-level lists and
+    its node index, not by copying or serialising every entry (issue 18: a rollout calls this a few
+    times per node)."""
+    new = dict(bundle)
+    new['tuple'] = dict(bundle['tuple'])
+    changed = False
     for side in ('before', 'after'):
         t = _tuple(updates.get('tuple_' + side), 'tuple_' + side)
         if t is not None:
+            changed = changed or new['tuple'].get(side) != t
             new['tuple'][side] = t
+    if updates.get('nodes'):
+        new['nodes'] = dict(bundle['nodes'])
     for i, raw in enumerate(updates.get('nodes') or []):
         entry = node_entry(raw, i)
         old = new['nodes'].get(entry['name']) or {}
@@ -394,34 +405,40 @@ def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetim
                 merged['measured'] = True
             else:
                 del merged['measured']
+        changed = changed or entry['name'] not in new['nodes'] or merged != old
         new['nodes'][entry['name']] = merged
 
-    def upsert(listname: str, entries: List[Dict[str, Any]], keyfn: Any) -> None:
+    def upsert(listname: str, entries: List[Dict[str, Any]], keyfn: Any) -> bool:
+        if not entries:
+            return False
+        new[listname] = list(bundle[listname])
         index = {keyfn(e): n for n, e in enumerate(new[listname])}
+        touched = False
         for e in entries:
             k = keyfn(e)
             if k in index:
+                touched = touched or new[listname][index[k]] != e
                 new[listname][index[k]] = e
             else:
                 index[k] = len(new[listname])
                 new[listname].append(e)
+                touched = True
+        return touched
 
-    upsert('artifacts', [artifact_entry(r, i) for i, r in enumerate(updates.get('artifacts') or [])],
-           lambda e: (e['kind'], e['name']))
-    upsert('batches', [batch_entry(r, i) for i, r in enumerate(updates.get('batches') or [])], lambda e: e['index'])
-    new['batches'].sort(key=lambda e: e['index'])
-    upsert('gates', [gate_entry(r, i) for i, r in enumerate(updates.get('gates') or [])], lambda e: e['id'])
-    upsert('actions', [action_entry(r, i) for i, r in enumerate(updates.get('actions') or [])], lambda e: e['id'])
-    upsert('omitted', [omitted_entry(r, i) for i, r in enumerate(updates.get('omitted') or [])],
-           lambda e: _key_text(e['key']))
-    changed = _content(new) != _content(bundle)
+    changed = upsert('artifacts', [artifact_entry(r, i) for i, r in enumerate(updates.get('artifacts') or [])],
+                     lambda e: (e['kind'], e['name'])) or changed
+    if upsert('batches', [batch_entry(r, i) for i, r in enumerate(updates.get('batches') or [])], lambda e: e['index']):
+        changed = True
+        new['batches'].sort(key=lambda e: e['index'])
+    changed = upsert('gates', [gate_entry(r, i) for i, r in enumerate(updates.get('gates') or [])],
+                     lambda e: e['id']) or changed
+    changed = upsert('actions', [action_entry(r, i) for i, r in enumerate(updates.get('actions') or [])],
+                     lambda e: e['id']) or changed
+    changed = upsert('omitted', [omitted_entry(r, i) for i, r in enumerate(updates.get('omitted') or [])],
+                     lambda e: _key_text(e['key'])) or changed
     if changed:
         new['updated'] = rfc3339(now or utcnow())
     return new, changed
-
-
-def _content(bundle: Dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in bundle.items() if k != 'updated'}, sort_keys=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -107,6 +107,13 @@ options:
     description: Seconds to wait for the bundle's lock file.
     type: int
     default: 30
+  return_bundle:
+    description:
+      - Return the whole bundle after the update as RV(bundle). Off by default - a rollout calls this module a few
+        times per node, and a bundle of a 1,000-node pool is megabytes that Ansible would carry in every task result
+        and job event; RV(summary) says what it holds.
+    type: bool
+    default: false
 seealso:
   - module: gpufleet.upgrade.metric_gate
   - module: gpufleet.upgrade.gpu_gate
@@ -172,7 +179,7 @@ summary:
   type: dict
 bundle:
   description: The whole bundle after the update.
-  returned: success
+  returned: success, with O(return_bundle)
   type: dict
 """
 
@@ -200,6 +207,7 @@ def main():
             omitted=dict(type='list', elements='dict', default=[]),
             report=dict(type='path'),
             lock_timeout=dict(type='int', default=30),
+            return_bundle=dict(type='bool', default=False),
         ),
         supports_check_mode=True,
     )
@@ -251,7 +259,9 @@ def main():
     finally:
         if handle is not None:
             handle.close()
-    result = dict(changed=changed or report_changed, path=path, summary=summary(after), bundle=after)
+    result = dict(changed=changed or report_changed, path=path, summary=summary(after))
+    if p['return_bundle']:
+        result['bundle'] = after
     if p['report']:
         result['report'] = p['report']
     if module._diff:

@@ -77,6 +77,31 @@ def test_merge_is_idempotent_and_replaces_by_key() -> None:
     assert b['nodes']['gpu-1']['uid'] == 'u-1'   # the input is not mutated
 
 
+def test_merge_never_changes_its_input_and_judges_change_on_what_it_touched() -> None:
+    """Issue 18: merge no longer deep-copies or serialises the whole bundle; the input stays as it was, whatever
+    the update touches, and `changed` is the same as comparing the whole content."""
+    b = sample_bundle()
+    frozen = json.dumps(b, sort_keys=True)
+    updates = [
+        {'tuple_after': dict(AFTER, driver='580.130.01')},
+        {'nodes': [{'name': 'gpu-3', 'role': 'batch'}]},
+        {'nodes': [{'name': 'gpu-1', 'machine_id': 'm1'}]},                      # the same value: no change
+        {'artifacts': [{'kind': 'driver-package', 'name': 'nvidia-driver-580-server', 'sha256': 'b' * 64}]},
+        {'batches': [{'index': 2, 'nodes': ['gpu-3']}]},
+        {'batches': [{'index': 0, 'kind': 'canary', 'nodes': ['gpu-1'], 'started': at(0), 'finished': at(50)}]},
+        {'actions': [{'name': 'drain', 'node': 'gpu-1', 'batch': 0, 'started': at(1), 'finished': at(6)}]},
+        {'omitted': [{'key': {'pci': '10de:20b5/10de:1533'}, 'nodes': 3, 'reason': 'no spare node'}]},
+        {'gates': [], 'nodes': [], 'tuple_before': BEFORE},
+    ]
+    for update in updates:
+        after, changed = ev.merge(b, update, now=T0 + datetime.timedelta(hours=1))
+        assert json.dumps(b, sort_keys=True) == frozen, update
+        content = [{k: v for k, v in x.items() if k != 'updated'} for x in (b, after)]
+        assert changed is (content[0] != content[1]), update
+        assert (after['updated'] != b['updated']) is changed
+    assert [ev.merge(b, u)[1] for u in updates] == [True, True, False, True, True, False, True, True, False]
+
+
 @pytest.mark.parametrize('updates,message', [
     ({'gates': [{'name': 'g'}]}, r'gates\[0\] \(g\).passed is required'),
     ({'gates': [{'name': 'g', 'passed': 'maybe'}]}, r"gates\[0\] \(g\).passed: 'maybe' is not a boolean"),
