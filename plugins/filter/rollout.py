@@ -95,6 +95,11 @@ def observation_window(window: t.Any, started: t.Any, now: t.Any) -> t.Dict[str,
     return _call('observation_window', _rollout.observation_window, window, started, now)
 
 
+def observation_settings(plan: t.Dict[str, t.Any], default_window: t.Any,
+                         metric_gate: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
+    return _call('observation_settings', _rollout.observation_settings, plan, default_window, metric_gate)
+
+
 def observation_verdict(nodes: t.List[t.Dict[str, t.Any]], plan: t.Dict[str, t.Any], window: t.Dict[str, t.Any],
                         metric: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
     return _call('observation_verdict', _rollout.observation_verdict, nodes, plan, window, metric)
@@ -109,4 +114,5 @@ class FilterModule:
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
                 'plan_digest': plan_digest, 'forks_verdict': forks_verdict,
                 'rollback_time': rollback_time, 'activation': activation,
-                'observation_window': observation_window, 'observation_verdict': observation_verdict}
+                'observation_window': observation_window, 'observation_verdict': observation_verdict,
+                'observation_settings': observation_settings}

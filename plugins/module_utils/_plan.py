@@ -34,7 +34,10 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._duration import parse_seconds
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import PauseError, check_pauses
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
 
 __all__ = [
@@ -313,17 +316,61 @@ def _needs_upgrade(node: _Node, target: Dict[str, Any]) -> bool:
 # The planner
 
 
+def check_observation(value: Any, field: str = 'observation') -> Dict[str, Any]:
+    """The plan's observation settings (issue 16): {'window': a duration (optional: the run's
+    gpufleet_observation_window otherwise), 'queries': metric_gate queries run at the end of every stage's
+    window over the nodes upgraded so far (optional): the minimum traffic (count_expr, min_count) and the
+    control group (control) go here}. Validated as metric_gate validates them; returned as given."""
+    if value is None or value == {}:
+        return {}
+    if not isinstance(value, dict):
+        raise PlanInputError('%s: %r is not a mapping with window and/or queries' % (field, value))
+    unknown = sorted(k for k in value if k not in ('window', 'queries'))
+    if unknown:
+        raise PlanInputError('%s: unknown key(s) %s (window, queries)' % (field, ', '.join(unknown)))
+    out: Dict[str, Any] = {}
+    seconds = 15 * 60.0
+    if value.get('window') is not None:
+        try:
+            seconds = parse_seconds(value['window'], field + '.window')
+        except ValueError as exc:
+            raise PlanInputError(str(exc))
+        out['window'] = str(value['window'])
+    queries = value.get('queries')
+    if queries is not None:
+        if not isinstance(queries, list) or not queries:
+            raise PlanInputError('%s.queries: %r is not a non-empty list of metric_gate queries' % (field, queries))
+        window = _metric_gate.Window(0.0, seconds)
+        names = []
+        for i, raw in enumerate(queries):
+            try:
+                names.append(_metric_gate.parse_query(raw, i, window, 5).name)
+            except _metric_gate.MetricGateError as exc:
+                raise PlanInputError('%s.%s' % (field, exc))
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PlanInputError('%s.queries: duplicate name(s) %s' % (field, ', '.join(dupes)))
+        out['queries'] = [dict(q) for q in queries]
+    return out
+
+
 def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                canaries_per_combination: int = 1, batch_size: Any = '10%',
                max_unavailable: Any = '25%', failure_allowance: Optional[Dict[str, Any]] = None,
                combination_keys: Sequence[str] = DEFAULT_COMBINATION_KEYS,
                exclude: Sequence[str] = (), omitted_block: bool = True,
                single_node_pool_acknowledged: bool = False,
-               canaries_isolated: bool = True) -> Dict[str, Any]:
+               canaries_isolated: bool = True, pause_before: Sequence[int] = (),
+               observation: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Plan the rollout. Returns the plan dict; raises PlanInputError or PlanRefused."""
     # ---- inputs
     if not isinstance(nodes, (list, tuple)):
         raise PlanInputError('nodes: %r is not a list' % (nodes,))
+    try:
+        pauses = check_pauses(list(pause_before) if isinstance(pause_before, tuple) else pause_before)
+    except PauseError as exc:
+        raise PlanInputError(str(exc))
+    observed = check_observation(observation)
     target = dict(target or {})
     if isinstance(canaries_per_combination, bool) or not isinstance(canaries_per_combination, int) \
             or canaries_per_combination < 0:
@@ -517,6 +564,11 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
         cut('canary', canary_nodes)
     if todo and not problems:
         cut('rollout', rest)
+    if not problems:
+        try:
+            check_pauses(pauses, len(batches))
+        except PauseError as exc:
+            problems.append(str(exc))
 
     budget = {
         'pool_nodes': pool_nodes, 'pool_gpus': pool_gpus,
@@ -533,8 +585,12 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
             'max_unavailable': max_unavailable, 'failure_allowance': failure_allowance,
             'combination_keys': list(keys), 'exclude': exclude, 'omitted_block': omitted_block,
             'single_node_pool_acknowledged': single_node_pool_acknowledged,
-            'canaries_isolated': canaries_isolated,
+            'canaries_isolated': canaries_isolated, 'pause_before': pauses,
         },
+        # Batches (numbered from 1, as the summary numbers them) that wait for an approval before they start.
+        'pauses': pauses,
+        # The observation window's length and queries (minimum traffic, control group) after every stage.
+        'observation': observed,
         'combinations': combinations, 'canaries': canaries, 'omitted': omitted,
         'undersampled': undersampled,
         'excluded': [n.name for n in excluded], 'up_to_date': [n.name for n in up_to_date],
@@ -606,6 +662,14 @@ def render_summary(plan: Dict[str, Any]) -> str:
         '%s: %s' % (o['name'], o['reason']) for o in oos[:_SUMMARY_NAMES]) + (', …' if len(oos) > _SUMMARY_NAMES else '') + ')') if oos else ''))
     lines.append('- canaries %s' % ('stay isolated (out of service) until the rollout ends' if b['canaries_isolated']
                                     else 'return to service after the canary phase'))
+    obs = plan.get('observation') or {}
+    lines.append('- observation window after each stage: %s%s' % (
+        '`%s`' % obs['window'] if obs.get('window') else 'the run\'s `gpufleet_observation_window`',
+        '; re-gates every node upgraded so far with %s' % ', '.join(
+            '`%s` (%s)' % (q.get('name'), 'traffic >= %s' % q['min_count'] if q.get('count_expr') else
+                           'against the control group' if q.get('control') else 'against %s' % (
+                               'a baseline' if q.get('baseline') else 'a limit'))
+            for q in obs['queries']) if obs.get('queries') else ''))
     lines += ['', '## Matrix', '', '| combination | nodes | GPUs | canaries | source tuple(s) |', '|---|---|---|---|---|']
     for c in plan['combinations']:
         src = '; '.join(', '.join('%s %s' % (k, v) for k, v in sorted(s.items())) for s in c['source_tuples'])
@@ -623,6 +687,8 @@ def render_summary(plan: Dict[str, Any]) -> str:
               '| # | phase | nodes | out before | taken out | unavailable during (≤ max) | in service during | limited by |',
               '|---|---|---|---|---|---|---|---|']
     for s, names in zip(b['steps'], plan['batches']):
+        if s['batch'] in plan.get('pauses', ()):
+            lines.append('| ⏸ | pause | waits for an approval before batch %d starts | | | | | |' % s['batch'])
         lines.append('| %d | %s | %d: %s | %d | %d | %d + %d = %d ≤ %d | %d nodes, %d GPUs | %s%s |' % (
             s['batch'], s['phase'], s['nodes'], _md(_names(names)), s['out_of_service_before'],
             s['taken_out_of_service'], s['out_of_service_before'], s['taken_out_of_service'],

@@ -346,6 +346,50 @@ def observation_window(window: Any, started: Any, now: Any) -> Dict[str, Any]:
             'wait': max(0, int(math.ceil(t0 + seconds - t1)))}
 
 
+def observation_settings(plan: Any, default_window: Any, metric_gate: Any = None) -> Dict[str, Any]:
+    """What a stage's observation window runs (issue 16): the plan's ``observation`` (its window and its
+    metric_gate queries: minimum traffic, control group) over the run's ``default_window``
+    (gpufleet_observation_window) and metric gate settings (node_upgrade_metric_gate: its url and presets).
+    {'window' (a duration), 'seconds', 'queries' (the plan's), 'gate_queries' (the metric gate's own queries
+    and the plan's: what the window's metric gate runs with the presets), 'metric' (whether the window runs
+    the metric gate), 'source' (plan or run)}. RolloutError when the plan declares queries and no Prometheus url is set
+    (checked before anything moves: at the end of a window it would fail every upgraded node)."""
+    if not isinstance(plan, dict):
+        raise RolloutError('plan: %r is not a plan' % (plan,))
+    obs = plan.get('observation') or {}
+    if not isinstance(obs, dict):
+        raise RolloutError('plan.observation: %r is not a mapping (re-plan)' % (obs,))
+    metric_gate = metric_gate or {}
+    if not isinstance(metric_gate, dict):
+        raise RolloutError('node_upgrade_metric_gate: %r is not a mapping of metric_gate options' % (metric_gate,))
+    window = obs.get('window') or default_window
+    field = 'plan.observation.window' if obs.get('window') else 'gpufleet_observation_window'
+    try:
+        seconds = parse_seconds(window, field)
+    except ValueError as exc:
+        raise RolloutError(str(exc))
+    queries = list(obs.get('queries') or [])
+    if queries and not metric_gate.get('url'):
+        raise RolloutError('the plan declares observation queries (%s) but node_upgrade_metric_gate has no url: set '
+                           'node_upgrade_metric_gate.url to the Prometheus that holds them'
+                           % ', '.join(str(q.get('name')) for q in queries if isinstance(q, dict)))
+    # The window's metric gate runs the node gate's own queries (node_upgrade_metric_gate.queries) and the plan's.
+    own = list(metric_gate.get('queries') or [])
+    names = [q.get('name') for q in own + queries if isinstance(q, dict)]
+    dupes = sorted({str(n) for n in names if names.count(n) > 1})
+    if dupes:
+        raise RolloutError('observation queries: %s named both in node_upgrade_metric_gate.queries and in the plan\'s '
+                           'observation.queries: rename one' % ', '.join(dupes))
+    return {'window': str(window), 'seconds': seconds, 'queries': queries, 'gate_queries': own + queries,
+            'metric': bool(metric_gate) or bool(queries), 'source': 'plan' if obs.get('window') else 'run'}
+
+
+def _short_of_traffic(query: Dict[str, Any]) -> bool:
+    count = query.get('count') or {}
+    return bool(count) and (count.get('value') is None or
+                            (count.get('min') is not None and count['value'] < count['min']))
+
+
 def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], window: Dict[str, Any],
                         metric: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The verdict at the end of an observation window (issue 16) over every node of the plan upgraded
@@ -355,8 +399,11 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
     kernel or RKE2 than the target's (it changed underneath), or when the metric gate failed it (a
     health series over the limit, or its DCGM series missing: its monitoring is lost).
 
+    A window whose only failed metric queries had too little traffic (count_expr under min_count, or no
+    value) is inconclusive: not passed, but no node is failed by it (``inconclusive`` names the queries).
+
     {'nodes', 'window', 'failed': {node: [reasons]}, 'problems' (one line a failed node), 'passed', 'msg',
-    'metric' (the gate's message or None)}."""
+    'metric' (the gate's message or None), 'inconclusive' (query names)}."""
     if not isinstance(plan, dict) or not isinstance(plan.get('target'), dict) or not plan['target']:
         raise RolloutError('plan: has no target tuple')
     if not isinstance(nodes, (list, tuple)) or not all(isinstance(n, dict) for n in nodes):
@@ -383,16 +430,29 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
         if reasons:
             failed[name] = reasons
     metric_msg = None
+    inconclusive: List[str] = []
     if metric:
         metric_msg = metric.get('msg')
-        listed = list(metric.get('failed_nodes') or [])
-        if not metric.get('passed', False) and not listed:
-            listed = list(upgraded)      # a failure not tied to a node (Prometheus unreachable): all of them
-        for name in listed:
-            if name in upgraded:
-                failed.setdefault(name, []).append('metric gate: %s' % (metric_msg or 'failed'))
+        failing = [q for q in (metric.get('queries') or []) if isinstance(q, dict) and q.get('critical', True)
+                   and not q.get('passed', True)]
+        if not metric.get('passed', False) and failing and all(_short_of_traffic(q) for q in failing):
+            # Too little traffic in the window (count_expr under min_count): it proves nothing either way.
+            # The rollout stops, and no node is blamed for it.
+            inconclusive = [str(q.get('name')) for q in failing]
+        else:
+            listed = list(metric.get('failed_nodes') or [])
+            if not metric.get('passed', False) and not listed:
+                listed = list(upgraded)      # a failure not tied to a node (Prometheus unreachable): all of them
+            for name in listed:
+                if name in upgraded:
+                    failed.setdefault(name, []).append('metric gate: %s' % (metric_msg or 'failed'))
     where = 'observation window %s..%s (%s s)' % (window.get('start'), window.get('end'), window.get('seconds'))
-    if failed:
+    if inconclusive and not failed:
+        msg = ('%s: inconclusive, too little traffic in the window (%s): it proves nothing about the %d upgraded '
+               'node(s), so the rollout stops before the next stage; no node is cordoned. Rerun when the traffic '
+               'is back (the next stage\'s window re-gates every upgraded node), or re-plan with another minimum'
+               % (where, metric_msg, len(upgraded)))
+    elif failed:
         msg = ('%s: %d of %d upgraded node(s) failed their re-gating: %s. They are cordoned and the rollout stops; '
                'roll them back with gpufleet.upgrade.rollback' % (
                    where, len(failed), len(upgraded), '; '.join('%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items()))))
@@ -400,5 +460,7 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
         msg = '%s: all %d upgraded node(s) passed their re-gating (%s)' % (
             where, len(upgraded), 'node state and kubelet versions' + (', metric gate' if metric else ''))
     problems = ['%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items())]
-    return {'nodes': upgraded, 'window': dict(window), 'failed': failed, 'problems': problems, 'passed': not failed,
-            'msg': msg, 'metric': metric_msg}
+    if inconclusive:
+        problems.append('inconclusive: too little traffic (%s)' % ', '.join(inconclusive))
+    return {'nodes': upgraded, 'window': dict(window), 'failed': failed, 'problems': problems,
+            'passed': not failed and not inconclusive, 'msg': msg, 'metric': metric_msg, 'inconclusive': inconclusive}

@@ -111,6 +111,25 @@ options:
         service after the canary phase.
     type: bool
     default: true
+  pause_before:
+    description:
+      - Pause points - the batches (numbered from 1, as the plan's summary numbers them) that do not start before
+        someone approves them. The rollout waits, bounded, for each one's approval ConfigMap (see
+        M(gpufleet.upgrade.pause_approval_info)); the approval is bound to this plan's digest.
+      - A number that is not a batch of the plan refuses the plan.
+    type: list
+    elements: int
+    default: []
+  observation:
+    description:
+      - The observation window after each stage (the canaries, each batch), declared in the plan so that it is
+        reviewed with it. Keys C(window) (a duration; without it the run's C(gpufleet_observation_window)) and
+        C(queries) - M(gpufleet.upgrade.metric_gate) queries run at the end of every window over the nodes
+        upgraded so far, with the node presets. Declare the minimum traffic there (C(count_expr) and
+        C(min_count) - transactions, steps or job completions in the window; C($window) is the window) and the
+        control group on the previous driver (C(control)).
+      - Validated as M(gpufleet.upgrade.metric_gate) validates its queries; a bad one refuses the plan.
+    type: dict
 seealso:
   - plugin: gpufleet.upgrade.upgrade_plan
     plugin_type: filter
@@ -224,6 +243,18 @@ batches:
   type: list
   elements: list
   sample: [[gpu-01, gpu-21], [gpu-02, gpu-03, gpu-04, gpu-05]]
+pauses:
+  description: The pause points, O(pause_before) sorted - batch numbers (from 1) that wait for an approval.
+  returned: success
+  type: list
+  elements: int
+  sample: [3]
+observation:
+  description: The observation settings, O(observation) as validated (V({}) when not given).
+  returned: success
+  type: dict
+  sample: {window: 2h, queries: [{name: inference-traffic, expr: 'sum(rate(requests_total[5m]))', limit: 1e9,
+           direction: any, count_expr: 'sum(increase(requests_total[$window]))', min_count: 10000}]}
 batch_size:
   description: The resolved batch size.
   returned: success
@@ -288,6 +319,8 @@ def main() -> None:
             omitted_block=dict(type='bool', default=True),
             single_node_pool_acknowledged=dict(type='bool', default=False),
             canaries_isolated=dict(type='bool', default=True),
+            pause_before=dict(type='list', elements='int', default=[]),
+            observation=dict(type='dict'),
         ),
         supports_check_mode=True,
     )
@@ -299,7 +332,8 @@ def main() -> None:
             batch_size=p['batch_size'], max_unavailable=p['max_unavailable'], failure_allowance=fa,
             combination_keys=p['combination_keys'], exclude=p['exclude'], omitted_block=p['omitted_block'],
             single_node_pool_acknowledged=p['single_node_pool_acknowledged'],
-            canaries_isolated=p['canaries_isolated'])
+            canaries_isolated=p['canaries_isolated'], pause_before=p['pause_before'],
+            observation=p['observation'])
     except PlanInputError as exc:
         module.fail_json(msg=str(exc))
     except PlanRefused as exc:

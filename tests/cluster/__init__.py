@@ -25,10 +25,12 @@ def start_cluster(workdir, log=None):  # type: ignore[no-untyped-def]
         cp.stop()
         raise
     cluster = Cluster(cp, proxy)
-    # The collection's namespace, as production creates it (docs/rbac/gpufleet-system-namespace.yml): the roles'
-    # default snapshot store keeps the rollback snapshots there (snapshot_store). Namespaces outlive reset().
+    # The collection's namespaces, as production creates them (docs/rbac/gpufleet-*-namespace.yml): the roles'
+    # default snapshot store keeps the rollback snapshots in gpufleet-system (snapshot_store), the pause points'
+    # approvals are in gpufleet-approvals. Namespaces outlive reset().
     try:
-        cluster.apply([yaml.safe_load((RBAC_DIR / 'gpufleet-system-namespace.yml').read_text())], settle=False)
+        cluster.apply([yaml.safe_load((RBAC_DIR / name).read_text())
+                       for name in ('gpufleet-system-namespace.yml', 'gpufleet-approvals-namespace.yml')], settle=False)
     except BaseException:
         proxy.stop()
         cp.stop()

@@ -150,6 +150,56 @@ def test_who_may_stop_a_rollout_the_stop_role_and_the_reader(cluster, run_playbo
             cluster.delete('v1', 'ConfigMap', name, 'gpufleet-system')
 
 
+def test_who_may_approve_a_pause_point_the_approve_role_and_the_rollouts_reader(cluster, run_playbook):
+    """Issue 16, pause points: docs/rbac/gpufleet-upgrade-approve.yml, bound in gpufleet-approvals, lets its subject
+    create an approval; the rollout reads it with gpufleet-upgrade-approvals-reader bound there (get only, nothing
+    outside that namespace); neither the stop role (gpufleet-system) nor the reader can approve. The real authorizer
+    answers, and the audit log shows pause_approval_info made only GET requests."""
+    load(cluster)
+    cluster.apply([{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': 'gpufleet-approvals'}}], settle=False)
+    approver = As(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-approve', sa='approver', namespace='gpufleet-approvals'))
+    rollout = As(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-approvals-reader', sa='pauses',
+                                     namespace='gpufleet-approvals'))
+    stop = As(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-stop', sa='oncall', namespace='gpufleet-system'))
+    reader = As(rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader', sa='stop-reader'))
+    digest = 'sha256:' + 'ab12' * 16
+    name = 'gpufleet-approve-ab12ab12ab12-batch-2'
+    ns = ('-n', 'gpufleet-approvals')
+
+    def refused(who, *args):
+        cp = kubectl(who, *args, check=False)
+        return cp.returncode != 0 and 'forbidden' in cp.stderr.lower()
+
+    def pause(**args):
+        task = {'name': 'pause', 'ignore_errors': True,
+                'gpufleet.upgrade.pause_approval_info': dict({'plan_digest': digest, 'batch': 2}, **args)}
+        return run_playbook(play(rollout, task)).result('pause')
+
+    try:
+        mark = cluster.audit_mark()
+        res = pause(wait_timeout=1, wait_interval=0.3, fail_when_not_approved=True)
+        assert res['_event'] == 'runner_on_failed' and res['approved'] is False
+        assert res['msg'].startswith('batch 2 waits for its approval: create the ConfigMap gpufleet-approvals/%s' % name)
+        assert 'not approved within 1s' in res['msg']
+        for who in (stop, reader, rollout):
+            assert refused(who, *ns, 'create', 'configmap', name, '--from-literal=by=mallory')
+        kubectl(approver, *ns, 'create', 'configmap', name, '--from-literal=by=alice')
+        res = pause()
+        assert res['_event'] == 'runner_on_ok' and res['approved'] is True and res['approval']['approved_by'] == 'alice'
+        # an approval of another plan (another digest) approves nothing here
+        res = pause(plan_digest='sha256:' + 'cd34' * 16)
+        assert res['approved'] is False and res['approval']['name'] == 'gpufleet-approve-cd34cd34cd34-batch-2'
+        events = cluster.audit_events(since=mark, user=rbac.user('pauses'))
+        # the module's requests: GETs only; the one create in the log is this test's, refused above
+        assert events and {e['verb'] for e in events if e['verb'] != 'create'} == {'get'}
+        assert [(e['verb'], (e.get('responseStatus') or {}).get('code')) for e in events if e['verb'] != 'get'] == [
+            ('create', 403)]
+        # the rollout's reader reaches no ConfigMap outside the approvals' namespace
+        assert refused(rollout, '-n', 'gpufleet-system', 'get', 'configmap', 'gpufleet-stop')
+    finally:
+        cluster.delete('v1', 'ConfigMap', name, 'gpufleet-approvals')
+
+
 def test_snapshot_store_with_the_example_bindings_in_gpufleet_system_only(cluster, run_playbook, tmp_path):
     """Issue 17: docs/rbac/bindings-example.yml binds gpufleet-upgrade-snapshots with a RoleBinding in gpufleet-system:
     the rollout's identity keeps and fetches snapshots there, and reads no Secret of any other namespace."""

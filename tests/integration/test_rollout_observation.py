@@ -83,3 +83,41 @@ def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_st
         assert all(g['started'] and g['finished'] and g['duration_s'] >= 8 for g in observed), observed
     finally:
         lab.stop()
+
+
+TRAFFIC = {'name': 'traffic', 'expr': 'sum(DCGM_FI_DEV_GPU_TEMP)', 'limit': 1e9,
+           # the samples in the window stand for the requests served: far fewer than the minimum declared
+           'count_expr': 'sum(count_over_time(DCGM_FI_DEV_GPU_TEMP[$window]))', 'min_count': 1e9}
+
+
+def test_the_plans_observation_queries_run_in_the_window_and_too_little_traffic_stops_without_blame(tmp_path):
+    """The plan declares the window's length and a minimum traffic (plan.yml's gpufleet_observation, kept in the
+    plan file): the first batch's window runs that query with the node presets, finds far too little traffic, and
+    the window is inconclusive: the rollout stops before the next batch, and no node is cordoned or recorded
+    failed for it (the first batch's nodes are done and in service)."""
+    lab = Lab(tmp_path / 'lab', nodes=8, fault='none', stuck=[], quiet=True, change='driver',
+              lab_vars={'gpufleet_batch_size': 2, 'gpufleet_observation': {'window': '6s', 'queries': [TRAFFIC]}})
+    lab.dir.mkdir()
+    try:
+        plan = past_the_canary(lab)
+        assert plan['observation'] == {'window': '6s', 'queries': [TRAFFIC]}
+        batches = [b for b in plan['batches'] if not set(b) & set(plan['canaries'])]
+        first, later = batches[0], [n for b in batches[1:] for n in b]
+        assert lab.play('rollout', 'rollout.yml') == 'failed'
+        run = lab.runs['rollout']
+        assert [f['task'] for f in run['failures']] == [VERDICT], run['failures']
+        msg = run['failures'][0]['msg']
+        assert 'inconclusive, too little traffic in the window' in msg and 'no node is cordoned' in msg, msg
+        assert 'transaction(s) in the window, at least 1e+09 required' in msg, msg
+        rows = {r['node']: r for r in lab.node_view()}
+        for n in first:
+            assert rows[n]['state'] == 'done' and not rows[n]['cordoned'], rows[n]
+        for n in later:
+            assert started(run, n) == [] and rows[n]['state'] == '-' and not rows[n]['cordoned'], rows[n]
+        bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
+        window = [g for g in bundle['gates'] if g['kind'] == 'observation']
+        assert len(window) == 1 and window[0]['passed'] is False, window
+        assert window[0]['result']['inconclusive'] == ['traffic'] and window[0]['result']['failed'] == {}
+        assert window[0]['duration_s'] >= 6, window
+    finally:
+        lab.stop()

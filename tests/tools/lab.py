@@ -97,7 +97,8 @@ class Lab:
     def __init__(self, lab: pathlib.Path, nodes: int, fault: str, stuck: list[str], quiet: bool,
                  lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto',
                  account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
-                 misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False) -> None:
+                 misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False,
+                 pause_before: list[int] | None = None) -> None:
         """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
         stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
         {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
@@ -129,6 +130,8 @@ class Lab:
         self.stuck = stuck
         self.quiet = quiet
         self.lab_vars = lab_vars or {}
+        # Pause points of the plan (gpufleet_pause_before); approve_pauses() gives their approvals.
+        self.pause_before = list(pause_before or [])
         self.cluster: Cluster | None = None
         self._cp: Any = None
         self._proxy: Any = None
@@ -280,6 +283,8 @@ class Lab:
             # its end every node upgraded so far is re-gated (8 s: enough scrapes for the metric gate's 5 samples).
             'gpufleet_observation_window': '8s',
         }
+        if self.pause_before:
+            v['gpufleet_pause_before'] = self.pause_before
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
         if self.gpu_operator:
@@ -418,6 +423,21 @@ class Lab:
         log('approval: the lab approves %s as "%s". In production a second operator reviews the evidence and '
             'approves (an AWX workflow approval node, or a reviewed commit).'
             % (', '.join(p.name for p in records), APPROVER))
+
+    def approve_pauses(self, plan: dict, by: str = APPROVER) -> list[str]:
+        """Give the approval of each pause point of `plan` (pause_approval_info's ConfigMaps, as the setup
+        identity, which may create them: the rollout's own identity may not). The lab approves itself and says
+        so; in production an operator bound to docs/rbac/gpufleet-upgrade-approve.yml creates them."""
+        from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import approval_name
+        names = [approval_name(plan['digest'], k) for k in plan.get('pauses') or []]
+        self.cluster.apply([{'apiVersion': 'v1', 'kind': 'ConfigMap',
+                             'metadata': {'name': n, 'namespace': labenv.APPROVALS_NAMESPACE},
+                             'data': {'by': by}} for n in names], settle=False)
+        if names:
+            log('pause points: the lab approves batch %s itself as "%s" (ConfigMaps %s/%s). In production an '
+                'operator approves each one when its batch is due (docs/orchestration.md, "Pause points").'
+                % (', '.join(str(k) for k in plan['pauses']), by, labenv.APPROVALS_NAMESPACE, ', '.join(names)))
+        return names
 
     def gate(self) -> None:
         status = self.play('upgrade_check', 'upgrade_check.yml', {
@@ -729,6 +749,17 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _pauses(value: str, nodes: int) -> list[int]:
+    """--pause-before: batch numbers, comma-separated; 'auto' is batch 3 (after the first batch past the
+    canaries) for a pool of 12 nodes or more (smaller pools may have fewer batches), none below."""
+    if value == 'auto':
+        return [3] if nodes >= 12 else []
+    try:
+        return [int(v) for v in value.split(',') if v.strip()]
+    except ValueError:
+        raise SystemExit('--pause-before %r: expected batch numbers such as 3 or 3,6, "auto" or ""' % value)
+
+
 def run(args: argparse.Namespace) -> int:
     misreport: dict[str, dict[str, str]] = {}
     for item in args.misreport:
@@ -739,7 +770,7 @@ def run(args: argparse.Namespace) -> int:
         misreport.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
-              gpu_operator=args.gpu_operator)
+              gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes))
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -759,6 +790,7 @@ def run(args: argparse.Namespace) -> int:
         if lab.play('canary', 'canary.yml') != 'successful':
             raise LabError('canary.yml failed: %s' % lab.runs['canary']['failures'])
         lab.approve()
+        lab.approve_pauses(plan)
         lab.gate()
         rollout = lab.play('rollout', 'rollout.yml')
         problems = lab.verdict(plan, rollout)
@@ -819,6 +851,9 @@ def main(argv: list[str] | None = None) -> int:
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '
                              'operands' % labenv.TARGET_GPU_OPERATOR)
     parser.add_argument('--nodes', type=int, default=40)
+    parser.add_argument('--pause-before', default=os.environ.get('PAUSE_BEFORE', 'auto'),
+                        help='pause points of the plan: batch numbers that wait for an approval (the lab approves '
+                             'them itself); auto: batch 3 with 12 nodes or more; "" for none')
     parser.add_argument('--stuck', action='append', default=[], help='a node that does not come back Ready')
     parser.add_argument('--quiet', action='store_true', help='no ansible output')
     parser.add_argument('--account-node-cpu', action='store_true',

@@ -439,3 +439,49 @@ def test_bad_policy_names_field_and_value(kwargs, message):
 def test_count_strings_accepted():
     plan = P.build_plan(fleet(10), target=TARGET, batch_size='3', max_unavailable=' 4 ')
     assert (plan['batch_size'], plan['max_unavailable']) == (3, 4)
+
+
+# ---------------------------------------------------------------------------- pause points (issue 16)
+def test_pause_points_are_in_the_plan_its_digest_and_its_summary():
+    nodes = worked_example_nodes()
+    plan = P.build_plan(nodes, TARGET, batch_size=4, pause_before=[4, 3])
+    assert plan['pauses'] == [3, 4] and plan['policy']['pause_before'] == [3, 4]
+    assert plan['digest'] != P.build_plan(nodes, TARGET, batch_size=4)['digest']
+    rows = plan['summary'].splitlines()
+    at = rows.index(next(r for r in rows if r.startswith('| 3 |')))
+    assert rows[at - 1] == '| ⏸ | pause | waits for an approval before batch 3 starts | | | | | |'
+    assert rows[at + 1].startswith('| ⏸ | pause | waits for an approval before batch 4 starts')
+    assert P.build_plan(nodes, TARGET, batch_size=4)['pauses'] == []
+
+
+def test_a_pause_point_that_is_not_a_batch_refuses_the_plan():
+    nodes = worked_example_nodes()
+    with pytest.raises(P.PlanInputError, match=r"^pause_before\[0\]: 'x' is not a batch number"):
+        P.build_plan(nodes, TARGET, pause_before=['x'])
+    with pytest.raises(P.PlanRefused) as refused:
+        P.build_plan(nodes, TARGET, batch_size=20, pause_before=[99])
+    assert [p for p in refused.value.problems if 'pause_before' in p] == [
+        'pause_before[0]: batch 99 does not exist: the plan has %d batch(es)' % len(refused.value.plan['budget']['steps'])]
+
+
+def test_the_observation_settings_are_validated_and_kept_in_the_plan():
+    traffic = {'name': 'traffic', 'expr': 'sum(rate(requests_total[5m]))', 'control': {'expr': 'sum(rate(c[5m]))'},
+               'tolerance': {'rel': 0.1}, 'count_expr': 'sum(increase(requests_total[$window]))', 'min_count': 1000}
+    nodes = worked_example_nodes()
+    plan = P.build_plan(nodes, TARGET, batch_size=4, observation={'window': '2h', 'queries': [traffic]})
+    assert plan['observation'] == {'window': '2h', 'queries': [traffic]}
+    assert ('- observation window after each stage: `2h`; re-gates every node upgraded so far with `traffic` '
+            '(traffic >= 1000)') in plan['summary']
+    plain = P.build_plan(nodes, TARGET, batch_size=4)
+    assert plain['observation'] == {} and "the run's `gpufleet_observation_window`" in plain['summary']
+    for value, message in (
+            ('2h', "observation: '2h' is not a mapping with window and/or queries"),
+            ({'windows': '2h'}, 'observation: unknown key(s) windows (window, queries)'),
+            ({'window': 'soon'}, "observation.window: 'soon' is not a duration"),
+            ({'queries': []}, 'observation.queries: [] is not a non-empty list of metric_gate queries'),
+            ({'queries': [dict(traffic, min_count=None)]}, 'observation.queries[0] (traffic): count_expr and min_count go together'),
+            ({'queries': [{'name': 'x', 'expr': 'up'}]}, 'observation.queries[0] (x): give exactly one of baseline, control or limit'),
+            ({'queries': [dict(traffic), dict(traffic)]}, 'observation.queries: duplicate name(s) traffic')):
+        with pytest.raises(P.PlanInputError) as err:
+            P.build_plan(nodes, TARGET, observation=value)
+        assert str(err.value).startswith(message), (str(err.value), message)

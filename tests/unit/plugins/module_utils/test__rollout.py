@@ -678,3 +678,65 @@ def test_observation_verdict_a_metric_failure_that_names_no_node_fails_them_all(
 def test_observation_verdict_names_the_bad_input(nodes, plan, window, metric, message):
     with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
         _rollout.observation_verdict(nodes, plan, window, metric)
+
+
+TRAFFIC = {'name': 'traffic', 'expr': 'sum(rate(requests_total[5m]))', 'limit': 1e12, 'direction': 'any',
+           'count_expr': 'sum(increase(requests_total[$window]))', 'min_count': 1000}
+
+
+def test_observation_settings_take_the_plan_window_and_queries_over_the_runs():
+    run = _rollout.observation_settings(OBS_PLAN, '15m', {})
+    assert run == {'window': '15m', 'seconds': 900.0, 'queries': [], 'gate_queries': [], 'metric': False, 'source': 'run'}
+    assert _rollout.observation_settings(OBS_PLAN, '15m', {'url': 'http://prom:9090', 'presets': ['xid']})['metric']
+    plan = dict(OBS_PLAN, observation={'window': '2h', 'queries': [TRAFFIC]})
+    own = {'name': 'errors', 'expr': 'sum(rate(errors_total[5m]))', 'limit': 0}
+    got = _rollout.observation_settings(plan, '15m', {'url': 'http://prom:9090', 'queries': [own]})
+    assert got == {'window': '2h', 'seconds': 7200.0, 'queries': [TRAFFIC], 'gate_queries': [own, TRAFFIC],
+                   'metric': True, 'source': 'plan'}
+
+
+@pytest.mark.parametrize('plan,window,gate,message', [
+    (dict(OBS_PLAN, observation={'queries': [TRAFFIC]}), '15m', {},
+     'the plan declares observation queries (traffic) but node_upgrade_metric_gate has no url'),
+    (dict(OBS_PLAN, observation={'queries': [TRAFFIC]}), '15m', {'presets': ['xid']}, 'has no url'),
+    (OBS_PLAN, 'soon', {}, "gpufleet_observation_window: 'soon' is not a duration"),
+    (dict(OBS_PLAN, observation={'window': '0s'}), '15m', {}, "plan.observation.window: '0s' must be greater than zero"),
+    (dict(OBS_PLAN, observation=['2h']), '15m', {}, "plan.observation: ['2h'] is not a mapping"),
+    (OBS_PLAN, '15m', 'http://prom', "node_upgrade_metric_gate: 'http://prom' is not a mapping"),
+    (dict(OBS_PLAN, observation={'queries': [TRAFFIC]}), '15m', {'url': 'u', 'queries': [TRAFFIC]},
+     "observation queries: traffic named both in node_upgrade_metric_gate.queries and in the plan's"),
+])
+def test_observation_settings_refuse_what_would_fail_at_the_end_of_a_window(plan, window, gate, message):
+    with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
+        _rollout.observation_settings(plan, window, gate)
+
+
+def _traffic_result(value, passed=False, critical=True, name='traffic'):
+    return {'name': name, 'passed': passed, 'critical': critical,
+            'count': {'expr': 'sum(increase(requests_total[900s]))', 'min': 1000.0, 'value': value}}
+
+
+def test_observation_verdict_too_little_traffic_is_inconclusive_and_blames_no_node():
+    metric = {'passed': False, 'failed_nodes': ['n1', 'n2'], 'queries': [_traffic_result(12.0), _traffic_result(
+        None, name='steps')], 'msg': 'metric gate: FAIL: traffic: count 12 < min_count 1000 (the window proves nothing)'}
+    v = _rollout.observation_verdict([_observed('n1'), _observed('n2')], OBS_PLAN, WINDOW, metric)
+    assert v['passed'] is False and v['failed'] == {} and v['inconclusive'] == ['traffic', 'steps']
+    assert v['problems'] == ['inconclusive: too little traffic (traffic, steps)']
+    assert 'inconclusive, too little traffic in the window (metric gate: FAIL: traffic: count 12' in v['msg']
+    assert 'the rollout stops before the next stage; no node is cordoned' in v['msg']
+    # A node that is not Ready still fails, traffic or not.
+    v = _rollout.observation_verdict([_observed('n1', ready=False), _observed('n2')], OBS_PLAN, WINDOW, metric)
+    assert v['failed'] == {'n1': ['not Ready']} and v['passed'] is False and 'They are cordoned' in v['msg']
+
+
+def test_observation_verdict_a_failed_comparison_with_enough_traffic_is_not_inconclusive():
+    # One query short of traffic, another (a preset, the control group) failed on its own: nodes are failed.
+    metric = {'passed': False, 'failed_nodes': ['n2'], 'msg': 'metric gate: FAIL: dcgm_xid: n2',
+              'queries': [_traffic_result(12.0), {'name': 'dcgm_xid', 'passed': False, 'critical': True}]}
+    v = _rollout.observation_verdict([_observed('n1'), _observed('n2')], OBS_PLAN, WINDOW, metric)
+    assert v['inconclusive'] == [] and sorted(v['failed']) == ['n2']
+    # Enough traffic: the count is not the failure; a non-critical traffic shortfall is only reported.
+    metric = {'passed': False, 'failed_nodes': ['n1', 'n2'], 'msg': 'metric gate: FAIL: control',
+              'queries': [_traffic_result(5000.0), _traffic_result(3.0, critical=False, name='batch-jobs')]}
+    v = _rollout.observation_verdict([_observed('n1'), _observed('n2')], OBS_PLAN, WINDOW, metric)
+    assert v['inconclusive'] == [] and sorted(v['failed']) == ['n1', 'n2']
