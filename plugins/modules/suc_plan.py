@@ -40,7 +40,7 @@ description:
     unfinished (not C(Complete) for its version), so there is one RKE2 upgrade at a time. A Plan whose node
     finished is labelled C(gpufleet.io/rke2-complete=<version>) and that check lists only the Plans without the
     label (the Plans in flight, not every node upgraded so far); rewriting a Plan's spec removes the label. A
-    Plan edited by hand after it finished keeps it: remove the label then. A failed upgrade
+    Plan edited by hand after it finished keeps it (remove the label then). A failed upgrade
     Job (C(Complete=False), reason C(JobFailed)), a Plan that completed without selecting its node, or the
     deadline fail the task; nothing is rolled back (RKE2 is not downgraded). A Plan it may not change (not
     gpufleet-managed) or an API error fails it too; the failure result still lists the Plans written before in
