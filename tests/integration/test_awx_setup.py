@@ -134,11 +134,13 @@ def _render_workflow(run_playbook):
 def test_rendered_workflow_graph_and_survey(run_playbook, awx_docs):
     nodes, survey = _render_workflow(run_playbook)
     by_id = {n['identifier']: n for n in nodes}
-    assert list(by_id) == ['plan', 'canary', 'approve', 'upgrade_check', 'rollout', 'postflight', 'rollback']
+    assert list(by_id) == ['plan', 'preflight', 'canary', 'approve', 'upgrade_check', 'rollout', 'postflight', 'rollback']
 
     def succ(i, kind='success_nodes'):
         return [x['identifier'] for x in by_id[i].get('related', {}).get(kind, [])]
-    assert succ('plan') == ['canary']
+    # preflight blocks: on its failure nothing follows (issue 17, item 3)
+    assert succ('plan') == ['preflight'] and succ('preflight') == ['canary']
+    assert succ('preflight', 'failure_nodes') == [] and succ('preflight', 'always_nodes') == []
     assert succ('canary') == ['approve'] and succ('canary', 'failure_nodes') == ['rollback']
     assert succ('approve') == ['upgrade_check']
     assert succ('upgrade_check') == ['rollout'] and succ('upgrade_check', 'failure_nodes') == []
