@@ -46,7 +46,9 @@ def snapshot_file(directory: str, node: str, target: Dict[str, Any]) -> str:
     return '%s/%s--%s.json' % (str(directory).rstrip('/'), node, slug)
 
 
-GATE_NAMES = ('gpu', 'node', 'tuple', 'metric', 'workload')
+GATE_NAMES = ('gpu', 'node', 'tuple', 'metric', 'workload', 'gpu_after_workload')
+# The evidence kind of a gate whose name is not its kind (the GPU gate again after the workload gate).
+GATE_KINDS = {'gpu_after_workload': 'gpu'}
 TUPLE_KEYS = ('kernel', 'rke2', 'driver', 'gpu_operator', 'dcgm_exporter')
 
 
@@ -131,7 +133,7 @@ def gate_results(results: Dict[str, Any], node: str, finished: Optional[str] = N
             continue
         ok = r.get('passed') is True
         msg = str(r.get('msg') or '')
-        entries.append({'name': name, 'kind': name, 'node': node, 'passed': ok, 'finished': finished,
+        entries.append({'name': name, 'kind': GATE_KINDS.get(name, name), 'node': node, 'passed': ok, 'finished': finished,
                         'problems': _problems(r.get('problems'), [] if ok else [msg or 'failed']),
                         'result': {'msg': msg}})
         if not ok:

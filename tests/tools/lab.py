@@ -61,6 +61,7 @@ import ansible_runner  # noqa: E402
 
 from cluster import start_cluster  # noqa: E402
 from cluster.client import Cluster  # noqa: E402
+from cluster.logs import PodLogWriter  # noqa: E402
 from cluster.suc import SucStandIn  # noqa: E402
 from tools import cpu_account, lab_dcgm, labenv, nvml_stub  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
@@ -98,7 +99,7 @@ class Lab:
                  lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto',
                  account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
                  misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False,
-                 pause_before: list[int] | None = None) -> None:
+                 pause_before: list[int] | None = None, workload_suite: bool = False) -> None:
         """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
         stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
         {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
@@ -132,6 +133,10 @@ class Lab:
         self.lab_vars = lab_vars or {}
         # Pause points of the plan (gpufleet_pause_before); approve_pauses() gives their approvals.
         self.pause_before = list(pause_before or [])
+        # The shipped workload suite on the canaries (their Jobs scheduled for real, KWOK runs them, the pod
+        # log writer gives each the output a healthy GPU prints: WORKLOAD_OUTPUTS).
+        self.workload_suite = workload_suite
+        self.log_writer: Any = None
         self.cluster: Cluster | None = None
         self._cp: Any = None
         self._proxy: Any = None
@@ -162,6 +167,12 @@ class Lab:
             % (self.cluster.cp.url, len(self.names), ' + '.join('%s %s' % (m['product'], m['pci']) for m in labenv.MODELS),
                *labenv.OPERATOR_SA))
         self.write_conf()
+        if self.workload_suite:
+            cases = write_workload_suite(self.dir / 'workloads')
+            self.log_writer = PodLogWriter(self.cluster, interval=0.25).__enter__()
+            log('workload suite: the shipped cases %s run on the canaries (3 times each); their Jobs are scheduled '
+                'for real and KWOK runs them; each pod\'s log is what the case prints on a healthy GPU (the lab\'s '
+                'stand-in for the CUDA binaries, WORKLOAD_OUTPUTS): the real cases need GPUs' % ', '.join(cases))
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
         self.before = {r['node']: r for r in self.node_view()}
         moved = [(k, v) for k, v in self.target.items() if labenv.CURRENT[k] != v]
@@ -285,6 +296,12 @@ class Lab:
         }
         if self.pause_before:
             v['gpufleet_pause_before'] = self.pause_before
+        v['gpufleet_canary_workload_suite'] = self.workload_suite
+        if self.workload_suite:
+            v.update({'gpufleet_workload_suite_dir': str(self.dir / 'workloads'),
+                      'gpufleet_workload_namespace': labenv.WORKLOAD_NAMESPACE,
+                      # KWOK runs a pod in about a second: read the Jobs more often than a real fleet would
+                      'gpufleet_workload_interval': 0.5})
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
         if self.gpu_operator:
@@ -645,6 +662,12 @@ class Lab:
 
     def stop(self) -> None:
         """Everything the lab started, bounded (the control plane: SIGTERM, SIGKILL after 15 s)."""
+        if self.log_writer is not None:
+            writer, self.log_writer = self.log_writer, None
+            try:
+                writer.__exit__(None, None, None)
+            except AssertionError as exc:
+                log(str(exc))
         if self.suc is not None:
             suc, self.suc = self.suc, None
             try:
@@ -749,6 +772,40 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+# What each case of the shipped workload suite (roles/node_upgrade/files/workloads) prints on a healthy GPU:
+# the lab's stand-in for the CUDA binaries. A new shipped case needs its line here (write_workload_suite says so).
+WORKLOAD_OUTPUTS = {
+    'device-query': ('deviceQuery Starting...\n CUDA Device Query (Runtime API) version (CUDART static linking)\n'
+                     'Detected 1 CUDA Capable device(s)\nDevice 0: "NVIDIA H100 80GB HBM3"\nResult = PASS'),
+    'compute-checksum': '{"checksum": 8589934592.0}',
+    'model-infer': '{"p99_ms": 4.1, "p50_ms": 3.7}',
+    'checkpoint-io': '{"checksum": 549755289600.0, "same": true}',
+    'partition-discovery': 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-lab)\n{"devices": 1, "mig": false}',
+    'nccl-allreduce': '{"allreduce": 2.0, "world": 2}',
+}
+SHIPPED_WORKLOADS = REPO / 'roles' / 'node_upgrade' / 'files' / 'workloads'
+
+
+def write_workload_suite(dest: pathlib.Path) -> list[str]:
+    """The shipped suite, each manifest as shipped plus one pod-template annotation (gpufleet.test/logs: its
+    WORKLOAD_OUTPUTS line), written to `dest`; the case names."""
+    import yaml
+    from cluster.logs import LOGS_ANNOTATION
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    names = []
+    for path in sorted(SHIPPED_WORKLOADS.glob('*.yml')):
+        doc = yaml.safe_load(path.read_text())
+        name = (doc['metadata'].get('annotations') or {}).get('gpufleet.io/case') or doc['metadata']['name']
+        if name not in WORKLOAD_OUTPUTS:
+            raise LabError('the shipped workload case %s (%s) has no stand-in output in WORKLOAD_OUTPUTS' % (name, path))
+        meta = doc['spec']['template'].setdefault('metadata', {})
+        meta.setdefault('annotations', {})[LOGS_ANNOTATION] = WORKLOAD_OUTPUTS[name]
+        (dest / path.name).write_text(yaml.safe_dump(doc, sort_keys=False))
+        names.append(name)
+    return names
+
+
 def _pauses(value: str, nodes: int) -> list[int]:
     """--pause-before: batch numbers, comma-separated; 'auto' is batch 3 (after the first batch past the
     canaries) for a pool of 12 nodes or more (smaller pools may have fewer batches), none below."""
@@ -770,7 +827,8 @@ def run(args: argparse.Namespace) -> int:
         misreport.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
-              gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes))
+              gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes),
+              workload_suite=args.workload_suite == 'on')
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -851,6 +909,9 @@ def main(argv: list[str] | None = None) -> int:
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '
                              'operands' % labenv.TARGET_GPU_OPERATOR)
     parser.add_argument('--nodes', type=int, default=40)
+    parser.add_argument('--workload-suite', choices=('on', 'off'), default=os.environ.get('WORKLOAD_SUITE', 'on'),
+                        help='on: the canaries run the shipped workload suite (3 times each case), their Jobs scheduled '
+                             'for real, the outputs from the lab\'s stand-in (WORKLOAD_OUTPUTS); off: no workload gate')
     parser.add_argument('--pause-before', default=os.environ.get('PAUSE_BEFORE', 'auto'),
                         help='pause points of the plan: batch numbers that wait for an approval (the lab approves '
                              'them itself); auto: batch 3 with 12 nodes or more; "" for none')

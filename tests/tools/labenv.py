@@ -279,6 +279,8 @@ def wait_workloads(cluster: Any, timeout: float = 180, operands: bool = False) -
 
 OPERATOR_SA = ('gpufleet-system', 'gpufleet-upgrade')
 APPROVALS_NAMESPACE = 'gpufleet-approvals'
+# Where the workload gate's Jobs run in the lab (the workload-gate role is bound there only).
+WORKLOAD_NAMESPACE = 'gpufleet-qualify'
 RBAC_DIR = HERE.parents[1] / 'docs' / 'rbac'
 
 
@@ -292,13 +294,13 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
     ns, sa = OPERATOR_SA
     roles = {}
     bound = ('reader', 'operator') + (('gpu-operator',) if gpu_operator else ())
-    for name in bound + ('rke2-plans', 'snapshots', 'approvals-reader'):
+    for name in bound + ('rke2-plans', 'snapshots', 'approvals-reader', 'workload-gate'):
         doc = yaml.safe_load((RBAC_DIR / ('gpufleet-upgrade-%s.yml' % name)).read_text())
         roles[name] = doc
     subject = [{'kind': 'ServiceAccount', 'name': sa, 'namespace': ns}]
     ref = {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole'}
     objs: list[dict] = list(roles.values()) + [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': n}}
-                                               for n in (ns, 'system-upgrade', APPROVALS_NAMESPACE)]
+                                               for n in (ns, 'system-upgrade', APPROVALS_NAMESPACE, WORKLOAD_NAMESPACE)]
     for name in bound:
         objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'ClusterRoleBinding',
                      'metadata': {'name': 'gpufleet-upgrade-' + name},
@@ -310,6 +312,10 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
     objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
                  'metadata': {'name': 'gpufleet-upgrade-snapshots', 'namespace': ns},
                  'roleRef': dict(ref, name='gpufleet-upgrade-snapshots'), 'subjects': subject})
+    # the workload gate's Jobs (the canaries' workload suite): in the qualification namespace only
+    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
+                 'metadata': {'name': 'gpufleet-upgrade-workload-gate', 'namespace': WORKLOAD_NAMESPACE},
+                 'roleRef': dict(ref, name='gpufleet-upgrade-workload-gate'), 'subjects': subject})
     # the pause points' approvals (pause_approval_info): read in their own namespace only
     objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
                  'metadata': {'name': 'gpufleet-upgrade-approvals-reader', 'namespace': APPROVALS_NAMESPACE},

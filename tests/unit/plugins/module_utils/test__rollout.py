@@ -158,6 +158,17 @@ def test_gate_results_entries_are_evidence_gates():
     assert all(g['finished'] == NOW for g in gates)
 
 
+def test_gate_results_the_gpu_gate_after_the_workload_gate_is_a_gpu_gate_that_can_fail_the_node():
+    """Issue 16: the Xids a workload caused show in the GPU gate run again after the workload gate."""
+    xid = {'passed': False, 'msg': 'GPU gate: FAIL: new Xid 79 on GPU 3', 'problems': ['new Xid 79 on GPU 3']}
+    out = _rollout.gate_results({'gpu': passed(), 'node': passed(), 'workload': passed(), 'gpu_after_workload': xid},
+                                'gpu-01', finished=NOW)
+    assert out['passed'] is False and out['msg'] == 'critical gate failed on gpu-01: GPU gate: FAIL: new Xid 79 on GPU 3'
+    entry = _evidence.gate_entry(out['evidence'][-1], 3)
+    assert (entry['id'], entry['kind'], entry['category'], entry['problems']) == (
+        'gpu_after_workload@gpu-01#-', 'gpu', 'monitoring', ['new Xid 79 on GPU 3'])
+
+
 @pytest.mark.parametrize('absent', [
     None, {}, {'skipped': True, 'skip_reason': 'Conditional result was False', 'changed': False},
     {'skipped': True, 'passed': None, 'problems': []}, 'not a result', ['x'],
