@@ -16,7 +16,8 @@ nodes and the components, and no record is written.
 
 ``state`` is ``qualified`` only when, on the canary scope (the canary nodes and the fleet gates of
 canary batches), at least one gate of each of the allocation, monitoring and rollback categories
-ran, every critical gate of those categories passed, and no other critical gate failed.
+ran, every critical gate of those categories passed, no other critical gate failed, and a real
+allocation ran (a workload gate: the node gate's allocatable count allocates nothing).
 Otherwise the state is ``failed`` and ``reasons`` says why. ``approvedBy`` is always written
 empty: a second operator fills it in a reviewed commit (or an AWX approval node), and
 ``upgrade_check`` blocks until then.
@@ -55,6 +56,8 @@ ONE_WAY = {
                      'GPU Operator when the canary stage fails',
 }
 CLAIMS = ('completedAt', 'allocationPassed', 'monitoringPassed', 'rollbackPassed')
+# Gate kinds that allocate GPUs for real (a Job or pod that requested them and ran).
+REAL_ALLOCATION = ('workload', 'allocation')
 
 APPROVAL_NOTE = ('approvedBy is empty on purpose: a second operator reviews the evidence at sourceRevision and '
                  'fills it in a reviewed commit (or an AWX approval node); upgrade_check blocks until then.')
@@ -197,6 +200,13 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
             reasons.append('no %s gate ran on the canary' % cat)
         elif cats[cat]['failed']:
             reasons.append('%s gate(s) failed: %s' % (cat, ', '.join(cats[cat]['failed'])))
+    # A real allocation (issue 16): the node gate counts allocatable GPUs and allocates none, so the
+    # allocation claim needs a workload gate that ran on the canary scope (Jobs that requested GPUs, were
+    # scheduled and completed with the expected result: the shipped suite or the operator's cases).
+    if cats['allocation']['gates'] and not [g for g in gates if g['kind'] in REAL_ALLOCATION]:
+        canary['allocationPassed'] = False
+        reasons.append('no real allocation ran on the canary: no workload gate (the node gate counts allocatable GPUs '
+                       'and allocates none; run the workload suite, canary_workload_suite)')
     uncovered = rollback_scope(bundle)['uncovered']
     if uncovered:
         canary['rollbackPassed'] = False

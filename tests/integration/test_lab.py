@@ -211,7 +211,7 @@ def test_lab_with_the_real_gpu_operator_moves_every_component_of_the_tuple(tmp_p
     """NVIDIA's real GPU Operator runs the operands (issue 15): the canary's cluster step, each node's operands
     moved in its window, the update strategy restored at the end; the lab's own verdict (Lab.operand_problems)
     checks every node's operand pods at the target operator's current revision and RollingUpdate back."""
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--metrics', 'off', '--gpu-operator', '--workload-suite', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--metrics', 'off', '--gpu-operator')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert 'gpu_operator v26.3.3 -> v26.3.4' in out.stdout and 'the whole rollout completed' in out.stdout
     table = rows(out.stdout)
@@ -231,7 +231,7 @@ def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_b
     """FAULT_KIND=operand: the faulty node's new DCGM exporter never starts (admission refuses it); its operands
     step fails, the node stays cordoned and its host side is rolled back; the later batch keeps the old operands
     and the update strategy stays OnDelete (Lab.operand_problems)."""
-    out = run_lab(tmp_path, '--nodes', '4', '--metrics', 'off', '--gpu-operator', '--fault-kind', 'operand', '--workload-suite', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--metrics', 'off', '--gpu-operator', '--fault-kind', 'operand')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     table = rows(out.stdout)
     faulty = [n for n, r in table.items() if 'INJECTED' in ' '.join(r)]
@@ -245,7 +245,7 @@ def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # gpu-02 never comes back Ready after its (lab) reboot: the wait is bounded, the node stays
     # cordoned, no rollback is attempted on a node that is not up, and the run fails saying why.
     # Also the lab without the metric gate (--metrics off): it says so and the other gates decide.
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02', '--metrics', 'off', '--workload-suite', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02', '--metrics', 'off')
     assert out.returncode == 1, out.stdout[-6000:]
     assert 'metric gate: OFF (--metrics off); the GPU and node gates decide' in out.stdout
     assert 'metric:' not in out.stdout and not (tmp_path / 'lab' / 'prometheus').exists()
@@ -260,7 +260,7 @@ def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
 def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
     # gpu-02 (batch 1 of 3) runs GPU 5 at 92 C under the new driver: NVML reads 38 C at the GPU
     # gate's instant, only the DCGM series over the metric gate's window show it.
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'temperature', '--workload-suite', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'temperature')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s '
             '(injected: GPU 5 at 92 C under load)' % RESTORED) in out.stdout
@@ -285,7 +285,7 @@ def test_lab_target_kernel_that_does_not_boot_stays_cordoned_on_the_previous_pai
     # falls back to saved_entry (134), where the module package the transaction installed for 134
     # (built for 580.130.00) loads. The node is Ready on the wrong kernel: detected, cordoned, rolled
     # back to 134 with 580.126.20; the batch after it untouched.
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'kernel', '--metrics', 'off', '--workload-suite', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'kernel', '--metrics', 'off')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s (injected: kernel %s does not '
             'come up)' % (RESTORED, K1)) in out.stdout

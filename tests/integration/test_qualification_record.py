@@ -28,8 +28,8 @@ def write_bundle(path: pathlib.Path, rollback_passed: bool) -> None:
         'tuple_after': AFTER,
         'nodes': [{'name': 'gpu-1', 'role': 'canary', 'pci_ids': ['10de:20b0/10de:1450']}, MEASURED],
         'gates': [{'name': n, 'kind': k, 'node': 'gpu-1', 'passed': ok, 'finished': '2026-07-14T12:%02d:00Z' % m}
-                  for n, k, ok, m in (('node', 'node', True, 1), ('metrics', 'metric', True, 2),
-                                      ('rollback', 'rollback', rollback_passed, 3))]})
+                  for n, k, ok, m in (('node', 'node', True, 1), ('workload', 'workload', True, 1),
+                                      ('metrics', 'metric', True, 2), ('rollback', 'rollback', rollback_passed, 3))]})
     path.write_text(ev.dumps(b))
 
 
@@ -98,7 +98,8 @@ def test_record_round_trips_through_the_upgrade_check_module(tmp_path: pathlib.P
         'nodes': [{'name': 'gpu-1', 'role': 'canary', 'pci_ids': ['10de:20b0/10de:1450']}, MEASURED],
         'gates': [{'name': n, 'kind': k, 'node': 'gpu-1', 'passed': True,
                    'finished': ev.rfc3339(datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1))}
-                  for n, k in (('node', 'node'), ('metrics', 'metric'), ('rollback', 'rollback'))]})
+                  for n, k in (('node', 'node'), ('workload', 'workload'), ('metrics', 'metric'),
+                               ('rollback', 'rollback'))]})
     bundle.write_text(ev.dumps(b))
     dest = tmp_path / 'record.yaml'
     current = dict(AFTER, kernel='6.8.0-134-generic', rke2='v1.35.3+rke2r3', driver='580.126.20',
@@ -156,7 +157,8 @@ def test_the_canary_roles_record_step_feeds_the_record(tmp_path: pathlib.Path, r
     bundle = tmp_path / 'canary.json'
     dest = tmp_path / 'record.yaml'
     gates = [{'name': n, 'kind': k, 'node': 'gpu-1', 'passed': True, 'finished': '2026-07-14T12:0%d:00Z' % m}
-             for n, k, m in (('node', 'node', 1), ('metrics', 'metric', 2), ('rollback', 'rollback', 3))]
+             for n, k, m in (('node', 'node', 1), ('workload', 'workload', 1), ('metrics', 'metric', 2),
+                             ('rollback', 'rollback', 3))]
     opened = {'path': str(bundle), 'id': 'a100-canary-7', 'tuple_after': AFTER, 'gates': gates,
               'nodes': [{'name': 'gpu-1', 'role': 'canary', 'batch': 0, 'pci_ids': ['10de:20b0/10de:1450'],
                          'tuple_after': AFTER}]}

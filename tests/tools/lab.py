@@ -828,7 +828,7 @@ def run(args: argparse.Namespace) -> int:
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
               gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes),
-              workload_suite=args.workload_suite == 'on')
+              workload_suite=True)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -909,9 +909,6 @@ def main(argv: list[str] | None = None) -> int:
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '
                              'operands' % labenv.TARGET_GPU_OPERATOR)
     parser.add_argument('--nodes', type=int, default=40)
-    parser.add_argument('--workload-suite', choices=('on', 'off'), default=os.environ.get('WORKLOAD_SUITE', 'on'),
-                        help='on: the canaries run the shipped workload suite (3 times each case), their Jobs scheduled '
-                             'for real, the outputs from the lab\'s stand-in (WORKLOAD_OUTPUTS); off: no workload gate')
     parser.add_argument('--pause-before', default=os.environ.get('PAUSE_BEFORE', 'auto'),
                         help='pause points of the plan: batch numbers that wait for an approval (the lab approves '
                              'them itself); auto: batch 3 with 12 nodes or more; "" for none')

@@ -286,3 +286,15 @@ def test_without_a_before_tuple_every_component_counts_as_changed() -> None:
     scope = qr.rollback_scope(b)
     assert scope['changed'] == list(ev.TUPLE_KEYS) and scope['uncovered'] == []
     assert sorted(scope['one_way']) == ['dcgm_exporter', 'gpu_operator', 'rke2']
+
+
+def test_allocation_needs_a_real_allocation_not_only_the_node_gates_count() -> None:
+    """Issue 16 (5): allocationPassed only when a workload gate ran on the canary (Jobs that requested GPUs)."""
+    b = canary_bundle()
+    b['gates'] = [g for g in b['gates'] if g['kind'] != 'workload']
+    record, reasons = qr.build_record(b, REV)
+    assert record['state'] == 'failed' and record['canary']['allocationPassed'] is False
+    assert reasons == ['no real allocation ran on the canary: no workload gate (the node gate counts allocatable GPUs '
+                       'and allocates none; run the workload suite, canary_workload_suite)']
+    record, reasons = qr.build_record(canary_bundle(), REV)
+    assert record['canary']['allocationPassed'] is True and reasons == []
