@@ -577,7 +577,8 @@ def timeline_svg(bundle: Dict[str, Any], width: int = 1100) -> str:
         for n in members:
             rows.append(('  ' + n, 'node', bi, n))
             named.add(n)
-        if any(g['batch'] == bi and g['node'] is None for g in bundle['gates']):
+        if any(e['batch'] == bi and e['node'] is None for e in bundle['gates'] + bundle['actions']):
+            # the batch's own gates and actions: its observation window, its pause point, a stop
             rows.append(('  fleet gates', 'fleet', bi, None))
     loose = sorted({g['node'] for g in bundle['gates'] if g['node'] and g['node'] not in named}
                    | {a['node'] for a in bundle['actions'] if a['node'] and a['node'] not in named})
@@ -615,7 +616,9 @@ def timeline_svg(bundle: Dict[str, Any], width: int = 1100) -> str:
                     _e('batch %d: %s (%s .. %s)' % (bi, ', '.join(b['nodes']), b['started'], b.get('finished') or 'running'))))
             continue
         for a in bundle['actions']:
-            if a['node'] == node and (kind != 'fleet') and a.get('started') and (bi is None or a['batch'] in (None, bi)):
+            on_row = (a['node'] == node and (bi is None or a['batch'] in (None, bi))) if kind == 'node' else (
+                a['node'] is None and a['batch'] == bi)
+            if on_row and a.get('started'):
                 s = _ts(a['started'])
                 f = _ts(a.get('finished')) or s
                 parts.append('<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s" opacity="0.8"><title>%s</title></rect>' % (

@@ -104,6 +104,11 @@ approval:
       type: str
   sample: {namespace: gpufleet-approvals, name: gpufleet-approve-0123456789ab-batch-3, batch: 3, approved_by: alice,
            approved_at: '2026-12-03T07:00:00Z'}
+started:
+  description: When the wait began (RFC 3339, UTC).
+  returned: success
+  type: str
+  sample: '2026-12-03T06:59:47Z'
 waited:
   description: Seconds spent waiting.
   returned: success
@@ -114,6 +119,8 @@ msg:
   returned: always
   type: str
 """
+
+import datetime
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import NotFoundError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
@@ -130,6 +137,7 @@ def main() -> None:
         fail_when_not_approved=dict(type='bool', default=False),
     ))
     p = module.params
+    started = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
 
     def get(where: str):
         try:
@@ -143,9 +151,9 @@ def main() -> None:
                                             p['wait_interval'])
     approval = {k: v for k, v in verdict.as_dict().items() if k not in ('approved', 'msg')}
     if not verdict.approved and p['fail_when_not_approved']:
-        module.fail_json(msg=verdict.msg, approved=False, approval=approval, waited=round(waited, 1))
-    module.exit_json(changed=False, approved=verdict.approved, approval=approval, waited=round(waited, 1),
-                     msg=verdict.msg)
+        module.fail_json(msg=verdict.msg, approved=False, approval=approval, started=started, waited=round(waited, 1))
+    module.exit_json(changed=False, approved=verdict.approved, approval=approval, started=started,
+                     waited=round(waited, 1), msg=verdict.msg)
 
 
 if __name__ == '__main__':

@@ -193,6 +193,22 @@ def test_html_is_self_contained_with_an_svg_timeline() -> None:
     assert '{&quot;pci&quot;: &quot;10de:20b5/10de:1533&quot;}' in page
 
 
+def test_the_timeline_draws_each_stage_with_its_window_and_its_pause() -> None:
+    """Issue 16: a batch's observation window (a gate of the batch, no node) and its pause point (an action of the
+    batch, no node) are drawn on the batch's own row, with their verdicts."""
+    b, _changed = ev.merge(sample_bundle(), {
+        'gates': [{'name': 'observation-window', 'kind': 'observation', 'category': 'monitoring', 'batch': 1,
+                   'passed': True, 'started': at(91), 'finished': at(95)}],
+        'actions': [{'name': 'pause-approval', 'batch': 1, 'started': at(55), 'finished': at(59),
+                     'result': {'approved_by': 'alice'}},
+                    {'name': 'stop-switch', 'batch': 1, 'ok': False, 'started': at(96)}]})
+    svg = ev.timeline_svg(b)
+    assert '<title>observation-window: PASS</title>' in svg
+    assert '<title>pause-approval ok</title>' in svg and '<title>stop-switch FAILED</title>' in svg
+    rows = [line for line in svg.splitlines() if line.startswith('<text x="8"')]
+    assert sum('fleet gates' in r for r in rows) == 1      # batch 1's own row: its window, its pause, the stop
+
+
 def test_html_without_timings_says_so() -> None:
     b, _changed = ev.merge(ev.new_bundle('b', now=T0), {'gates': [{'name': 'g', 'passed': True}]})
     assert 'No timings recorded' in ev.render_html(b)
