@@ -24,6 +24,7 @@ Pure: `approval_name`, `check_pauses` and `judge`; `wait_for_approval` polls thr
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -133,7 +134,7 @@ def timeout_seconds(value: Any, field: str = 'wait_timeout') -> float:
             number = seconds_of(value.strip())
     else:
         number = value
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0 or number != number:
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0 or math.isnan(number):
         raise PauseError('%s: %r is not a number of seconds >= 0 or a duration (e.g. 30m, 4h)' % (field, value))
     return float(number)
 

@@ -198,7 +198,7 @@ def store(module, node, target, namespace, path):
     if plan.action == 'create' and not module.check_mode:
         after = module.client.post(path_for('v1', 'secrets', namespace=namespace), want)
     elif plan.action == 'replace':
-        _, after = module.update(secret_path, lambda obj: ss.plan_store(obj, want).patch)
+        _patch, after = module.update(secret_path, lambda obj: ss.plan_store(obj, want).patch)
     retired = []
     if module.params['retire_other_targets']:
         others = module.client.list_all(path_for('v1', 'secrets', namespace=namespace),

@@ -72,7 +72,7 @@ def test_store_rerun_fetch_and_refusals_inside_the_role(emu, run_playbook, tmp_p
     store = {'state': 'stored', 'path': str(path), 'namespace': NS}
 
     # check mode: what would be created, nothing written
-    _, res = _step(emu, run_playbook, seen, store, check=True, diff=True)
+    _reqs, res = _step(emu, run_playbook, seen, store, check=True, diff=True)
     assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['action'] == 'created', res.get('msg')
     assert res['diff']['before'] is None and res['diff']['after']['annotations'][ss.ANN_SHA] == sha
     assert emu.mutating_requests() == [] and emu.get('v1', 'Secret', name, NS) is None
@@ -91,29 +91,29 @@ def test_store_rerun_fetch_and_refusals_inside_the_role(emu, run_playbook, tmp_p
     assert content.decode() not in run.stdout and encoded not in run.stdout and encoded not in str(run.events)
 
     # rerun: unchanged, no write
-    _, res = _step(emu, run_playbook, seen, store)
+    _reqs, res = _step(emu, run_playbook, seen, store)
     assert res['changed'] is False and res['action'] == 'unchanged' and res['retired'] == []
     assert emu.mutating_requests() == []
 
     # a fresh controller (an AWX relaunch): the file is gone; fetch writes it back, verified
     path.unlink()
     fetch = {'state': 'fetched', 'path': str(path), 'sha256': sha, 'namespace': NS}
-    _, res = _step(emu, run_playbook, seen, fetch, check=True)
+    _reqs, res = _step(emu, run_playbook, seen, fetch, check=True)
     assert res['changed'] is True and res['action'] == 'fetched' and not path.exists()
-    _, res = _step(emu, run_playbook, seen, fetch)
+    _reqs, res = _step(emu, run_playbook, seen, fetch)
     assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['action'] == 'fetched', res.get('msg')
     assert path.read_bytes() == content and digest(path.read_bytes()) == sha
     assert oct(os.stat(path).st_mode & 0o777) == '0o600'
     assert emu.mutating_requests() == []
     # the file is here with that digest: nothing read, nothing written
-    _, res = _step(emu, run_playbook, seen, fetch)
+    _reqs, res = _step(emu, run_playbook, seen, fetch)
     assert res['changed'] is False and res['action'] == 'unchanged' and emu.requests == []
 
     # tampered: the Secret holds another (valid) snapshot under the same annotation; refused, nothing written
     path.unlink()
     other = document('580.95.05')
     emu.patch('v1', 'Secret', name, {'data': {ss.DATA_KEY: base64.b64encode(other).decode()}}, NS)
-    _, res = _step(emu, run_playbook, seen, fetch)
+    _reqs, res = _step(emu, run_playbook, seen, fetch)
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'] == ('no snapshot of node %s for target driver=580.130.00 could be fetched from Secret %s/%s: '
                           'digest mismatch: expected sha256 %s (recorded on the Node), the stored snapshot is %s'
@@ -122,24 +122,24 @@ def test_store_rerun_fetch_and_refusals_inside_the_role(emu, run_playbook, tmp_p
     # the annotation disagrees with the content
     emu.patch('v1', 'Secret', name, {'data': {ss.DATA_KEY: encoded}, 'metadata': {'annotations': {ss.ANN_SHA: 'cd' * 32}}},
               NS)
-    _, res = _step(emu, run_playbook, seen, fetch)
+    _reqs, res = _step(emu, run_playbook, seen, fetch)
     assert res['_event'] == 'runner_on_failed' and "annotation gpufleet.io/snapshot-sha256 says sha256 " + 'cd' * 32 in res['msg']
     assert not path.exists()
     # store repairs it (a replace guarded by the resourceVersion)
     path.write_bytes(content)
-    _, res = _step(emu, run_playbook, seen, store)
+    _reqs, res = _step(emu, run_playbook, seen, store)
     assert res['action'] == 'replaced' and [r['verb'] for r in emu.mutating_requests()] == ['PATCH']
     assert emu.mutating_requests()[0]['body']['metadata']['resourceVersion']
     assert emu.get('v1', 'Secret', name, NS)['metadata']['annotations'][ss.ANN_SHA] == sha
     # after `done` the Node records no digest: a rollback fetches the Secret's own, once its content matches it
     path.unlink()
-    _, res = _step(emu, run_playbook, seen, {'state': 'fetched', 'path': str(path), 'namespace': NS})
+    _reqs, res = _step(emu, run_playbook, seen, {'state': 'fetched', 'path': str(path), 'namespace': NS})
     assert (res['action'], res['sha256']) == ('fetched', sha) and path.read_bytes() == content, res.get('msg')
 
     # missing Secret: refused, nothing written
     emu.delete('v1', 'Secret', name, NS)
     path.unlink()
-    _, res = _step(emu, run_playbook, seen, fetch)
+    _reqs, res = _step(emu, run_playbook, seen, fetch)
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('no snapshot of node %s for target driver=580.130.00 could be fetched from Secret %s/%s: '
                                  'the Secret does not exist (the Node records sha256 %s' % (NODE, NS, name, sha))
@@ -149,14 +149,14 @@ def test_store_rerun_fetch_and_refusals_inside_the_role(emu, run_playbook, tmp_p
     emu.apply([{'apiVersion': 'v1', 'kind': 'Secret', 'metadata': {'name': name, 'namespace': NS},
                 'type': 'Opaque', 'data': {'x': 'eQ=='}}])
     path.write_bytes(content)
-    _, res = _step(emu, run_playbook, seen, store)
+    _reqs, res = _step(emu, run_playbook, seen, store)
     assert res['_event'] == 'runner_on_failed' and emu.mutating_requests() == []
     assert res['msg'].startswith('Secret %s/%s exists and is not managed by gpufleet.upgrade' % (NS, name)), res['msg']
     assert emu.get('v1', 'Secret', name, NS)['data'] == {'x': 'eQ=='}
     emu.delete('v1', 'Secret', name, NS)
 
     # the next target's snapshot retires the node's earlier one
-    _, res = _step(emu, run_playbook, seen, store)
+    _reqs, res = _step(emu, run_playbook, seen, store)
     assert res['action'] == 'created'
     nxt = tmp_path / 'snapshots' / ('%s--driver_580.142.00.json' % NODE)
     nxt.write_bytes(other)
