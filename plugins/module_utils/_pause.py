@@ -30,12 +30,11 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ._duration import seconds_of
 from ._poll import poll
+from ._text import check_namespace, folded
 
 DEFAULT_NAMESPACE = 'gpufleet-approvals'
 PREFIX = 'gpufleet-approve'
 _DIGEST = re.compile(r'^sha256:([0-9a-f]{64})$')
-_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
-_SHOWN = 200
 
 
 class PauseError(ValueError):
@@ -89,22 +88,8 @@ def approval_name(plan_digest: Any, batch: Any) -> str:
     return '%s-%s-batch-%d' % (PREFIX, match.group(1)[:12], _batch(batch, 'batch'))
 
 
-def check_namespace(namespace: Any) -> str:
-    if not isinstance(namespace, str) or len(namespace) > 63 or not _LABEL.match(namespace):
-        raise PauseError('namespace: %r is not a Kubernetes namespace name (a DNS label)' % (namespace,))
-    return namespace
-
-
 def path(namespace: str, name: str) -> str:
-    return '/api/v1/namespaces/%s/configmaps/%s' % (check_namespace(namespace), name)
-
-
-def _text(data: Dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        return ''
-    value = ' '.join(value.split())
-    return value if len(value) <= _SHOWN else value[:_SHOWN - 3] + '...'
+    return '/api/v1/namespaces/%s/configmaps/%s' % (check_namespace(namespace, PauseError), name)
 
 
 def judge(configmap: Optional[Dict[str, Any]], namespace: str, name: str, batch: int) -> Verdict:
@@ -118,7 +103,7 @@ def judge(configmap: Optional[Dict[str, Any]], namespace: str, name: str, batch:
         raise PauseError('ConfigMap %s: the API returned %s, not an object' % (where, type(configmap).__name__))
     data = configmap.get('data') if isinstance(configmap.get('data'), dict) else {}
     meta = configmap.get('metadata') if isinstance(configmap.get('metadata'), dict) else {}
-    by = _text(data, 'by')
+    by = folded(data, 'by')
     at = meta.get('creationTimestamp') if isinstance(meta.get('creationTimestamp'), str) else ''
     return Verdict(True, namespace, name, batch, by, at,
                    'batch %d approved (ConfigMap %s%s%s)' % (batch, where, ', by %s' % by if by else '',

@@ -25,13 +25,12 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, NamedTuple, Optional
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import check_namespace, folded
+
 DEFAULT_NAMESPACE = 'gpufleet-system'
 DEFAULT_NAME = 'gpufleet-stop'
 # A ConfigMap's name is a DNS subdomain; its namespace a DNS label.
 _SUBDOMAIN = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
-_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
-# Text from the ConfigMap shown in a message is cut to this many characters.
-_SHOWN = 200
 
 
 class StopSwitchError(ValueError):
@@ -55,8 +54,7 @@ class Verdict(NamedTuple):
 
 def check_names(namespace: Any, name: Any) -> None:
     """StopSwitchError unless `namespace` is a DNS label and `name` a DNS subdomain."""
-    if not isinstance(namespace, str) or len(namespace) > 63 or not _LABEL.match(namespace):
-        raise StopSwitchError('namespace: %r is not a Kubernetes namespace name (a DNS label)' % (namespace,))
+    check_namespace(namespace, StopSwitchError)
     if not isinstance(name, str) or len(name) > 253 or not _SUBDOMAIN.match(name):
         raise StopSwitchError('name: %r is not a ConfigMap name (a DNS subdomain)' % (name,))
 
@@ -65,14 +63,6 @@ def path(namespace: str, name: str) -> str:
     """The ConfigMap's API path (names checked first)."""
     check_names(namespace, name)
     return '/api/v1/namespaces/%s/configmaps/%s' % (namespace, name)
-
-
-def _text(data: Dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        return ''
-    value = ' '.join(value.split())
-    return value if len(value) <= _SHOWN else value[:_SHOWN - 3] + '...'
 
 
 def judge(configmap: Optional[Dict[str, Any]], namespace: str = DEFAULT_NAMESPACE, name: str = DEFAULT_NAME,
@@ -92,7 +82,7 @@ def judge(configmap: Optional[Dict[str, Any]], namespace: str = DEFAULT_NAMESPAC
         raise StopSwitchError('%s: the API returned %s, not an object' % (where, type(configmap).__name__))
     data = configmap.get('data') if isinstance(configmap.get('data'), dict) else {}
     meta = configmap.get('metadata') if isinstance(configmap.get('metadata'), dict) else {}
-    reason, by, scope = _text(data, 'reason'), _text(data, 'by'), _text(data, 'rollout')
+    reason, by, scope = folded(data, 'reason'), folded(data, 'by'), folded(data, 'rollout')
     set_at = meta.get('creationTimestamp') if isinstance(meta.get('creationTimestamp'), str) else ''
     if scope and scope != rollout_id:
         return Verdict(False, True, namespace, name, reason, by, set_at, scope,

@@ -63,3 +63,25 @@ def named_entry(raw: t.Any, where: str, error: t.Type[Exception] = ValueError,
     if not isinstance(name, str) or not name:
         raise error('%s.name: %r is not a non-empty string' % (where, name))
     return name
+
+
+# A namespace name is a DNS label.
+DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
+
+
+def check_namespace(value: t.Any, error: t.Type[Exception] = ValueError, field: str = 'namespace') -> str:
+    """`value` when it is a Kubernetes namespace name (a DNS label of at most 63 characters), else `error`
+    naming the field and the value."""
+    if not isinstance(value, str) or len(value) > 63 or not DNS_LABEL.match(value):
+        raise error('%s: %r is not a Kubernetes namespace name (a DNS label)' % (field, value))
+    return value
+
+
+def folded(data: t.Dict[str, t.Any], key: str, limit: int = 200) -> str:
+    """A string value of `data` (an object's data or annotations) to show in a message: whitespace folded,
+    cut to `limit` characters; '' when absent or not a string."""
+    value = data.get(key)
+    if not isinstance(value, str):
+        return ''
+    value = ' '.join(value.split())
+    return value if len(value) <= limit else value[:limit - 3] + '...'
