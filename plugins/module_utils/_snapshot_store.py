@@ -37,6 +37,7 @@ import re
 from typing import Any, Dict, List, NamedTuple, Optional
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _text
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._upgrade_state import StateError, target_key
 
 DEFAULT_NAMESPACE = 'gpufleet-system'
@@ -55,7 +56,6 @@ MAX_CONTENT = 1000 * 1000
 _HASH_LEN = 10
 _SHA = re.compile(r'^[0-9a-fA-F]{64}$')
 _LABEL_VALUE = re.compile(r'^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$')
-_DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
 
 
 class StoreError(ValueError):
@@ -90,9 +90,7 @@ def check_target(target: Any) -> str:
 
 
 def check_namespace(namespace: Any) -> str:
-    if not isinstance(namespace, str) or len(namespace) > 63 or not _DNS_LABEL.match(namespace):
-        raise StoreError('namespace: %r is not a Kubernetes namespace name (a DNS label)' % (namespace,))
-    return namespace
+    return _text.check_namespace(namespace, StoreError)
 
 
 def check_sha256(value: Any, field: str = 'sha256') -> str:
