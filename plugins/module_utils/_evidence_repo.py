@@ -1,0 +1,297 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: no compatibility promise.
+"""The Git evidence repository of an AWX workflow (evidence_repo): the pure decisions.
+
+In AWX every job runs in a fresh container from a fresh checkout; the only durable store between
+the jobs of a workflow is a Git repository. The module clones it at the revision the workflow
+passes on, and commits and pushes what a job produced, retrying a push that lost a race on the
+new head, never forcing.
+
+- `redact(text, secrets)`: `text` with every secret and the userinfo of every URL replaced by
+  ``***`` (for every message and result).
+- `check_remote(remote)`: the remote, refused when its URL embeds a password or token.
+- `remote_kind(remote)` / `same_remote(a, b)`: what kind of URL (https, ssh, local...) and whether
+  two spell the same repository.
+- `check_branch`, `check_revision`, `check_paths`, `check_author`: the inputs, each error naming
+  the field and the value.
+- `classify_push(stderr)`: a refused push as non-fast-forward (retry on the new head), refused (a
+  hook, a permission) or other; `should_retry(kind, attempt, retries)`.
+- `askpass_script()` and `git_env(...)`: how git gets a token (a GIT_ASKPASS script that echoes an
+  environment variable, never a command line or the URL) and never prompts.
+- `porcelain_paths(out)` and `name_list(out)`: what ``git status --porcelain -z`` and
+  ``git diff --name-only -z`` list.
+
+Pure: no I/O (the module runs git).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shlex
+from typing import Any, Dict, Iterable, List, Optional
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _text
+
+MASK = '***'
+ENV_TOKEN = 'GPUFLEET_GIT_TOKEN'
+ENV_USERNAME = 'GPUFLEET_GIT_USERNAME'
+
+NON_FAST_FORWARD = 'non-fast-forward'
+REFUSED = 'refused'
+OTHER = 'other'
+
+_SHA1 = re.compile(r'^[0-9a-fA-F]{40}$')
+# scheme://userinfo@ : the userinfo of any URL in a text (user, or user:password).
+_USERINFO = re.compile(r'(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s]*)@')
+_SCHEME = re.compile(r'(?i)^([a-z][a-z0-9+.-]*)://')
+# user@host:path (scp-like ssh): no scheme, a ':' before any '/'.
+_SCP = re.compile(r'^(?:[^@/:\s]+@)?[^@/:\s]+:(?!//)')
+# What git check-ref-format refuses in a component, and the characters it refuses anywhere.
+_BAD_REF_CHARS = re.compile(r'[\x00-\x20\x7f~^:?*\[\\]')
+# git push's lines for a ref the remote did not take.
+_REJECTED = re.compile(r'^\s*!\s*\[rejected\].*\((fetch first|non-fast-forward)\)', re.M)
+_REMOTE_REJECTED = re.compile(r'^\s*!\s*\[remote rejected\]', re.M)
+_DENIED = re.compile(r'(?i)permission denied|permission to .* denied|access denied|forbidden|\b403\b|'
+                     r'protected branch|hook declined')
+
+
+class RepoError(ValueError):
+    """Bad input or a git failure the module reports (the message names the field or the remote)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Redaction and remotes
+# --------------------------------------------------------------------------------------------
+
+def redact(text: Any, secrets: Iterable[Optional[str]] = ()) -> str:
+    """`text` (anything, as str) with each non-empty secret and the userinfo of every URL in it
+    (``https://user:pass@host`` becomes ``https://***@host``) replaced by ``***``."""
+    out = str(text)
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        out = out.replace(secret, MASK)
+    return _USERINFO.sub(lambda m: m.group(1) + (MASK + '@' if m.group(2) else ''), out)
+
+
+def remote_kind(remote: str) -> str:
+    """``https``, ``http``, ``ssh``, ``git``, ``file`` (a file:// URL or a local path) or the URL's scheme."""
+    m = _SCHEME.match(remote)
+    if m:
+        scheme = m.group(1).lower()
+        return {'git+ssh': 'ssh', 'ssh+git': 'ssh'}.get(scheme, scheme)
+    if _SCP.match(remote) and not remote.startswith(('/', '.')):
+        return 'ssh'
+    return 'file'
+
+
+def check_remote(remote: Any) -> str:
+    """The remote, a non-empty string; refused (naming the URL with its userinfo as ``***``) when it embeds a
+    password or a token (any userinfo of an http(s) URL, ``user:password`` of any other): credentials come from
+    an AWX credential through `token` or `key_file`."""
+    if not isinstance(remote, str) or not remote.strip():
+        raise RepoError('remote: %s is not a Git URL or path' % _text.show(remote))
+    if any(c in remote for c in '\r\n\x00'):
+        raise RepoError('remote: %s contains a control character' % _text.show(redact(remote)))
+    m = _USERINFO.match(remote)
+    if m and (':' in m.group(2) or remote_kind(remote) in ('http', 'https')):
+        raise RepoError('remote: %s embeds credentials in the URL; give them with the token option (https) or '
+                        'key_file (ssh) from an AWX credential instead' % redact(remote))
+    return remote
+
+
+def _normal(remote: str) -> str:
+    kind = remote_kind(remote)
+    text = remote
+    if kind == 'file':
+        text = remote[len('file://'):] if remote.lower().startswith('file://') else remote
+        text = posixpath.normpath(text)
+    else:
+        text = text.rstrip('/')
+    return text[:-4] if text.endswith('.git') else text
+
+
+def same_remote(a: str, b: str) -> bool:
+    """Whether two remotes name the same repository (``file://`` and a path, a trailing ``/`` or ``.git`` aside;
+    local paths should be absolute)."""
+    return _normal(a) == _normal(b)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+def check_ref_name(value: Any, field: str) -> str:
+    """`value` when git would take it as a branch or tag name (git check-ref-format's rules)."""
+    if (not isinstance(value, str) or not value or value.startswith(('-', '/')) or value.endswith(('/', '.', '.lock'))
+            or '..' in value or '//' in value or '@{' in value or value == '@' or _BAD_REF_CHARS.search(value)
+            or any(part.startswith('.') or part.endswith('.lock') for part in value.split('/'))):
+        raise RepoError('%s: %s is not a valid branch or tag name' % (field, _text.show(value)))
+    return value
+
+
+def check_branch(value: Any) -> str:
+    return check_ref_name(value, 'branch')
+
+
+def is_sha1(value: Any) -> bool:
+    return isinstance(value, str) and bool(_SHA1.match(value))
+
+
+def check_revision(value: Any) -> Optional[str]:
+    """None (the remote branch's head), a full 40-hex commit (lowercased) or a branch or tag name."""
+    if value is None:
+        return None
+    if is_sha1(value):
+        return value.lower()
+    if isinstance(value, str) and re.match(r'^[0-9a-fA-F]{7,39}$', value):
+        raise RepoError('revision: %s is an abbreviated commit; give the full 40-hex commit or a branch or tag name'
+                        % _text.show(value))
+    try:
+        return check_ref_name(value, 'revision')
+    except RepoError:
+        raise RepoError('revision: %s is neither a full 40-hex commit nor a branch or tag name' % _text.show(value))
+
+
+def check_paths(paths: Any) -> List[str]:
+    """The paths to commit, relative to dest and normalised; refused naming the first that is not a
+    non-empty string, is absolute or escapes dest (a ``..`` component)."""
+    if not isinstance(paths, list) or not paths:
+        raise RepoError('paths: give at least one path (relative to dest) to commit')
+    out: List[str] = []
+    for i, path in enumerate(paths):
+        if not isinstance(path, str) or not path.strip() or '\x00' in path:
+            raise RepoError('paths[%d]: %s is not a path' % (i, _text.show(path)))
+        if os.path.isabs(path) or path.startswith('~'):
+            raise RepoError('paths[%d]: %s is absolute; give it relative to dest' % (i, _text.show(path)))
+        if '..' in re.split(r'[/\\]', path):
+            raise RepoError('paths[%d]: %s escapes dest (a .. component)' % (i, _text.show(path)))
+        norm = posixpath.normpath(path)
+        if norm == '.git' or norm.startswith('.git/'):
+            raise RepoError('paths[%d]: %s is inside .git' % (i, _text.show(path)))
+        if norm not in out:
+            out.append(norm)
+    return out
+
+
+def check_author(name: Any, email: Any) -> None:
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in '<>\n'):
+        raise RepoError('author_name: %s is not a person\'s name (in AWX, awx_user_name)' % _text.show(name))
+    if not isinstance(email, str) or '@' not in email or any(c in email for c in '<> \n'):
+        raise RepoError('author_email: %s is not an e-mail address (in AWX, awx_user_email)' % _text.show(email))
+
+
+def check_count(value: Any, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RepoError('%s: %s must be an integer from %d to %d' % (field, _text.show(value), low, high))
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Push
+# --------------------------------------------------------------------------------------------
+
+def classify_push(stderr: str) -> str:
+    """Why git push refused: `NON_FAST_FORWARD` (``! [rejected] ... (fetch first)`` or
+    ``(non-fast-forward)``: the remote moved, retry on its new head), `REFUSED` (``! [remote rejected]``, a
+    hook declined, a permission denied: retrying cannot help) or `OTHER`."""
+    if _REMOTE_REJECTED.search(stderr) or _DENIED.search(stderr):
+        return REFUSED
+    if _REJECTED.search(stderr):
+        return NON_FAST_FORWARD
+    return OTHER
+
+
+def should_retry(kind: str, attempt: int, retries: int) -> bool:
+    """Whether push attempt `attempt` (1-based), refused as `kind`, is followed by a rebase and another:
+    only a non-fast-forward, and at most `retries` attempts in all."""
+    return kind == NON_FAST_FORWARD and attempt < retries
+
+
+# --------------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------------
+
+def askpass_script() -> str:
+    """A GIT_ASKPASS helper: the username for git's ``Username`` prompt, the token for any other; both
+    from the environment, so the token is never on a command line or in a file."""
+    return ('#!/bin/sh\n'
+            'case "$1" in\n'
+            '  Username*) printf \'%%s\\n\' "$%s" ;;\n'
+            '  *) printf \'%%s\\n\' "$%s" ;;\n'
+            'esac\n' % (ENV_USERNAME, ENV_TOKEN))
+
+
+def git_env(timeout: int, askpass: Optional[str] = None, token: Optional[str] = None, username: str = 'git',
+            key_file: Optional[str] = None) -> Dict[str, str]:
+    """The environment git runs with: never a prompt (GIT_TERMINAL_PROMPT=0, ssh BatchMode), C locale (the
+    messages `classify_push` reads), the token through the `askpass` script, the ssh key with IdentitiesOnly."""
+    env = {'GIT_TERMINAL_PROMPT': '0', 'LC_ALL': 'C', 'LANGUAGE': 'C', 'GCM_INTERACTIVE': 'never',
+           'GIT_CONFIG_NOSYSTEM': '1'}
+    ssh = ['ssh', '-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % max(1, timeout)]
+    if key_file:
+        ssh += ['-i', key_file, '-o', 'IdentitiesOnly=yes']
+    env['GIT_SSH_COMMAND'] = ' '.join(shlex.quote(a) for a in ssh)
+    if token:
+        if not askpass:
+            raise ValueError('a token needs the askpass script')
+        env.update({'GIT_ASKPASS': askpass, ENV_TOKEN: token, ENV_USERNAME: username})
+    elif askpass:
+        env['GIT_ASKPASS'] = askpass
+    return env
+
+
+def author_env(name: str, email: str) -> Dict[str, str]:
+    """Author and committer: the job's operator."""
+    return {'GIT_AUTHOR_NAME': name, 'GIT_AUTHOR_EMAIL': email, 'GIT_COMMITTER_NAME': name,
+            'GIT_COMMITTER_EMAIL': email}
+
+
+# Options on every git command line: no credential helper stores or offers anything, no pager.
+GIT_OPTIONS = ['-c', 'credential.helper=', '-c', 'core.pager=cat', '-c', 'advice.detachedHead=false']
+
+
+# --------------------------------------------------------------------------------------------
+# Output of git
+# --------------------------------------------------------------------------------------------
+
+def name_list(out: str) -> List[str]:
+    """The paths of ``git diff --name-only -z`` (or any NUL-separated list)."""
+    return [p for p in out.split('\0') if p]
+
+
+def porcelain_paths(out: str) -> List[str]:
+    """The paths ``git status --porcelain -z`` lists (a rename's new path only)."""
+    entries = out.split('\0')
+    paths: List[str] = []
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        paths.append(entry[3:])
+        if entry[0] in 'RC':
+            i += 1      # the rename's source follows
+    return paths
+
+
+def ls_remote_refs(out: str) -> Dict[str, str]:
+    """``git ls-remote`` output as {ref: sha} (a peeled tag ``refs/tags/x^{}`` kept as its own key)."""
+    refs = {}
+    for line in out.splitlines():
+        parts = line.split('\t')
+        if len(parts) == 2 and is_sha1(parts[0]):
+            refs[parts[1]] = parts[0].lower()
+    return refs
+
+
+def resolve_name(refs: Dict[str, str], name: str) -> Optional[str]:
+    """The commit a branch or tag name (or a full ref) names on the remote, None when it has none."""
+    for ref in (name, 'refs/heads/' + name, 'refs/tags/' + name):
+        if ref.startswith('refs/') and ref in refs:
+            return refs.get(ref + '^{}', refs[ref])
+    return None

@@ -1,0 +1,299 @@
+"""The pure decisions of evidence_repo: redaction, remotes, inputs, push classification and retries, the askpass
+helper and git's environment, and what git prints."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _evidence_repo as er
+
+SHA = '3f1c2a9b0d4e5f60718293a4b5c6d7e8f9012345'
+
+# git 2.39's stderr for the pushes it refuses.
+FETCH_FIRST = """To /tmp/evidence.git
+ ! [rejected]        HEAD -> main (fetch first)
+error: failed to push some refs to '/tmp/evidence.git'
+hint: Updates were rejected because the remote contains work that you do
+hint: not have locally. This is usually caused by another repository pushing
+hint: to the same ref. You may want to first integrate the remote changes
+hint: (e.g., 'git pull ...') before pushing again.
+hint: See the 'Note about fast-forwards' in 'git push --help' for details."""
+NON_FF = """To /tmp/evidence.git
+ ! [rejected]        HEAD -> main (non-fast-forward)
+error: failed to push some refs to '/tmp/evidence.git'
+hint: Updates were rejected because a pushed branch tip is behind its remote"""
+HOOK = """remote: evidence is frozen
+To /tmp/hooked.git
+ ! [remote rejected] HEAD -> main (pre-receive hook declined)
+error: failed to push some refs to '/tmp/hooked.git'"""
+PERMISSION = """remote: Permission to gpu/evidence.git denied to ada.
+fatal: unable to access 'https://git.example.com/gpu/evidence.git/': The requested URL returned error: 403"""
+UNREACHABLE = """fatal: unable to access 'https://127.0.0.1:9/x.git/': Failed to connect to 127.0.0.1 port 9 after 0 ms: \
+Couldn't connect to server"""
+
+
+# --------------------------------------------------------------------------------------------
+# Redaction and remotes
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('text, secrets, expected', [
+    ('fatal: https://ada:hunter2@git.example.com/x.git', [], 'fatal: https://***@git.example.com/x.git'),
+    ('token s3cr3t in s3cr3t', ['s3cr3t'], 'token *** in ***'),
+    ('no secret here', [None, ''], 'no secret here'),
+    ('ssh://git@host/x and http://u@p/y', [], 'ssh://***@host/x and http://***@p/y'),
+    ('abcdef and abc', ['abc', 'abcdef'], '*** and ***'),
+    ('https://host/x.git', [], 'https://host/x.git'),
+])
+def test_redact(text, secrets, expected):
+    assert er.redact(text, secrets) == expected
+
+
+def test_redact_takes_anything():
+    assert er.redact(ValueError('https://a:b@h/x'), ['b']) == 'https://***@h/x'
+
+
+@pytest.mark.parametrize('remote, kind', [
+    ('https://git.example.com/gpu/evidence.git', 'https'),
+    ('http://git.example.com/x', 'http'),
+    ('ssh://git@git.example.com/gpu/evidence.git', 'ssh'),
+    ('git@git.example.com:gpu/evidence.git', 'ssh'),
+    ('host:evidence.git', 'ssh'),
+    ('file:///srv/evidence.git', 'file'),
+    ('/srv/evidence.git', 'file'),
+    ('./evidence.git', 'file'),
+    ('evidence.git', 'file'),
+])
+def test_remote_kind(remote, kind):
+    assert er.remote_kind(remote) == kind
+
+
+@pytest.mark.parametrize('remote', ['https://git.example.com/x.git', 'ssh://git@host/x.git', 'git@host:x.git',
+                                    '/srv/evidence.git', 'file:///srv/evidence.git'])
+def test_check_remote_accepts(remote):
+    assert er.check_remote(remote) == remote
+
+
+@pytest.mark.parametrize('remote, shown', [
+    ('https://ada:hunter2@git.example.com/x.git', 'https://***@git.example.com/x.git'),
+    ('https://ghp_tokenvalue@git.example.com/x.git', 'https://***@git.example.com/x.git'),
+    ('ssh://git:hunter2@host/x.git', 'ssh://***@host/x.git'),
+])
+def test_check_remote_refuses_credentials_without_echoing_them(remote, shown):
+    with pytest.raises(er.RepoError) as info:
+        er.check_remote(remote)
+    msg = str(info.value)
+    assert msg.startswith('remote: %s embeds credentials' % shown)
+    assert 'hunter2' not in msg and 'ghp_tokenvalue' not in msg and 'ada' not in msg
+
+
+@pytest.mark.parametrize('remote', [None, '', '  ', 3, 'https://h/x\n'])
+def test_check_remote_refuses_non_urls(remote):
+    with pytest.raises(er.RepoError, match='^remote: '):
+        er.check_remote(remote)
+
+
+@pytest.mark.parametrize('a, b, same', [
+    ('/srv/evidence.git', 'file:///srv/evidence.git', True),
+    ('/srv/evidence.git/', '/srv/evidence', True),
+    ('https://h/gpu/evidence.git', 'https://h/gpu/evidence', True),
+    ('https://h/gpu/evidence.git', 'https://h/gpu/other.git', False),
+    ('/srv/a.git', '/srv/b.git', False),
+])
+def test_same_remote(a, b, same):
+    assert er.same_remote(a, b) is same
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('value, expected', [
+    (None, None), (SHA, SHA), (SHA.upper(), SHA), ('main', 'main'), ('release/2026-12', 'release/2026-12'),
+    ('v1.2.3', 'v1.2.3'),
+])
+def test_check_revision_accepts(value, expected):
+    assert er.check_revision(value) == expected
+
+
+@pytest.mark.parametrize('value, why', [
+    ('3f1c2a9', 'abbreviated'), ('a..b', 'neither'), ('-rf', 'neither'), ('x y', 'neither'), ('x~1', 'neither'),
+    ('HEAD^', 'neither'), ('a.lock', 'neither'), ('', 'neither'), (5, 'neither'), ('x:y', 'neither'),
+])
+def test_check_revision_refuses(value, why):
+    with pytest.raises(er.RepoError, match='^revision: .*%s' % why):
+        er.check_revision(value)
+
+
+@pytest.mark.parametrize('value', ['main', 'evidence/2026', 'gpu-rollout'])
+def test_check_branch_accepts(value):
+    assert er.check_branch(value) == value
+
+
+@pytest.mark.parametrize('value', ['', '/main', 'main/', 'ma..in', 'a b', '.hidden', 'x/.y', 'a@{1}', None, '@'])
+def test_check_branch_refuses(value):
+    with pytest.raises(er.RepoError, match='^branch: .* is not a valid branch or tag name'):
+        er.check_branch(value)
+
+
+def test_check_paths_normalises_and_dedups():
+    assert er.check_paths(['bundles/a.json', './bundles/a.json', 'reports/', 'plan.yml']) == \
+        ['bundles/a.json', 'reports', 'plan.yml']
+
+
+@pytest.mark.parametrize('paths, msg', [
+    (['ok', '../other/x'], r'^paths\[1\]: "\.\./other/x" escapes dest'),
+    (['a/../../x'], r'^paths\[0\]: "a/\.\./\.\./x" escapes dest'),
+    (['a/..'], r'escapes dest'),
+    (['/etc/passwd'], r'^paths\[0\]: "/etc/passwd" is absolute'),
+    (['~/x'], r'is absolute'),
+    (['.git/config'], r'inside \.git'),
+    ([''], r'^paths\[0\]: "" is not a path'),
+    ([3], r'^paths\[0\]: 3 is not a path'),
+    ([], r'^paths: give at least one path'),
+    (None, r'^paths: give at least one path'),
+])
+def test_check_paths_refuses(paths, msg):
+    with pytest.raises(er.RepoError, match=msg):
+        er.check_paths(paths)
+
+
+def test_check_author():
+    er.check_author('Ada Operator', 'ada@example.com')
+    with pytest.raises(er.RepoError, match='^author_name: "" '):
+        er.check_author('', 'ada@example.com')
+    with pytest.raises(er.RepoError, match='^author_name: .*awx_user_name'):
+        er.check_author('Ada <x>', 'ada@example.com')
+    with pytest.raises(er.RepoError, match='^author_email: "ada" is not an e-mail'):
+        er.check_author('Ada', 'ada')
+    with pytest.raises(er.RepoError, match='^author_email: None'):
+        er.check_author('Ada', None)
+
+
+@pytest.mark.parametrize('value, ok', [(1, True), (100, True), (0, False), (101, False), (True, False), ('5', False)])
+def test_check_count(value, ok):
+    if ok:
+        assert er.check_count(value, 'push_retries', 1, 100) == value
+    else:
+        with pytest.raises(er.RepoError, match='^push_retries: .* must be an integer from 1 to 100'):
+            er.check_count(value, 'push_retries', 1, 100)
+
+
+# --------------------------------------------------------------------------------------------
+# Push
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('stderr, kind', [
+    (FETCH_FIRST, er.NON_FAST_FORWARD),
+    (NON_FF, er.NON_FAST_FORWARD),
+    (HOOK, er.REFUSED),
+    (PERMISSION, er.REFUSED),
+    ('remote: error: GH006: Protected branch update failed for refs/heads/main.', er.REFUSED),
+    (UNREACHABLE, er.OTHER),
+    ('', er.OTHER),
+])
+def test_classify_push(stderr, kind):
+    assert er.classify_push(stderr) == kind
+
+
+@pytest.mark.parametrize('kind, attempt, retries, retry', [
+    (er.NON_FAST_FORWARD, 1, 5, True),
+    (er.NON_FAST_FORWARD, 4, 5, True),
+    (er.NON_FAST_FORWARD, 5, 5, False),
+    (er.NON_FAST_FORWARD, 1, 1, False),
+    (er.REFUSED, 1, 5, False),
+    (er.OTHER, 1, 5, False),
+])
+def test_should_retry(kind, attempt, retries, retry):
+    assert er.should_retry(kind, attempt, retries) is retry
+
+
+# --------------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------------
+
+def test_askpass_script_echoes_the_environment(tmp_path):
+    script = tmp_path / 'askpass.sh'
+    script.write_text(er.askpass_script())
+    script.chmod(0o700)
+    assert 's3cr3t' not in er.askpass_script()
+    env = dict(os.environ, **{er.ENV_TOKEN: 's3cr3t', er.ENV_USERNAME: 'ada'})
+
+    def ask(prompt: str) -> str:
+        return subprocess.run([str(script), prompt], env=env, capture_output=True, text=True, check=True).stdout
+
+    assert ask("Username for 'https://git.example.com': ") == 'ada\n'
+    assert ask("Password for 'https://ada@git.example.com': ") == 's3cr3t\n'
+
+
+def test_git_env_with_token():
+    env = er.git_env(30, '/tmp/x/askpass.sh', 's3cr3t', 'ada')
+    assert env['GIT_TERMINAL_PROMPT'] == '0' and env['LC_ALL'] == 'C'
+    assert env['GIT_ASKPASS'] == '/tmp/x/askpass.sh'
+    assert env[er.ENV_TOKEN] == 's3cr3t' and env[er.ENV_USERNAME] == 'ada'
+    ssh = shlex.split(env['GIT_SSH_COMMAND'])
+    assert 'BatchMode=yes' in ssh and 'ConnectTimeout=30' in ssh and '-i' not in ssh
+
+
+def test_git_env_with_key_file_and_no_token():
+    env = er.git_env(60, key_file='/run/keys/evidence key')
+    ssh = shlex.split(env['GIT_SSH_COMMAND'])
+    assert ssh[ssh.index('-i') + 1] == '/run/keys/evidence key'
+    assert 'IdentitiesOnly=yes' in ssh and 'BatchMode=yes' in ssh
+    assert er.ENV_TOKEN not in env and 'GIT_ASKPASS' not in env and env['GIT_TERMINAL_PROMPT'] == '0'
+
+
+def test_git_env_token_needs_askpass():
+    with pytest.raises(ValueError):
+        er.git_env(60, None, 's3cr3t')
+
+
+def test_author_env_is_author_and_committer():
+    assert er.author_env('Ada', 'ada@example.com') == {
+        'GIT_AUTHOR_NAME': 'Ada', 'GIT_AUTHOR_EMAIL': 'ada@example.com',
+        'GIT_COMMITTER_NAME': 'Ada', 'GIT_COMMITTER_EMAIL': 'ada@example.com'}
+
+
+def test_no_credential_helper_on_the_command_line():
+    assert er.GIT_OPTIONS[:2] == ['-c', 'credential.helper=']
+
+
+# --------------------------------------------------------------------------------------------
+# Output of git
+# --------------------------------------------------------------------------------------------
+
+def test_porcelain_paths():
+    out = ' M bundles/a.json\0?? reports/b html\0R  new.txt\0old.txt\0A  c.txt\0'
+    assert er.porcelain_paths(out) == ['bundles/a.json', 'reports/b html', 'new.txt', 'c.txt']
+    assert er.porcelain_paths('') == []
+
+
+def test_name_list():
+    assert er.name_list('a\0b c\0') == ['a', 'b c']
+    assert er.name_list('') == []
+
+
+def test_ls_remote_refs_and_resolve_name():
+    out = ('%s\tHEAD\n%s\trefs/heads/main\n%s\trefs/tags/v1\n%s\trefs/tags/v1^{}\n%s\trefs/tags/light\nnoise\n'
+           % (SHA, SHA, 'a' * 40, 'b' * 40, 'c' * 40))
+    refs = er.ls_remote_refs(out)
+    assert refs['refs/heads/main'] == SHA and 'noise' not in refs
+    assert er.resolve_name(refs, 'main') == SHA
+    assert er.resolve_name(refs, 'v1') == 'b' * 40          # an annotated tag: its commit
+    assert er.resolve_name(refs, 'light') == 'c' * 40
+    assert er.resolve_name(refs, 'refs/heads/main') == SHA
+    assert er.resolve_name(refs, 'nope') is None
+
+
+def test_git_takes_the_token_from_the_askpass_helper_without_a_terminal(tmp_path):
+    """git's own credential prompt (what an https fetch or push asks) is answered by the helper, with prompts
+    on the terminal disabled, and nothing but the helper's path is in the environment's askpass."""
+    script = tmp_path / 'askpass.sh'
+    script.write_text(er.askpass_script())
+    script.chmod(0o700)
+    env = dict(os.environ, **er.git_env(10, str(script), 's3cr3t', 'ada'))
+    out = subprocess.run(['git'] + er.GIT_OPTIONS + ['credential', 'fill'], env=env, capture_output=True, text=True,
+                         input='protocol=https\nhost=git.example.com\n\n', timeout=20, check=True).stdout
+    assert 'username=ada\n' in out and 'password=s3cr3t\n' in out
