@@ -101,8 +101,17 @@ def observation_settings(plan: t.Dict[str, t.Any], default_window: t.Any,
 
 
 def observation_verdict(nodes: t.List[t.Dict[str, t.Any]], plan: t.Dict[str, t.Any], window: t.Dict[str, t.Any],
-                        metric: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
-    return _call('observation_verdict', _rollout.observation_verdict, nodes, plan, window, metric)
+                        metric: t.Optional[t.Dict[str, t.Any]] = None,
+                        host: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
+    return _call('observation_verdict', _rollout.observation_verdict, nodes, plan, window, metric, host)
+
+
+def observation_hosts(results: t.Mapping[str, t.Any], upgraded: t.List[str],
+                      hosts: t.Optional[t.List[str]] = None) -> t.Dict[str, t.Any]:
+    # With `hosts`, `results` is hostvars: each host's node_upgrade_result, None where the role did not set one.
+    if hosts is not None:
+        results = {h: (results[h] if h in results else {}).get('node_upgrade_result') for h in hosts}
+    return _call('observation_hosts', _rollout.observation_hosts, dict(results), upgraded)
 
 
 class FilterModule:
@@ -115,4 +124,4 @@ class FilterModule:
                 'plan_digest': plan_digest, 'forks_verdict': forks_verdict,
                 'rollback_time': rollback_time, 'activation': activation,
                 'observation_window': observation_window, 'observation_verdict': observation_verdict,
-                'observation_settings': observation_settings}
+                'observation_settings': observation_settings, 'observation_hosts': observation_hosts}

@@ -13,7 +13,7 @@ Shape (``schema: gpufleet.upgrade/evidence/v1``)::
     tuple: {before: {kernel, rke2, driver, gpu_operator, dcgm_exporter}, after: {...}}
     nodes: {<name>: {name, role, uid, machine_id, system_uuid, pci_ids, batch, tuple_before, tuple_after,
                      measured, verdict, phases, failed_phase, started, finished, duration_s, rolled_back,
-                     message}}
+                     message, artifacts: [{kind, name, version, sha256, digest}]}}
     artifacts: [{kind, name, version, sha256, digest, path}]     # keyed by (kind, name)
     batches: [{index, kind, nodes, started, finished}]             # keyed by index
     gates: [{id, name, kind, category, node, batch, critical, passed, started, finished,
@@ -193,7 +193,7 @@ def node_entry(raw: Any, i: int) -> Dict[str, Any]:
     field = 'nodes[%d]' % i
     _check_keys(raw, ('name', 'role', 'uid', 'machine_id', 'system_uuid', 'pci_ids', 'batch', 'tuple_before',
                       'tuple_after', 'measured', 'labels', 'verdict', 'phases', 'failed_phase', 'started',
-                      'finished', 'rolled_back', 'message'), field)
+                      'finished', 'rolled_back', 'message', 'artifacts'), field)
     name = _str(raw, 'name', field, required=True)
     out = {'name': name}  # type: Dict[str, Any]
     role = _str(raw, 'role', field)
@@ -253,6 +253,13 @@ def node_entry(raw: Any, i: int) -> Dict[str, Any]:
     rolled_back = _bool(raw, 'rolled_back', field, None)
     if rolled_back is not None:
         out['rolled_back'] = rolled_back
+    if raw.get('artifacts') is not None:
+        # What the node installed and runs (packages with the repository's SHA-256, images with their digest).
+        if not isinstance(raw['artifacts'], list):
+            raise EvidenceError('%s.artifacts: %r is not a list of artifacts' % (field, raw['artifacts']))
+        # No `path`: a node's artifact is not a file on the controller.
+        out['artifacts'] = [artifact_entry(a, j, field + '.', ('kind', 'name', 'version', 'sha256', 'digest'))
+                            for j, a in enumerate(raw['artifacts'])]
     return out
 
 
@@ -268,9 +275,12 @@ def _int(value: Any, field: str) -> int:
     return num
 
 
-def artifact_entry(raw: Any, i: int) -> Dict[str, Any]:
-    field = 'artifacts[%d]' % i
-    _check_keys(raw, ('kind', 'name', 'version', 'sha256', 'digest', 'path'), field)
+ARTIFACT_KEYS = ('kind', 'name', 'version', 'sha256', 'digest', 'path')
+
+
+def artifact_entry(raw: Any, i: int, prefix: str = '', keys: Tuple[str, ...] = ARTIFACT_KEYS) -> Dict[str, Any]:
+    field = '%sartifacts[%d]' % (prefix, i)
+    _check_keys(raw, keys, field)
     out = {'kind': _str(raw, 'kind', field, required=True), 'name': _str(raw, 'name', field, required=True)}
     for k in ('version', 'path'):
         v = _str(raw, k, field)
@@ -453,20 +463,21 @@ def _tag(name: str) -> str:
 def tuple_artifacts_without_digest(bundle: Dict[str, Any]) -> List[str]:
     """Target-tuple components with no digested artifact: the driver (a package with a SHA-256, or a
     driver image with a digest whose tag starts with the version), the GPU Operator and the DCGM
-    exporter (an image whose tag is the version, with a digest)."""
+    exporter (an image whose tag is the version, with a digest). The nodes' own artifacts count too."""
     after = bundle['tuple'].get('after') or {}
+    artifacts = list(bundle['artifacts']) + [a for n in bundle['nodes'].values() for a in n.get('artifacts') or []]
     missing = []
     driver = after.get('driver')
     if driver:
         ok = any((a['kind'] != 'image' and a.get('sha256') and driver in (a.get('version') or '') + ' ' + a['name'])
                  or (a['kind'] == 'image' and a.get('digest') and _tag(a['name']).startswith(driver))
-                 for a in bundle['artifacts'])
+                 for a in artifacts)
         if not ok:
             missing.append('driver %s' % driver)
     for comp in ('gpu_operator', 'dcgm_exporter'):
         value = after.get(comp)
         if value and not any(a['kind'] == 'image' and a.get('digest') and _tag(a['name']) == value
-                             for a in bundle['artifacts']):
+                             for a in artifacts):
             missing.append('%s %s' % (comp, value))
     return missing
 

@@ -248,6 +248,48 @@ def measure(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict[
             'gpu_operator': image_version(gpu_operator) if gpu_operator else None}
 
 
+_IMAGE_DIGEST = re.compile(r'sha256:[0-9a-f]{64}$')
+
+
+def _digest(ref: Any) -> Optional[str]:
+    """The sha256:<hex> an image reference or a container status' imageID ends with (None when it has none)."""
+    m = _IMAGE_DIGEST.search(str(ref or '').lower())
+    return m.group(0) if m else None
+
+
+def image_artifacts(node_name: str, pods: Sequence[Dict[str, Any]],
+                    dcgm_exporter_selector: str = DEFAULT_DCGM_EXPORTER_SELECTOR,
+                    gpu_operator: Optional[Dict[str, Any]] = None) -> List[Dict[str, str]]:
+    """The images the node's tuple runs as evidence artifacts: the DCGM exporter pod's on the node, with the
+    digest the kubelet reports it pulled (containerStatuses imageID) or the one the reference pins; the GPU
+    Operator's (its workload object: the digest only when the reference pins one). No digest: no `digest` key
+    (the evidence lists the artifact as undigested rather than guessing)."""
+    sel = parse_label_selector(dcgm_exporter_selector, 'dcgm_exporter_selector')
+    on_node = [p for p in pods if (p.get('spec') or {}).get('nodeName') == node_name
+               and not (p.get('metadata') or {}).get('deletionTimestamp')]
+    found: Dict[str, Dict[str, str]] = {}
+    for pod in _selected(on_node, sel):
+        statuses = {c.get('name'): c for c in (pod.get('status') or {}).get('containerStatuses') or []}
+        for c in (pod.get('spec') or {}).get('containers') or []:
+            if not c.get('image'):
+                continue
+            entry = {'kind': 'image', 'name': str(c['image']), 'version': image_version({'spec': {'containers': [c]}}) or ''}
+            digest = _digest((statuses.get(c.get('name')) or {}).get('imageID')) or _digest(c['image'])
+            if digest:
+                entry['digest'] = digest
+            found.setdefault(entry['name'], entry)
+    if gpu_operator:
+        spec = gpu_operator.get('spec') or {}
+        containers = (((spec.get('template') or {}).get('spec')) or spec).get('containers') or []
+        if containers and containers[0].get('image'):
+            image = str(containers[0]['image'])
+            entry = {'kind': 'image', 'name': image, 'version': image_version(gpu_operator) or ''}
+            if _digest(image):
+                entry['digest'] = _digest(image) or ''
+            found.setdefault(image, entry)
+    return [dict((k, v) for k, v in e.items() if v) for _name, e in sorted(found.items())]
+
+
 def _result(node_name: str, checks: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     problems = [p for c in checks.values() for p in c['problems']]
     passed = not problems

@@ -424,6 +424,38 @@ def parse_policy(out: str) -> Dict[str, PolicyEntry]:
     return res
 
 
+_SHA256 = re.compile(r'^[0-9a-f]{64}$')
+
+
+def parse_apt_show(out: str) -> Dict[Tuple[str, str], str]:
+    """`apt-cache show name=version ...`: the SHA-256 the repository's index gives for each package file,
+    keyed by (package, version). Records without a valid SHA256 field are left out."""
+    found: Dict[Tuple[str, str], str] = {}
+    for block in re.split(r'\n\s*\n', out or ''):
+        fields: Dict[str, str] = {}
+        for line in block.splitlines():
+            if line[:1] in (' ', '\t') or ':' not in line:
+                continue
+            key, value = line.split(':', 1)
+            fields.setdefault(key.strip(), value.strip())
+        sha = fields.get('SHA256', '').lower()
+        if fields.get('Package') and fields.get('Version') and _SHA256.match(sha):
+            found.setdefault((fields['Package'], fields['Version']), sha)
+    return found
+
+
+def package_artifacts(versions: Dict[str, str], digests: Dict[Tuple[str, str], str]) -> List[Dict[str, str]]:
+    """The evidence artifacts of a package transaction: one per package and version installed, with the
+    repository's SHA-256 of its file where the index gives one (absent otherwise: the evidence says so)."""
+    out = []
+    for name, version in sorted(versions.items()):
+        entry = {'kind': 'package', 'name': name, 'version': version}
+        if (name, version) in digests:
+            entry['sha256'] = digests[(name, version)]
+        out.append(entry)
+    return out
+
+
 def apt_config_for_root(root: str, as_root: bool = True) -> str:
     """APT_CONFIG text that confines apt (and the dpkg it runs) to `root`."""
     opts = ['--root=%s' % root, '--admindir=%s/var/lib/dpkg' % root, '--log=%s/var/log/dpkg.log' % root]
@@ -487,6 +519,14 @@ class AptBackend:
 
     def update_cache(self) -> None:
         self.runner(['apt-get', '-q', 'update'], env=self.env())
+
+    def repo_digests(self, versions: Dict[str, str]) -> Dict[Tuple[str, str], str]:
+        """The repository's SHA-256 of each package file (apt-cache show; a version no index lists is left out)."""
+        if not versions:
+            return {}
+        r = self.runner(['apt-cache', 'show'] + ['%s=%s' % kv for kv in sorted(versions.items())],
+                        env=self.env(), ok_rcs=(0, 100))
+        return parse_apt_show(r.stdout)
 
     # -- writes
     def render_pins(self, pins: Dict[str, str]) -> Optional[str]:
@@ -712,6 +752,10 @@ class DnfBackend:
 
     def update_cache(self) -> None:
         self.runner(dnf_base(self.runner.installroot) + ['makecache'], env=self.env())
+
+    def repo_digests(self, versions: Dict[str, str]) -> Dict[Tuple[str, str], str]:  # pylint: disable=unused-argument
+        """Not read on dnf: the artifacts are recorded without a SHA-256 (the evidence lists them as undigested)."""
+        return {}
 
     # Used by snapshot restore (driver_pin runs the generated commands instead).
     def install(self, versions: Dict[str, str]) -> None:

@@ -16,8 +16,10 @@ nodes and the components, and no record is written.
 
 ``state`` is ``qualified`` only when, on the canary scope (the canary nodes and the fleet gates of
 canary batches), at least one gate of each of the allocation, monitoring and rollback categories
-ran, every critical gate of those categories passed, no other critical gate failed, and a real
-allocation ran (a workload gate: the node gate's allocatable count allocates nothing).
+ran, every critical gate of those categories passed, no other critical gate failed, a real
+allocation ran (a workload gate: the node gate's allocatable count allocates nothing), and the
+monitoring path was read (a metric gate on every canary node, or a fleet metric gate: the GPU gate
+reads NVML on the host, not the node's exporter series in Prometheus).
 Otherwise the state is ``failed`` and ``reasons`` says why. ``approvedBy`` is always written
 empty: a second operator fills it in a reviewed commit (or an AWX approval node), and
 ``upgrade_check`` blocks until then.
@@ -58,6 +60,9 @@ ONE_WAY = {
 CLAIMS = ('completedAt', 'allocationPassed', 'monitoringPassed', 'rollbackPassed')
 # Gate kinds that allocate GPUs for real (a Job or pod that requested them and ran).
 REAL_ALLOCATION = ('workload', 'allocation')
+# Gate kinds that read the monitoring path itself (the node's DCGM exporter series in Prometheus, judged by the
+# metric gate): host NVML (the GPU gate) proves the GPUs' health, not that the fleet's monitoring sees them.
+REAL_MONITORING = ('metric',)
 
 APPROVAL_NOTE = ('approvedBy is empty on purpose: a second operator reviews the evidence at sourceRevision and '
                  'fills it in a reviewed commit (or an AWX approval node); upgrade_check blocks until then.')
@@ -160,6 +165,9 @@ def canary_measured_nodes(node: Any, result: Any) -> List[Dict[str, Any]]:
         entry['verdict'] = outcome
     elif outcome not in (None, ''):
         raise RecordError('result.outcome: %r is not upgraded or failed' % (outcome,))
+    if result.get('artifacts'):
+        # What the final upgrade installed and the node runs, with their digests (the evidence module checks them).
+        entry['artifacts'] = result['artifacts']
     return [entry]
 
 
@@ -207,6 +215,15 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
         canary['allocationPassed'] = False
         reasons.append('no real allocation ran on the canary: no workload gate (the node gate counts allocatable GPUs '
                        'and allocates none; run the workload suite, canary_workload_suite)')
+    # The monitoring claim (issue 16): every canary node's exporter series reached Prometheus and passed the
+    # metric gate (a metric gate on that node, or a fleet metric gate of its canary batch); the GPU gate reads
+    # NVML on the host and says nothing about the monitoring path.
+    unmonitored = unmonitored_canaries(gates, nodes)
+    if cats['monitoring']['gates'] and unmonitored:
+        canary['monitoringPassed'] = False
+        reasons.append('no metric gate on canary node(s) %s: monitoringPassed needs the node\'s DCGM exporter series '
+                       'in Prometheus and the metric gate passed over them (node_upgrade_metric_gate); the GPU gate '
+                       'reads NVML on the host, not the monitoring path' % ', '.join(unmonitored))
     uncovered = rollback_scope(bundle)['uncovered']
     if uncovered:
         canary['rollbackPassed'] = False
@@ -225,6 +242,15 @@ def build_record(bundle: Dict[str, Any], source_revision: str, record_id: Option
         'canary': canary,
     }
     return record, reasons
+
+
+def unmonitored_canaries(gates: List[Dict[str, Any]], nodes: List[str]) -> List[str]:
+    """The canary nodes no metric gate covers: none on the node itself, and no fleet metric gate (no node)."""
+    metric = [g for g in gates if g['kind'] in REAL_MONITORING]
+    if any(g['node'] is None for g in metric):
+        return []
+    covered = {g['node'] for g in metric}
+    return [n for n in nodes if n not in covered]
 
 
 def rollback_scope(bundle: Dict[str, Any]) -> Dict[str, Any]:

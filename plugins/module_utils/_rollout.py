@@ -202,6 +202,9 @@ def node_entry(plan: Dict[str, Any], host: str, result: Optional[Dict[str, Any]]
     for key in ('uid', 'machine_id', 'system_uuid'):
         if kubelet.get(key):
             entry[key] = kubelet[key]
+    # What the node installed (packages with the repository's SHA-256) and runs (images with their digests).
+    if result.get('artifacts'):
+        entry['artifacts'] = list(result['artifacts'])
     if started:
         entry['started'] = started
     if failed_phase:
@@ -392,14 +395,44 @@ def _short_of_traffic(query: Dict[str, Any]) -> bool:
                             (count.get('min') is not None and count['value'] < count['min']))
 
 
+def observation_hosts(results: Dict[str, Any], upgraded: Sequence[str]) -> Dict[str, Any]:
+    """Which inventory hosts the observation window re-gates on the host (the GPU gate against the node's
+    snapshot): those whose node_upgrade result in this run (`results`: host -> node_upgrade_result or None)
+    upgraded a node of `upgraded` (the window's nodes) and names its snapshot file. A node upgraded in an
+    earlier run has no baseline loaded here: it is listed in `not_regated` with the reason, and the cluster
+    read and the metric gate re-gate it. {'hosts': [host], 'nodes': {host: node}, 'not_regated': {node: reason}}."""
+    if not isinstance(results, dict):
+        raise RolloutError('results: %r is not a mapping of host to node_upgrade_result' % (results,))
+    if not isinstance(upgraded, (list, tuple)):
+        raise RolloutError('upgraded: %r is not a list of node names' % (upgraded,))
+    hosts: List[str] = []
+    nodes: Dict[str, str] = {}
+    for host in sorted(results):
+        result = results[host]
+        if not isinstance(result, dict) or result.get('outcome') != 'upgraded' or not result.get('snapshot'):
+            continue
+        node = result.get('node') or host
+        if node in upgraded and node not in nodes.values():
+            hosts.append(host)
+            nodes[host] = node
+    covered = set(nodes.values())
+    not_regated = {name: 'not upgraded by this run (no GPU baseline loaded here): re-gated by the cluster read '
+                         'and the metric gate only' for name in upgraded if name not in covered}
+    return {'hosts': hosts, 'nodes': nodes, 'not_regated': not_regated}
+
+
 def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], window: Dict[str, Any],
-                        metric: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                        metric: Optional[Dict[str, Any]] = None,
+                        host: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The verdict at the end of an observation window (issue 16) over every node of the plan upgraded
     so far (recorded done for the plan's target), from one read of the cluster (`nodes`: fleet_info's
     node views) and, when configured, one metric gate over the window on all of them (`metric`: its
     result, with `failed_nodes`). A node fails when it is not Ready, when the kubelet reports another
     kernel or RKE2 than the target's (it changed underneath), or when the metric gate failed it (a
     health series over the limit, or its DCGM series missing: its monitoring is lost).
+
+    `host` (node -> the GPU gate's result on that node at the window's end, against its snapshot): a node
+    whose GPU gate did not pass fails (a new Xid, ECC or row-remap growth, another driver, a GPU off the bus).
 
     A window whose only failed metric queries had too little traffic (count_expr under min_count, or no
     value) is inconclusive: not passed, but no node is failed by it (``inconclusive`` names the queries).
@@ -414,6 +447,9 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
         raise RolloutError('window: %r is not an observation window' % (window,))
     if metric is not None and not isinstance(metric, dict):
         raise RolloutError('metric: %r is not a metric gate result' % (metric,))
+    if host is not None and (not isinstance(host, dict) or not all(isinstance(r, dict) for r in host.values())):
+        raise RolloutError('host: %r is not a mapping of node to GPU gate result' % (host,))
+    host = host or {}
     target = plan['target']
     key = target_key(target)
     in_plan = _plan_nodes(plan)
@@ -429,6 +465,9 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
             want, have = target.get(comp), node.get(comp)
             if want and have and _version(have) != _version(want):
                 reasons.append('the kubelet reports %s %s, the target is %s' % (comp, have, want))
+        gate = host.get(name)
+        if gate is not None and gate.get('passed') is not True:
+            reasons.append('GPU gate: %s' % (gate.get('msg') or 'failed'))
         if reasons:
             failed[name] = reasons
     metric_msg = None
@@ -459,10 +498,13 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
                'roll them back with gpufleet.upgrade.rollback' % (
                    where, len(failed), len(upgraded), '; '.join('%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items()))))
     else:
+        regated = len([n for n in upgraded if n in host])
         msg = '%s: all %d upgraded node(s) passed their re-gating (%s)' % (
-            where, len(upgraded), 'node state and kubelet versions' + (', metric gate' if metric else ''))
+            where, len(upgraded), 'node state and kubelet versions' + (', metric gate' if metric else '')
+            + (', GPU gate on %d' % regated if regated else ''))
     problems = ['%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items())]
     if inconclusive:
         problems.append('inconclusive: too little traffic (%s)' % ', '.join(inconclusive))
     return {'nodes': upgraded, 'window': dict(window), 'failed': failed, 'problems': problems,
-            'passed': not failed and not inconclusive, 'msg': msg, 'metric': metric_msg, 'inconclusive': inconclusive}
+            'passed': not failed and not inconclusive, 'msg': msg, 'metric': metric_msg, 'inconclusive': inconclusive,
+            'host_regated': sorted(n for n in upgraded if n in host)}

@@ -181,6 +181,14 @@ commands:
   returned: always
   type: list
   elements: list
+artifacts:
+  description:
+    - The packages pinned and installed, each with the SHA-256 of its file as the repository's index gives it (apt -
+      C(apt-cache show)); without C(sha256) where the index gives none (dnf - not read). For the evidence bundle.
+  returned: when O(install) and O(state=pinned), not in check mode
+  type: list
+  elements: dict
+  sample: [{kind: package, name: nvidia-driver-580-server, version: 580.130.00-0ubuntu1, sha256: "0f3a..."}]
 """
 
 import os
@@ -256,6 +264,8 @@ def main():
             changed=plan.changed, backend=backend.name, resolved=plan.resolved, skipped_packages=plan.skipped,
             installed_changes=plan.install, previous=plan.before.as_dict(), current=current.as_dict(),
             commands=plan.commands if module.check_mode else backend.runner.commands)
+        if module.params['install'] and module.params['state'] == 'pinned' and not module.check_mode:
+            result['artifacts'] = pk.package_artifacts(plan.resolved, backend.repo_digests(plan.resolved))
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)

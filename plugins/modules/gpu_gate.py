@@ -20,6 +20,9 @@ description:
     that fell off the bus is caught even when identical GPUs keep the id set unchanged).
   - V(xid) no Xid event that is not in the baseline at or above O(xid_severity_threshold); codes with no
     catalog entry (severity C(unknown)) count as C(high).
+  - Without O(facts) the module reads them itself on the node it runs on, as M(gpufleet.upgrade.gpu_info) does
+    (without the package list) - one task instead of two, used by the rollout's observation window to re-gate
+    every node upgraded so far.
   - V(ecc) the uncorrected ECC count did not grow on any GPU (aggregate counts persist across driver reloads;
     a lower volatile count is a counter reset). A GPU with ECC enabled but no readable count fails.
   - V(row_remap) no row-remapping failure, no remap pending and no retired page pending.
@@ -29,9 +32,25 @@ extends_documentation_fragment:
   - gpufleet.upgrade.attributes.info_module
 options:
   facts:
-    description: The C(gpu_info) facts of the node now (the dict that M(gpufleet.upgrade.gpu_info) returns).
+    description:
+      - The C(gpu_info) facts of the node now (the dict that M(gpufleet.upgrade.gpu_info) returns).
+      - Omitted, the module reads them on the node it runs on (NVML through O(backend), Xids from O(kernel_log)).
     type: dict
-    required: true
+  backend:
+    description: How to read the GPUs when O(facts) is omitted (as M(gpufleet.upgrade.gpu_info)'s option).
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  kernel_log:
+    description:
+      - Where to read Xid events when O(facts) is omitted (as M(gpufleet.upgrade.gpu_info)'s option) - V(journal),
+        V(dmesg), V(none) or an absolute file path.
+    type: str
+    default: journal
+  xid_since:
+    description: Which Xid events to read when O(facts) is omitted (as M(gpufleet.upgrade.gpu_info)'s option).
+    type: str
+    default: boot
   baseline:
     description: The C(gpu_info) facts taken before the upgrade (the snapshot).
     type: dict
@@ -91,6 +110,10 @@ problems:
   returned: always
   type: list
   elements: str
+facts:
+  description: The facts the module read on the node (only when O(facts) was omitted).
+  returned: when the module read the facts itself
+  type: dict
 checks:
   description: Per check (driver, pci_identity, xid, ecc, row_remap, temperature) its C(passed), C(skipped),
     C(problems) and C(evidence) (for example the new Xid events, the ECC deltas per GPU, the temperatures).
@@ -100,13 +123,34 @@ checks:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gpuhost, _nvml, _xid
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_gate import GpuGateError, evaluate
+
+
+def read_facts(module):
+    """The node's facts as gpu_info reads them (no package list); a clear failure when they cannot be read."""
+    kernel_log = module.params['kernel_log']
+    if kernel_log in ('none', ''):
+        kernel_log = None
+    elif kernel_log not in ('journal', 'dmesg') and not kernel_log.startswith('/'):
+        module.fail_json(msg='GPU gate: kernel_log=%r: expected journal, dmesg, none or an absolute file path' % kernel_log,
+                         passed=False, problems=['kernel_log=%r is not valid' % kernel_log])
+    try:
+        return _nvml.collect_facts(backend=module.params['backend'], runner=_gpuhost.ModuleRunner(module),
+                                   kernel_log=kernel_log, xid_since=module.params['xid_since'], packages=False, require_driver=True)
+    except (_nvml.MissingBackend, _nvml.BackendError, _gpuhost.HostError, _xid.SinceError) as exc:
+        msg = 'GPU gate: cannot read the GPUs on this node: %s' % exc
+        module.fail_json(msg=msg, passed=False, problems=[msg])
+    return None
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            facts=dict(type='dict', required=True),
+            facts=dict(type='dict'),
+            backend=dict(type='str', default='auto', choices=list(_nvml.BACKENDS)),
+            kernel_log=dict(type='str', default='journal'),
+            xid_since=dict(type='str', default='boot'),
             baseline=dict(type='dict', required=True),
             target_driver=dict(type='str', required=True),
             xid_severity_threshold=dict(type='str', default='medium', choices=['low', 'medium', 'high', 'critical']),
@@ -117,12 +161,15 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    facts = p['facts'] if p['facts'] is not None else read_facts(module)
     try:
-        verdict = evaluate(p['facts'], p['baseline'], p['target_driver'], p['xid_severity_threshold'],
+        verdict = evaluate(facts, p['baseline'], p['target_driver'], p['xid_severity_threshold'],
                            p['temperature_max'], p['skip'])
     except GpuGateError as exc:
         module.fail_json(msg='GPU gate: invalid input: %s' % exc, passed=False, problems=[str(exc)])
     result = dict(changed=False, **verdict)
+    if p['facts'] is None:
+        result['facts'] = facts
     if not verdict['passed']:
         module.fail_json(**result)
     module.exit_json(**result)

@@ -132,6 +132,13 @@ commands:
   returned: always
   type: list
   elements: list
+artifacts:
+  description:
+    - The packages of the transaction's target (the kernel's and the driver's, by the version resolved), each with the
+      SHA-256 of its file as the repository's index gives it (apt - C(apt-cache show)); for the evidence bundle.
+  returned: state=present with apt, not in check mode
+  type: list
+  elements: dict
 """
 
 
@@ -196,6 +203,11 @@ def main():
                       packages=plan.availability.resolved, installed_changes=plan.install, holds=plan.holds_after,
                       protected=plan.protected, removed=plan.removed, way_back=plan.way_back.as_dict(),
                       previous_driver_pins=plan.driver.before.as_dict(), commands=node.runner.commands)
+        if not module.check_mode:
+            # The kernel's packages, the driver's (pinned with it) and whatever else the transaction moved.
+            target = dict(plan.availability.resolved, **plan.driver.resolved)
+            target.update(plan.install)
+            result['artifacts'] = pk.package_artifacts(target, node.backend.repo_digests(target))
         if module._diff:
             result['diff'] = plan.diff()
         module.exit_json(**result)

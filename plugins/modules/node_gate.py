@@ -134,6 +134,15 @@ measured:
   returned: always
   type: dict
   sample: {kernel: 6.8.0-135-generic, rke2: v1.36.1+rke2r1, dcgm_exporter: 4.4.1-4.6.0-ubuntu22.04, gpu_operator: v26.3.3}
+artifacts:
+  description:
+    - The images of the node's tuple as evidence artifacts - the DCGM exporter pod's on the node and the GPU Operator's
+      (O(gpu_operator)), each C(kind=image), C(name) (the reference), C(version) (its tag) and C(digest) (sha256) when
+      the kubelet reports the pulled image's digest (C(imageID)) or the reference pins one; without C(digest) otherwise.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{kind: image, name: "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04", version: 4.4.1-4.6.0-ubuntu22.04}]
 attempts:
   description: Evaluations made.
   returned: always
@@ -216,8 +225,9 @@ def main() -> None:
                       done=lambda evaluated: evaluated['passed'])
         result, attempts = polled.value, polled.attempts
         node, pods = result.pop('_observed')
-        result['measured'] = _node_gate.measure(params['node'], node, pods, params['dcgm_exporter_selector'],
-                                                operator_object(module.client, params['gpu_operator']))
+        operator = operator_object(module.client, params['gpu_operator'])
+        result['measured'] = _node_gate.measure(params['node'], node, pods, params['dcgm_exporter_selector'], operator)
+        result['artifacts'] = _node_gate.image_artifacts(params['node'], pods, params['dcgm_exporter_selector'], operator)
     result.update(attempts=attempts, elapsed=round(time.monotonic() - start, 3), changed=False)
     if not result['passed']:
         if params['timeout']:

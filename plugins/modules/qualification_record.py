@@ -17,8 +17,10 @@ description:
     C(GPUUpgradeQualification) record that M(gpufleet.upgrade.upgrade_check) gates on.
   - C(state) is V(qualified) only when, on the canary nodes (C(role=canary) or members of a batch of kind
     V(canary)) and the fleet gates of canary batches, at least one allocation, one monitoring and one rollback
-    gate ran and all their critical gates passed, and no other critical gate failed. Otherwise C(state) is
-    V(failed), the reasons are returned and written as comments in the record.
+    gate ran and all their critical gates passed, no other critical gate failed, a workload gate ran (a real
+    allocation), and a metric gate covered every canary node (the monitoring path, the node's DCGM exporter series
+    in Prometheus; the GPU gate reads NVML on the host and does not make C(monitoringPassed) true). Otherwise
+    C(state) is V(failed), the reasons are returned and written as comments in the record.
   - C(approvedBy) is always written empty. The approval step belongs to a second operator, who reviews the
     evidence at C(sourceRevision) and fills C(approvedBy) in a reviewed commit of the record (or an AWX
     workflow approval node does); M(gpufleet.upgrade.upgrade_check) blocks until then.

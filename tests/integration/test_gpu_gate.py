@@ -81,6 +81,10 @@ def test_gpu_gate_over_gpu_info_from_the_nvml_stand_in(run_playbook: Any, fake_n
             {'name': 'facts %s' % name, 'gpufleet.upgrade.gpu_info': info, 'register': 'now'},
             {'name': 'gate %s' % name, 'ignore_errors': True, 'gpufleet.upgrade.gpu_gate': {
                 'facts': '{{ now }}', 'baseline': '{{ base }}', 'target_driver': NEW}},
+            # The same gate reading the facts itself (the observation window's one task per node).
+            {'name': 'read and gate %s' % name, 'ignore_errors': True, 'gpufleet.upgrade.gpu_gate': {
+                'baseline': '{{ base }}', 'target_driver': NEW, 'backend': 'nvml', 'kernel_log': str(log),
+                'xid_since': '2026-08-10T00:00:00Z'}},
         ]
     run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': tasks}], envvars=fake_nvml.env)
 
@@ -109,9 +113,12 @@ def test_gpu_gate_over_gpu_info_from_the_nvml_stand_in(run_playbook: Any, fake_n
         'xid': 'GPU gate: FAIL: xid: new Xid 79 (GPU_HAS_FALLEN_OFF_THE_BUS, severity critical) on 0000:2a:00 '
                'at 2026-08-10T15:10:00Z',
     }
+    read = run.result('read and gate clean')
+    assert read['_event'] == 'runner_on_ok' and read['msg'] == clean['msg'] and read['facts']['driver_version'] == NEW
     for name, msg in expected.items():
-        res = run.result('gate %s' % name)
-        assert res['_event'] == 'runner_on_failed', (name, res.get('msg'))
-        assert res['passed'] is False
-        assert res['msg'] == msg, name
+        for task in ('gate %s' % name, 'read and gate %s' % name):
+            res = run.result(task)
+            assert res['_event'] == 'runner_on_failed', (task, res.get('msg'))
+            assert res['passed'] is False
+            assert res['msg'] == msg, task
     assert run.result('gate xid')['checks']['xid']['evidence']['failing'] == 1

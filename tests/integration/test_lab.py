@@ -14,6 +14,7 @@ real dpkg/apt install roots and the stand-in NVML. `make lab` runs the same driv
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -79,6 +80,7 @@ def metric_gates(lab: pathlib.Path) -> dict[str, dict]:
     return out
 
 
+@needs_prometheus
 def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
     out = run_lab(tmp_path, '--nodes', '8', '--fault', 'gpu-04')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
@@ -146,12 +148,16 @@ def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
             assert gates['gpu_after_workload']['passed'] and gates['gpu_after_workload']['kind'] == 'gpu'
         allocation = next(ln for ln in text if ln.startswith('#   canary.allocationPassed: '))
         assert 'workload@' in allocation, allocation
+        # The monitoring claim rests on each canary's metric gate (its DCGM series read from Prometheus).
+        monitoring = next(ln for ln in text if ln.startswith('#   canary.monitoringPassed: '))
+        assert all('metric@%s#' % n['name'] in monitoring for n in canaries), monitoring
         scope = next(ln for ln in text if ln.startswith('#   canary.rollbackPassed scope: '))
         assert 'restored on the node: kernel, driver;' in scope or 'restored on the node: driver;' in scope, scope
         rke2_moved = bundle['tuple']['before']['rke2'] != bundle['tuple']['after']['rke2']
         assert ('rke2 (RKE2 is never downgraded' in scope) is rke2_moved, scope
 
 
+@needs_prometheus
 def test_lab_without_fault_completes(tmp_path):
     out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
@@ -186,6 +192,23 @@ def test_lab_without_fault_completes(tmp_path):
         assert all(r[GATES].startswith('gpu:ok,node:ok,tuple:ok,metric:ok') for r in table.values()), table
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
     assert_records_carry_the_measured_tuple(lab)
+    assert_node_entries_carry_package_digests(lab, table)
+
+
+def assert_node_entries_carry_package_digests(lab: pathlib.Path, table: dict) -> None:
+    """Issue 16 (5): each node's evidence entry lists the packages its upgrade installed with the SHA-256 the
+    repository's index gives, which is the digest of the .deb file in the lab's repository."""
+    files = {hashlib.sha256(p.read_bytes()).hexdigest(): p.name for p in (lab / 'cache').glob('debrepo-*/*.deb')}
+    entries = {}
+    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    for path in bundles + [lab / 'evidence' / 'rollout.json']:
+        entries.update((n['name'], n) for n in json.loads(path.read_text())['nodes'].values() if n.get('artifacts'))
+    assert sorted(entries) == sorted(table), sorted(entries)
+    for name, entry in entries.items():
+        packages = [a for a in entry['artifacts'] if a['kind'] == 'package']
+        assert packages and all((files.get(a.get('sha256')) or '').startswith(
+            '%s_%s_' % (a['name'], a['version'].replace(':', '%3a'))) for a in packages), (name, packages)
+        assert any(a['version'].startswith(D1) for a in packages), (name, packages)
 
 
 def apt_extended_states(root: pathlib.Path) -> list[dict[str, str]]:
@@ -207,11 +230,12 @@ def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:
     return out
 
 
+@needs_prometheus
 def test_lab_with_the_real_gpu_operator_moves_every_component_of_the_tuple(tmp_path):
     """NVIDIA's real GPU Operator runs the operands (issue 15): the canary's cluster step, each node's operands
     moved in its window, the update strategy restored at the end; the lab's own verdict (Lab.operand_problems)
     checks every node's operand pods at the target operator's current revision and RollingUpdate back."""
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--metrics', 'off', '--gpu-operator')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--gpu-operator')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert 'gpu_operator v26.3.3 -> v26.3.4' in out.stdout and 'the whole rollout completed' in out.stdout
     table = rows(out.stdout)
@@ -227,11 +251,12 @@ def test_lab_with_the_real_gpu_operator_moves_every_component_of_the_tuple(tmp_p
     assert kept['chart_values']['daemonsets']['updateStrategy'] == 'RollingUpdate'
 
 
+@needs_prometheus
 def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_back(tmp_path):
     """FAULT_KIND=operand: the faulty node's new DCGM exporter never starts (admission refuses it); its operands
     step fails, the node stays cordoned and its host side is rolled back; the later batch keeps the old operands
     and the update strategy stays OnDelete (Lab.operand_problems)."""
-    out = run_lab(tmp_path, '--nodes', '4', '--metrics', 'off', '--gpu-operator', '--fault-kind', 'operand')
+    out = run_lab(tmp_path, '--nodes', '4', '--gpu-operator', '--fault-kind', 'operand')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     table = rows(out.stdout)
     faulty = [n for n, r in table.items() if 'INJECTED' in ' '.join(r)]
@@ -241,14 +266,12 @@ def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_b
     assert 'its rollback restored kernel %s with driver %s' % (K0, D0) in out.stdout
 
 
+@needs_prometheus
 def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # gpu-02 never comes back Ready after its (lab) reboot: the wait is bounded, the node stays
     # cordoned, no rollback is attempted on a node that is not up, and the run fails saying why.
-    # Also the lab without the metric gate (--metrics off): it says so and the other gates decide.
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02', '--metrics', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02')
     assert out.returncode == 1, out.stdout[-6000:]
-    assert 'metric gate: OFF (--metrics off); the GPU and node gates decide' in out.stdout
-    assert 'metric:' not in out.stdout and not (tmp_path / 'lab' / 'prometheus').exists()
     assert 'node gpu-02 did not become Ready within 30' in out.stdout
     assert 'recover it by hand, then run gpufleet.upgrade.rollback' in out.stdout
     table = rows(out.stdout)
@@ -280,12 +303,13 @@ def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
     assert (tmp_path / 'lab' / 'prometheus' / 'data').is_dir()
 
 
+@needs_prometheus
 def test_lab_target_kernel_that_does_not_boot_stays_cordoned_on_the_previous_pair(tmp_path):
     # gpu-02 (batch 1 of 3): kernel 6.8.0-135-generic does not come up; its one-shot trial boot
     # falls back to saved_entry (134), where the module package the transaction installed for 134
     # (built for 580.130.00) loads. The node is Ready on the wrong kernel: detected, cordoned, rolled
     # back to 134 with 580.126.20; the batch after it untouched.
-    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'kernel', '--metrics', 'off')
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'kernel')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s (injected: kernel %s does not '
             'come up)' % (RESTORED, K1)) in out.stdout

@@ -60,8 +60,10 @@ def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_st
         failures = run['failures']
         assert [f['task'] for f in failures] == [VERDICT], failures
         msg = failures[0]['msg']
-        assert ': 1 of %d upgraded node(s) failed their re-gating: %s: metric gate: ' % (len(plan['canaries']) + 4, early) in msg, msg
-        assert 'Xid' in msg or 'xid' in msg, msg
+        # Every gate re-run on it: the GPU gate on the node (NVML and its kernel log against its snapshot) and the
+        # metric gate (its DCGM series in Prometheus) both see the new Xid.
+        assert ': 1 of %d upgraded node(s) failed their re-gating: %s: GPU gate: ' % (len(plan['canaries']) + 4, early) in msg, msg
+        assert ', metric gate: ' in msg and 'Xid' in msg, msg
         rows = {r['node']: r for r in lab.node_view()}
         # The node that failed the window: cordoned, recorded failed (a rerun does not skip it as done).
         assert rows[early]['cordoned'] is True and rows[early]['state'] == 'failed', rows[early]
@@ -80,6 +82,11 @@ def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_st
             (index[0], True, 'monitoring'), (index[1], False, 'monitoring')], observed
         assert observed[1]['result']['failed'] == {early: observed[1]['result']['failed'][early]}
         assert observed[1]['result']['nodes'] == plan['canaries'] + batches[0] + second
+        # The host GPU gate ran on every node this run upgraded; the canaries were upgraded before it (by the
+        # canary stage), so the window says why they were re-gated by the cluster read and the metric gate only.
+        assert observed[0]['result']['host_regated'] == sorted(batches[0]), observed[0]['result']
+        assert observed[1]['result']['host_regated'] == sorted(batches[0] + second), observed[1]['result']
+        assert sorted(observed[1]['result']['host_not_regated']) == sorted(plan['canaries']), observed[1]['result']
         assert all(g['started'] and g['finished'] and g['duration_s'] >= 8 for g in observed), observed
     finally:
         lab.stop()

@@ -221,11 +221,14 @@ class Lab:
     def launch_prometheus(self) -> None:
         """Prometheus (Debian package) on loopback scraping the DCGM stand-in, data under <lab>/prometheus."""
         if self.metrics == 'off':
-            self.metrics_note = 'metric gate: OFF (--metrics off); the GPU and node gates decide'
+            self.metrics_note = ('metric gate: OFF (--metrics off); the GPU and node gates decide, and the canary cannot '
+                                 'prove monitoringPassed (no DCGM series read from Prometheus), so its record is not '
+                                 'qualified and upgrade_check refuses the rollout')
             return
         binary, reason = ensure_binary('prometheus', 'prometheus')
         if binary is None:
-            self.metrics_note = ('metric gate: OFF, Prometheus is not available (%s); the GPU and node gates decide'
+            self.metrics_note = ('metric gate: OFF, Prometheus is not available (%s); the GPU and node gates decide, '
+                                 'and the canary cannot prove monitoringPassed, so upgrade_check refuses the rollout'
                                  % reason)
             return
         work = self.dir / 'prometheus'

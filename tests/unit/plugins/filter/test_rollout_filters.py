@@ -21,7 +21,7 @@ PLAN = {
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
-         'observation_settings']
+         'observation_settings', 'observation_hosts']
 
 
 def fleet():
@@ -130,3 +130,12 @@ def test_observation_filters_name_the_bad_input():
         F.observation_window('soon', 0, 0)
     with pytest.raises(AnsibleFilterError, match='observation_verdict: plan: has no target tuple'):
         F.observation_verdict([], {}, {})
+
+
+def test_observation_hosts_reads_each_hosts_result_from_hostvars():
+    hostvars = {'h1': {'node_upgrade_result': {'node': 'n1', 'outcome': 'upgraded', 'snapshot': '/s/n1.json'}},
+                'h2': {'other': 1}, 'h3': {'node_upgrade_result': {'node': 'n3', 'outcome': 'upgraded', 'snapshot': 's'}}}
+    sel = F.observation_hosts(hostvars, ['n1', 'n2', 'n3'], ['h1', 'h2', 'h4'])
+    assert sel['hosts'] == ['h1'] and sorted(sel['not_regated']) == ['n2', 'n3']
+    with pytest.raises(AnsibleFilterError, match='observation_hosts: upgraded: '):
+        F.observation_hosts({}, 'n1')

@@ -166,3 +166,23 @@ def test_measure_unknown_when_absent_or_ambiguous():
     assert G.measure('gpu-1', node(), two)['dcgm_exporter'] is None
     with pytest.raises(G.NodeGateError, match='dcgm_exporter_selector'):
         G.measure('gpu-1', node(), [], dcgm_exporter_selector='a in (b)')
+
+
+def test_image_artifacts_carry_the_digest_the_kubelet_pulled_or_none():
+    sha = 'sha256:' + 'ab' * 32
+    exporter = pod('dcgm-exporter-1', {'app': 'nvidia-dcgm-exporter'})
+    exporter['spec']['containers'] = [{'name': 'exporter', 'image': 'nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04'}]
+    exporter['status']['containerStatuses'] = [{'name': 'exporter', 'imageID': 'nvcr.io/nvidia/k8s/dcgm-exporter@' + sha.upper()}]
+    other = pod('dcgm-exporter-2', {'app': 'nvidia-dcgm-exporter'}, node_name='gpu-2')
+    other['spec']['containers'] = [{'name': 'exporter', 'image': 'elsewhere:1'}]
+    operator = {'spec': {'template': {'spec': {'containers': [{'image': 'nvcr.io/nvidia/gpu-operator:v26.3.4'}]}}}}
+    arts = G.image_artifacts('gpu-1', [exporter, other], 'app=nvidia-dcgm-exporter', operator)
+    assert arts == [{'kind': 'image', 'name': 'nvcr.io/nvidia/gpu-operator:v26.3.4', 'version': 'v26.3.4'},
+                    {'kind': 'image', 'name': 'nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04',
+                     'version': '4.4.1-4.6.0-ubuntu22.04', 'digest': sha}]
+    # A reference pinned by digest gives it without a status; no status and no pin gives none.
+    pinned = {'spec': {'containers': [{'image': 'nvcr.io/nvidia/gpu-operator@' + sha}]}}
+    assert G.image_artifacts('gpu-1', [], 'app=x', pinned) == [
+        {'kind': 'image', 'name': 'nvcr.io/nvidia/gpu-operator@' + sha, 'digest': sha}]
+    exporter['status']['containerStatuses'] = []
+    assert 'digest' not in G.image_artifacts('gpu-1', [exporter], 'app=nvidia-dcgm-exporter')[0]

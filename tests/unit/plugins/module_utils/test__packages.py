@@ -418,3 +418,36 @@ def test_dnf_module_stream_plan(tmp_path):
     b = pk.DnfBackend(_rhel9(tmp_path, MODULE_LIST), branch='580')
     plan = pk.plan_pin(b, pk.PackageSet(('nvidia-driver',)), None, 'unpinned', False)
     assert [c[5:] for c in plan.commands] == [['module', 'reset', 'nvidia-driver']]
+
+
+APT_SHOW = """Package: nvidia-driver-580-server
+Version: 580.130.00-0ubuntu1
+Architecture: amd64
+Description: NVIDIA driver
+ a continuation line: SHA256: not this one
+SHA256: 0F3A5E1B2C3D4E5F60718293A4B5C6D7E8F90A1B2C3D4E5F60718293A4B5C6D7
+Filename: pool/n/nvidia-driver-580-server_580.130.00-0ubuntu1_amd64.deb
+
+Package: nvidia-fabricmanager-580
+Version: 580.130.00-1
+SHA256: short
+
+Package: libnvidia-compute-580-server
+Version: 580.130.00-0ubuntu1
+SHA256: 1111111111111111111111111111111111111111111111111111111111111111
+"""
+
+
+def test_parse_apt_show_gives_each_package_files_sha256_from_the_index():
+    found = pk.parse_apt_show(APT_SHOW)
+    assert found == {('nvidia-driver-580-server', '580.130.00-0ubuntu1'): '0f3a5e1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7',
+                     ('libnvidia-compute-580-server', '580.130.00-0ubuntu1'): '1' * 64}
+    assert pk.parse_apt_show('') == {}
+
+
+def test_package_artifacts_record_every_package_and_a_digest_only_where_the_index_gives_one():
+    versions = {'nvidia-driver-580-server': '580.130.00-0ubuntu1', 'nvidia-fabricmanager-580': '580.130.00-1'}
+    arts = pk.package_artifacts(versions, pk.parse_apt_show(APT_SHOW))
+    assert arts == [{'kind': 'package', 'name': 'nvidia-driver-580-server', 'version': '580.130.00-0ubuntu1',
+                     'sha256': '0f3a5e1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7'},
+                    {'kind': 'package', 'name': 'nvidia-fabricmanager-580', 'version': '580.130.00-1'}]

@@ -298,3 +298,25 @@ def test_allocation_needs_a_real_allocation_not_only_the_node_gates_count() -> N
                        'and allocates none; run the workload suite, canary_workload_suite)']
     record, reasons = qr.build_record(canary_bundle(), REV)
     assert record['canary']['allocationPassed'] is True and reasons == []
+
+
+def test_monitoring_needs_the_metric_gate_not_only_the_host_gpu_gate() -> None:
+    """Issue 16 (5): monitoringPassed only when the monitoring path was read: a metric gate on every canary
+    node (or a fleet metric gate); the GPU gate's NVML reading on the host is not the monitoring path."""
+    b = canary_bundle()
+    b['gates'] = [g for g in b['gates'] if g['kind'] != 'metric']
+    record, reasons = qr.build_record(b, REV)
+    assert record['state'] == 'failed' and record['canary']['monitoringPassed'] is False
+    assert reasons == ["no metric gate on canary node(s) gpu-1, gpu-2: monitoringPassed needs the node's DCGM exporter "
+                       'series in Prometheus and the metric gate passed over them (node_upgrade_metric_gate); the GPU '
+                       'gate reads NVML on the host, not the monitoring path']
+    # A metric gate on one canary only: the other is still unmonitored.
+    b, _changed = ev.merge(b, {'gates': [{'name': 'metric', 'kind': 'metric', 'node': 'gpu-1', 'batch': 0,
+                                          'passed': True, 'finished': at(51)}]}, now=T0)
+    record, reasons = qr.build_record(b, REV)
+    assert record['canary']['monitoringPassed'] is False and 'canary node(s) gpu-2:' in reasons[0]
+    b, _changed = ev.merge(b, {'gates': [{'name': 'metric', 'kind': 'metric', 'node': 'gpu-2', 'batch': 0,
+                                          'passed': True, 'finished': at(52)}]}, now=T0)
+    record, reasons = qr.build_record(b, REV)
+    assert record['state'] == 'qualified' and record['canary']['monitoringPassed'] is True and reasons == []
+    assert qr.unmonitored_canaries(b['gates'], ['gpu-1', 'gpu-2']) == []

@@ -293,6 +293,19 @@ def test_node_entry_tuple_after_from_kubelet_and_driver_now():
     assert e['tuple_before'] == before
 
 
+def test_node_entry_records_the_artifacts_the_node_installed_and_runs():
+    """Issue 16 (5): each node's evidence entry carries its artifacts with their digests (the evidence accepts them)."""
+    arts = [{'kind': 'package', 'name': 'nvidia-driver-580-server', 'version': '580.130.00-0ubuntu1', 'sha256': 'a' * 64},
+            {'kind': 'image', 'name': 'nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1', 'digest': 'sha256:' + 'b' * 64}]
+    e = _rollout.node_entry(plan(), 'gpu-02', result={'artifacts': arts}, finished=NOW)
+    assert e['artifacts'] == arts and _evidence.node_entry(e, 0)['artifacts'] == arts
+    assert 'artifacts' not in _rollout.node_entry(plan(), 'gpu-02', result={'artifacts': []}, finished=NOW)
+    with pytest.raises(_evidence.EvidenceError, match=re.escape("nodes[0].artifacts[0].sha256: 'x' is not 64 hex")):
+        _evidence.node_entry(dict(e, artifacts=[dict(arts[0], sha256='x')]), 0)
+    with pytest.raises(_evidence.EvidenceError, match=re.escape('nodes[0].artifacts[0]: unknown field(s) path')):
+        _evidence.node_entry(dict(e, artifacts=[dict(arts[0], path='/etc/passwd')]), 0)
+
+
 def test_node_entry_the_result_names_the_node():
     e = _rollout.node_entry(plan(), 'gpu-02', result={'node': 'gpu-02.k8s'}, finished=NOW)
     assert e['name'] == 'gpu-02.k8s' and e['batch'] == 2
@@ -678,6 +691,36 @@ def test_observation_verdict_a_metric_failure_that_names_no_node_fails_them_all(
     assert sorted(v['failed']) == ['n1', 'n2']
     ok = _rollout.observation_verdict([_observed('n1')], OBS_PLAN, WINDOW, {'passed': True, 'failed_nodes': [], 'msg': 'ok'})
     assert ok['passed'] is True and ok['msg'].endswith('(node state and kubelet versions, metric gate)')
+
+
+def test_observation_verdict_fails_a_node_whose_gpu_gate_failed_on_the_host():
+    """Issue 16 (2): every gate re-run in the window, the host's GPU gate too (NVML against the snapshot)."""
+    host = {'n1': {'passed': True, 'msg': 'GPU gate: PASS'},
+            'n2': {'passed': False, 'msg': 'GPU gate: FAIL: new Xid 79 on GPU 3'}}
+    v = _rollout.observation_verdict([_observed('c1'), _observed('n1'), _observed('n2')], OBS_PLAN, WINDOW, None, host)
+    assert v['failed'] == {'n2': ['GPU gate: GPU gate: FAIL: new Xid 79 on GPU 3']} and v['passed'] is False
+    assert v['host_regated'] == ['n1', 'n2']
+    ok = _rollout.observation_verdict([_observed('c1'), _observed('n1')], OBS_PLAN, WINDOW, None, {'n1': host['n1']})
+    assert ok['passed'] is True and ok['msg'].endswith('(node state and kubelet versions, GPU gate on 1)')
+    # A gate result without a verdict (the read failed) is not a pass.
+    bad = _rollout.observation_verdict([_observed('n1')], OBS_PLAN, WINDOW, None, {'n1': {'msg': 'unreachable'}})
+    assert bad['failed'] == {'n1': ['GPU gate: unreachable']}
+    with pytest.raises(_rollout.RolloutError, match=re.escape("host: ['n1'] is not a mapping of node to GPU gate result")):
+        _rollout.observation_verdict([], OBS_PLAN, WINDOW, None, ['n1'])
+
+
+def test_observation_hosts_are_the_hosts_this_run_upgraded_with_a_snapshot():
+    results = {'h1': {'node': 'n1', 'outcome': 'upgraded', 'snapshot': 'snapshots/n1.json'},
+               'h2': {'node': 'n2', 'outcome': 'failed', 'snapshot': 'snapshots/n2.json'},
+               'c1': {'outcome': 'upgraded', 'snapshot': 'snapshots/c1.json'},
+               'h3': None, 'h4': {'node': 'n4', 'outcome': 'upgraded', 'snapshot': 's'}}
+    sel = _rollout.observation_hosts(results, ['c1', 'n1', 'n3'])
+    assert sel['hosts'] == ['c1', 'h1'] and sel['nodes'] == {'c1': 'c1', 'h1': 'n1'}
+    assert list(sel['not_regated']) == ['n3'] and sel['not_regated']['n3'].startswith('not upgraded by this run')
+    with pytest.raises(_rollout.RolloutError, match='results: '):
+        _rollout.observation_hosts(['h1'], [])
+    with pytest.raises(_rollout.RolloutError, match='upgraded: '):
+        _rollout.observation_hosts({}, 'n1')
 
 
 @pytest.mark.parametrize('nodes,plan,window,metric,message', [
