@@ -79,6 +79,10 @@ def plan_digest(bundle: t.Any, plan_sha256: str, plan_file: str) -> t.Dict[str, 
     return _call('plan_digest', _plan_digest.verdict, bundle, plan_sha256, plan_file)
 
 
+def plan_workflow_digest(plan: t.Dict[str, t.Any], expected: t.Any = '') -> t.Dict[str, t.Any]:
+    return _call('plan_workflow_digest', _plan_digest.workflow_verdict, plan, expected)
+
+
 def forks_verdict(batches: t.List[t.List[str]], forks: int) -> t.Dict[str, t.Any]:
     return _call('forks_verdict', _rollout.forks_verdict, batches, forks)
 
@@ -121,7 +125,7 @@ class FilterModule:
                 'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
-                'plan_digest': plan_digest, 'forks_verdict': forks_verdict,
+                'plan_digest': plan_digest, 'plan_workflow_digest': plan_workflow_digest, 'forks_verdict': forks_verdict,
                 'rollback_time': rollback_time, 'activation': activation,
                 'observation_window': observation_window, 'observation_verdict': observation_verdict,
                 'observation_settings': observation_settings, 'observation_hosts': observation_hosts}

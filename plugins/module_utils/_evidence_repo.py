@@ -295,3 +295,107 @@ def resolve_name(refs: Dict[str, str], name: str) -> Optional[str]:
         if ref.startswith('refs/') and ref in refs:
             return refs.get(ref + '^{}', refs[ref])
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# The playbooks' side: where a job's files are, and who may approve
+# --------------------------------------------------------------------------------------------
+
+def repo_path(path: Any, root: Any, field: str) -> str:
+    """A job's file input (`field`, e.g. gpufleet_plan_file) as the job reads and writes it: as given when
+    there is no evidence repository (`root` empty), else inside the clone `root`: a path relative to the
+    repository; an absolute one, or one that escapes it, is refused naming the field."""
+    if path is None or path == '':
+        return ''
+    if not isinstance(path, str):
+        raise RepoError('%s: %s is not a path' % (field, _text.show(path)))
+    if not root:
+        return path
+    if os.path.isabs(path) or path.startswith('~'):
+        raise RepoError('%s: %s is absolute; with gpufleet_evidence_repo the job\'s files are paths inside the '
+                        'evidence repository (for example plans/gpu-upgrade-plan.json)' % (field, _text.show(path)))
+    if '..' in re.split(r'[/\\]', path):
+        raise RepoError('%s: %s escapes the evidence repository (a .. component)' % (field, _text.show(path)))
+    norm = posixpath.normpath(path)
+    if norm == '.git' or norm.startswith('.git/'):
+        raise RepoError('%s: %s is inside .git' % (field, _text.show(path)))
+    return posixpath.join(str(root), norm)
+
+
+def repo_relative(paths: Any, root: Any) -> List[str]:
+    """The given paths that lie inside the clone `root`, relative to it (what the job commits); empty
+    paths and paths outside it are left out."""
+    if not root:
+        return []
+    base = posixpath.normpath(str(root))
+    out: List[str] = []
+    for path in paths or []:
+        if not isinstance(path, str) or not path:
+            continue
+        norm = posixpath.normpath(path)
+        if norm.startswith(base + '/'):
+            rel = norm[len(base) + 1:]
+            if rel not in out:
+                out.append(rel)
+    return out
+
+
+def _identity(value: Any) -> List[str]:
+    """The ways an operator is named: the name and the e-mail address, lowercased."""
+    if isinstance(value, dict):
+        return [str(value.get(k)).strip().lower() for k in ('name', 'email') if value.get(k)]
+    return [str(value).strip().lower()] if value not in (None, '') else []
+
+
+def self_approvals(approvals: Any, authors: Any) -> List[str]:
+    """Records approved by the operator who ran their canary (seed 004: a second operator approves).
+    `approvals`: record path -> approvedBy; `authors`: record path -> the author of the commit that added
+    the record (evidence_repo authors_of: the canary job's operator), or None. One line per refused record;
+    a record whose author is unknown is refused too (nobody can tell the approver is a second operator)."""
+    if not isinstance(approvals, dict) or not isinstance(authors, dict):
+        raise RepoError('approvals and authors: %s, %s are not mappings of record path'
+                        % (_text.show(approvals), _text.show(authors)))
+    problems = []
+    for path in sorted(approvals):
+        approver = approvals[path]
+        author = authors.get(path)
+        if not author:
+            problems.append('%s: no commit of the evidence repository added it, so who ran its canary is unknown; '
+                            'commit the canary\'s record from the canary job' % path)
+            continue
+        if not _identity(approver):
+            problems.append('%s: approvedBy is empty' % path)
+        elif set(_identity(approver)) & set(_identity(author)):
+            problems.append('%s: approved by %s, who ran its canary (commit %s by %s <%s>); a second operator must '
+                            'approve' % (path, _text.show(approver), str(author.get('commit', ''))[:12],
+                                         author.get('name'), author.get('email')))
+    return problems
+
+
+def approval_problems(infos: Any, approver: Any, authors: Any) -> List[str]:
+    """Why the approver may not approve the records (empty: every record may be approved). `infos`: record
+    path -> qualification_info's result ({record, problems}); `authors`: record path -> who added it (the
+    canary's operator). A record is approvable when it loads, is ``qualified``, has no problem but its empty
+    approvedBy (or is approved by this approver already), and the approver is not the canary's operator."""
+    if not isinstance(infos, dict) or not infos:
+        raise RepoError('records: %s is not a non-empty mapping of record path' % _text.show(infos))
+    if not isinstance(approver, str) or not approver.strip() or any(c in approver for c in '"\n\\'):
+        return ['approver: %s is not an operator\'s name (gpufleet_approver, in AWX awx_user_name)' % _text.show(approver)]
+    problems: List[str] = []
+    for path in sorted(infos):
+        info = infos[path] if isinstance(infos[path], dict) else {}
+        record = info.get('record')
+        if not isinstance(record, dict):
+            problems.append('%s: the record does not load (%s)' % (path, info.get('msg') or 'no record'))
+            continue
+        if record.get('state') != 'qualified':
+            problems.append('%s: state is %s, not qualified: a failed canary is not approved'
+                            % (path, _text.show(record.get('state'))))
+        others = [p for p in info.get('problems') or [] if p != 'approvedBy is required']
+        if others:
+            problems.append('%s: %s' % (path, '; '.join(others)))
+        given = str(record.get('approvedBy') or '').strip()
+        if given and given != approver.strip():
+            problems.append('%s: already approved by %s' % (path, _text.show(given)))
+    problems.extend(self_approvals(dict((p, approver.strip()) for p in infos), authors))
+    return problems

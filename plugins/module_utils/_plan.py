@@ -156,8 +156,10 @@ def _tuple_key(current: Dict[str, Any]) -> Any:
 
 
 def digest_of(plan: Dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the plan without its `digest` and `summary`."""
-    body = dict((k, v) for k, v in plan.items() if k not in ('digest', 'summary'))
+    """sha256 of the canonical JSON of the plan without its `digest` and `summary`, and without `warnings` and
+    `problems` (derived from the rest; the module reports them and the plan file does not keep them), so the
+    digest can be recomputed from the plan file."""
+    body = dict((k, v) for k, v in plan.items() if k not in ('digest', 'summary', 'warnings', 'problems'))
     return 'sha256:' + hashlib.sha256(_canonical(body).encode('ascii')).hexdigest()
 
 

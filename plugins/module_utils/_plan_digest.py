@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Sequence
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
+
 KIND = 'upgrade_check'
 _SHA256 = re.compile(r'^[0-9a-f]{64}$')
 
@@ -103,3 +105,28 @@ def verdict(bundle: Any, plan_sha256: str, plan_file: str) -> Dict[str, Any]:
     return {'ok': True, 'recorded': recorded,
             'msg': 'the plan file %s (sha256 %s) is the plan upgrade_check passed with (%s)'
                    % (plan_file, plan_sha256, ', '.join(str(r['id']) for r in recorded))}
+
+
+def workflow_verdict(plan: Any, expected: Any = '') -> Dict[str, Any]:
+    """Whether the plan a job read is the plan the workflow's plan job wrote: its content's digest (recomputed,
+    _plan.digest_of) equals the digest it carries and, when the workflow passed one on (`expected`, set_stats
+    gpufleet_plan_digest), that one. {'ok', 'msg', 'digest'}; ok with nothing to compare when `expected` is empty
+    and the plan carries no digest."""
+    if not isinstance(plan, Mapping):
+        raise PlanDigestError('plan: %r is not a plan (a mapping)' % (type(plan).__name__,))
+    if expected not in (None, '') and not (isinstance(expected, str) and re.match(r'^sha256:[0-9a-f]{64}$', expected)):
+        raise PlanDigestError('gpufleet_plan_digest: %r is not sha256:<64 hex>' % (expected,))
+    actual = digest_of(dict(plan))
+    carried = plan.get('digest')
+    problems = []
+    if carried not in (None, '') and carried != actual:
+        problems.append('its content (%s) is not the digest it carries (%s): it was edited after it was planned'
+                        % (actual, carried))
+    if expected not in (None, '') and actual != expected:
+        problems.append('it is not the plan the workflow passed on (gpufleet_plan_digest %s, this one %s)'
+                        % (expected, actual))
+    if problems:
+        return {'ok': False, 'digest': actual,
+                'msg': 'the plan refused: %s; nothing was changed. Re-plan and review it again' % '; '.join(problems)}
+    return {'ok': True, 'digest': actual,
+            'msg': 'the plan is the one %s (%s)' % ('the workflow passed on' if expected else 'planned', actual)}

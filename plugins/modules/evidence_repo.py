@@ -86,6 +86,32 @@ options:
         a C(..) component or one that does not exist is refused.
     type: list
     elements: str
+  ignore_missing:
+    description:
+      - With O(state=committed), leave out the O(paths) that do not exist instead of failing (a job commits what it
+        wrote; a stage that stopped early wrote less).
+    type: bool
+    default: false
+  to_head:
+    description:
+      - With O(state=present) and O(revision), end on the head of O(branch) when O(revision) is in its history and
+        none of the O(frozen) paths changed between them (RV(requested) is O(revision), RV(followed) the files later
+        commits changed). A relaunched job reads what was reviewed at O(revision) and writes on top of what an
+        earlier run of it committed, so its push does not conflict. A revision outside the branch's history, or a
+        frozen path that changed, fails.
+    type: bool
+    default: false
+  frozen:
+    description: With O(to_head), the paths (relative to O(dest)) that must be the same at the head as at O(revision).
+    type: list
+    elements: str
+  authors_of:
+    description:
+      - With O(state=present), paths of the work tree whose first author to report in RV(authors) - who added each
+        file (for example the operator whose canary job wrote a qualification record, so that the approval can
+        refuse that same operator).
+    type: list
+    elements: str
   commit_message:
     description: The commit message (required with O(state=committed)).
     type: str
@@ -182,6 +208,22 @@ attempts:
   returned: when O(state=committed)
   type: int
   sample: 1
+requested:
+  description: With O(to_head), the revision asked for (RV(revision) is the branch head the work tree ended on).
+  returned: with O(to_head), not in check mode
+  type: str
+followed:
+  description: With O(to_head), the files the commits between RV(requested) and the branch head changed.
+  returned: with O(to_head), not in check mode
+  type: list
+  elements: str
+authors:
+  description:
+    - Per path of O(authors_of), the commit that added it with its author's C(name) and C(email); V(null) for a path
+      the history does not have.
+  returned: with O(authors_of), not in check mode
+  type: dict
+  sample: {qualification/10de2330-10de16c1.yaml: {commit: 3f1c..., name: alice, email: alice@example.com}}
 files:
   description: The paths committed (in check mode, those that would be).
   returned: when O(state=committed)
@@ -328,6 +370,8 @@ def present(module, git, p, remote, shown):
         if not module.check_mode:
             _clone(git, dest, remote, branch, want, shown)
             result['revision'] = git.value(['rev-parse', '-q', '--verify', 'HEAD^{commit}'], dest)
+            if p['to_head'] and want is not None:
+                result.update(follow_head(git, dest, branch, want, head_ref, p['frozen'] or [], shown))
         result.update(_diff(module, dest, None, result['revision']))
         return result
     head, current = state
@@ -351,8 +395,49 @@ def present(module, git, p, remote, shown):
             files = er.name_list(git.check(['diff', '--name-only', '-z', head, want], dest))
         git.check(['checkout', '-q', '-B', branch, want], dest, 'checking out %s' % want)
     result.update(changed=moved, action='moved' if moved else 'unchanged', revision=want)
-    result.update(_diff(module, dest, head, want, files))
+    if p['to_head'] and not module.check_mode:
+        followed = follow_head(git, dest, branch, want, head_ref, p['frozen'] or [], shown)
+        result.update(followed)
+        if followed['revision'] != want:
+            result.update(changed=head != followed['revision'], action='moved')
+    result.update(_diff(module, dest, head, result['revision'], files))
     return result
+
+
+def follow_head(git, dest, branch, want, head_ref, frozen, shown):
+    """With to_head: move the work tree from `want` to the branch's head when `want` is in its history and
+    none of the `frozen` paths changed since (what the job reads is what was reviewed at `want`; what it
+    writes goes on top of what later jobs, or an earlier run of this one, committed)."""
+    out = {'requested': want, 'followed': []}
+    if head_ref is None or head_ref == want:
+        out['revision'] = want
+        return out
+    rc, _o, _e = git.run(['merge-base', '--is-ancestor', want, head_ref], dest)
+    if rc != 0:
+        raise er.RepoError('revision %s is not in the history of branch %s of %s (head %s): refusing to write on '
+                           'top of another history' % (want, branch, shown, head_ref))
+    paths = er.check_paths(frozen) if frozen else []
+    if paths:
+        changed = er.name_list(git.check(['diff', '--name-only', '-z', want, head_ref, '--'] + paths, dest))
+        if changed:
+            raise er.RepoError('%s changed on branch %s since revision %s (head %s); what this job reads must be '
+                               'what was reviewed at that revision: nothing was written'
+                               % (', '.join(changed), branch, want, head_ref))
+    out['followed'] = er.name_list(git.check(['diff', '--name-only', '-z', want, head_ref], dest))
+    git.check(['checkout', '-q', '-B', branch, head_ref], dest, 'checking out %s' % head_ref)
+    out['revision'] = head_ref
+    return out
+
+
+def authors(git, dest, paths):
+    """Per path: the commit that added it and its author (the operator whose job wrote it), None when the
+    work tree's history does not have the path."""
+    out = {}
+    for path in er.check_paths(paths):
+        log = git.check(['log', '--diff-filter=A', '--format=%H%x00%an%x00%ae', '--', path], dest).strip()
+        first = log.splitlines()[-1].split('\x00') if log else None
+        out[path] = {'commit': first[0], 'name': first[1], 'email': first[2]} if first and len(first) == 3 else None
+    return out
 
 
 def _refuse_unpushed(git, dest, head, current, shown):
@@ -394,14 +479,20 @@ def _diff(module, dest, before, after, files=None):
     return {'diff': {'before': b, 'after': a, 'before_header': dest, 'after_header': dest}}
 
 
-def _check_paths(dest, paths):
+def _check_paths(dest, paths, ignore_missing=False):
+    """The paths to commit (those that exist, with ignore_missing); RepoError for a missing or escaping one."""
     real = os.path.realpath(dest)
+    kept = []
     for i, path in enumerate(paths):
         full = os.path.join(dest, path)
         if not os.path.lexists(full):
+            if ignore_missing:
+                continue
             raise er.RepoError('paths[%d]: %s does not exist in dest %s' % (i, path, dest))
+        kept.append(path)
         if os.path.commonpath([real, os.path.realpath(full)]) != real:
             raise er.RepoError('paths[%d]: %s escapes dest %s (through a symbolic link)' % (i, path, dest))
+    return kept
 
 
 def _undo_commit(git, dest):
@@ -452,8 +543,11 @@ def committed(module, git, p, remote, shown):
     head, current = state
     if current != branch:
         raise er.RepoError('branch: dest %s is on %s, not on branch %s' % (dest, current or 'a detached HEAD', branch))
-    _check_paths(dest, paths)
+    paths = _check_paths(dest, paths, p['ignore_missing'])
     result = {'branch': branch, 'remote': shown, 'parent': head, 'attempts': 0, 'pushed': False}
+    if not paths:
+        result.update(changed=False, action='unchanged', revision=head, files=[])
+        return result
     if module.check_mode:
         out = git.check(['status', '--porcelain', '-z', '--untracked-files=all', '--'] + paths, dest)
         files = er.porcelain_paths(out)
@@ -489,6 +583,10 @@ def main():
             state=dict(type='str', default='present', choices=['present', 'committed']),
             revision=dict(type='str'),
             paths=dict(type='list', elements='str'),
+            ignore_missing=dict(type='bool', default=False),
+            authors_of=dict(type='list', elements='str'),
+            to_head=dict(type='bool', default=False),
+            frozen=dict(type='list', elements='str'),
             commit_message=dict(type='str'),
             author_name=dict(type='str'),
             author_email=dict(type='str'),
@@ -520,6 +618,8 @@ def main():
                 git = Git(module, binary, env, timeout, secrets)
                 if p['state'] == 'present':
                     result = present(module, git, p, remote, shown)
+                    if p['authors_of'] and not module.check_mode:
+                        result['authors'] = authors(git, p['dest'], p['authors_of'])
                 else:
                     result = committed(module, git, p, remote, shown)
         except er.RepoError as exc:

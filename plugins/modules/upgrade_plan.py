@@ -280,7 +280,7 @@ budget:
       - {batch: 2, phase: rollout, nodes: 4, out_of_service_before: 4, taken_out_of_service: 4,
          unavailable_during: 8, max_unavailable: 8, limited_by: batch_size, shrunk: false}
 digest:
-  description: C(sha256:) of the canonical JSON of the plan (without digest and summary).
+  description: C(sha256:) of the canonical JSON of the plan (without digest, summary, warnings and problems - it can be recomputed from the plan file).
   returned: success
   type: str
   sample: sha256:f36ad566e2c4b1b84d5777117085579aed5b4b3739407152945e8ca3ae655b95

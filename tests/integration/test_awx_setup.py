@@ -1,5 +1,6 @@
 """playbooks/awx_setup.yml and playbooks/vars/awx.yml: syntax with the real awx.awx collection,
-every argument against awx.awx's own documentation, the rendered workflow graph and surveys, and
+every argument against awx.awx's own documentation, the rendered graphs and surveys of the two workflows
+(qualify; approve and roll out), the evidence repository's credential type as AWX receives it, and
 the survey ↔ playbook input contract."""
 from __future__ import annotations
 
@@ -14,10 +15,25 @@ import yaml
 
 from tools import awx_collection
 
+
+class Unsafe(str):
+    """A value Ansible reads as !unsafe (never templated)."""
+
+
+class _VarsLoader(yaml.SafeLoader):
+    pass
+
+
+_VarsLoader.add_constructor('!unsafe', lambda loader, node: Unsafe(loader.construct_scalar(node)))
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SETUP = REPO / 'playbooks' / 'awx_setup.yml'
-VARS = yaml.safe_load((REPO / 'playbooks' / 'vars' / 'awx.yml').read_text())
-PLAYBOOKS = ['plan', 'preflight', 'canary', 'upgrade_check', 'rollout', 'rollback', 'postflight', 'release']
+VARS = yaml.load((REPO / 'playbooks' / 'vars' / 'awx.yml').read_text(), Loader=_VarsLoader)  # noqa: S506 (a SafeLoader)
+PLAYBOOKS = ['plan', 'preflight', 'canary', 'approve', 'upgrade_check', 'rollout', 'rollback', 'postflight', 'release']
+QUALIFY = 'gpufleet GPU upgrade: qualify'
+ROLL_OUT = 'gpufleet GPU upgrade: approve and roll out'
+AWX_MODULES = ['awx.awx.job_template', 'awx.awx.workflow_job_template', 'awx.awx.project',
+               'awx.awx.execution_environment', 'awx.awx.credential_type']
 SURVEY_KEYS = {'variable', 'question_name', 'question_description', 'type', 'required', 'default', 'min', 'max',
                'choices', 'new_question'}
 SURVEY_TYPES = {'text', 'textarea', 'password', 'integer', 'float', 'multiplechoice', 'multiselect'}
@@ -34,8 +50,7 @@ def awx_env():
 
 @pytest.fixture(scope='module')
 def awx_docs(awx_env):
-    out = subprocess.run(['ansible-doc', '--json', '-t', 'module', 'awx.awx.job_template',
-                          'awx.awx.workflow_job_template', 'awx.awx.project', 'awx.awx.execution_environment'],
+    out = subprocess.run(['ansible-doc', '--json', '-t', 'module', *AWX_MODULES],
                          env=awx_env, capture_output=True, text=True, timeout=120, check=True)
     return {k: v['doc'] for k, v in json.loads(out.stdout).items()}
 
@@ -87,8 +102,7 @@ def test_every_awx_argument_is_documented_by_awx_awx(awx_docs):
             choices = doc['options'].get(key, {}).get('choices')
             if choices and isinstance(value, str) and '{{' not in value:
                 assert value in choices, (mod, key, value, choices)
-    assert used == {'awx.awx.execution_environment', 'awx.awx.project', 'awx.awx.job_template',
-                    'awx.awx.workflow_job_template'}
+    assert used == set(AWX_MODULES)
     # module_defaults for the controller group use documented auth options
     defaults = play['module_defaults']['group/awx.awx.controller']
     assert set(defaults) <= _option_names(awx_docs['awx.awx.job_template']['options'])
@@ -116,56 +130,146 @@ def test_job_templates_cover_every_playbook_with_valid_surveys():
             seen[q['variable']] = q
 
 
-def _render_workflow(run_playbook):
-    """Run the playbook's own node-building task and the workflow task's expressions, with no controller."""
+def _render_workflows(run_playbook):
+    """Run the playbook's own node-building task, then the workflow task's and the credential type task's
+    expressions over the workflow task's own loop, with no controller: {workflow name: (nodes, survey)}, and the
+    credential type's arguments as awx.awx.credential_type receives them."""
     play = _tasks()
     build = copy.deepcopy(next(t for t in play['tasks'] if t['name'] == 'Build the workflow nodes'))
-    wf = next(t for t in play['tasks'] if 'awx.awx.workflow_job_template' in t)['awx.awx.workflow_job_template']
+    wf_task = next(t for t in play['tasks'] if 'awx.awx.workflow_job_template' in t)
+    wf = wf_task['awx.awx.workflow_job_template']
+    ct = next(t for t in play['tasks'] if 'awx.awx.credential_type' in t)['awx.awx.credential_type']
     render = {'name': 'render', 'ansible.builtin.set_fact': {
-        'rendered_nodes': wf['workflow_nodes'], 'rendered_survey': wf['survey_spec']['spec']}}
+        'rendered_name': wf['name'], 'rendered_nodes': wf['workflow_nodes'], 'rendered_survey': wf['survey_spec']['spec'],
+        'rendered_description': wf['description']},
+        'loop': wf_task['loop'], 'loop_control': wf_task['loop_control']}
+    render_ct = {'name': 'render credential type', 'ansible.builtin.set_fact': {'rendered_ct': ct}}
     run = run_playbook([{'name': 'render', 'hosts': 'localhost', 'gather_facts': False,
                          'vars_files': [str(REPO / 'playbooks' / 'vars' / 'awx.yml')],
-                         'tasks': [build, render]}])
+                         'tasks': [build, render, render_ct]}])
     assert run.rc == 0, run.stdout
-    facts = run.result('render')['ansible_facts']
-    return facts['rendered_nodes'], facts['rendered_survey']
+    flows = {}
+    for res in run.result('render')['results']:
+        facts = res['ansible_facts']
+        flows[facts['rendered_name']] = (facts['rendered_nodes'], facts['rendered_survey'])
+    return flows, run.result('render credential type')['ansible_facts']['rendered_ct']
 
 
-def test_rendered_workflow_graph_and_survey(run_playbook, awx_docs):
-    nodes, survey = _render_workflow(run_playbook)
-    by_id = {n['identifier']: n for n in nodes}
-    assert list(by_id) == ['plan', 'preflight', 'canary', 'approve', 'upgrade_check', 'rollout', 'postflight', 'rollback']
+def _template_vars(names):
+    return {q['variable'] for jt in VARS['gpufleet_awx_job_templates'] if jt['name'] in names for q in jt['survey']}
 
-    def succ(i, kind='success_nodes'):
-        return [x['identifier'] for x in by_id[i].get('related', {}).get(kind, [])]
-    # preflight blocks: on its failure nothing follows (issue 17, item 3)
-    assert succ('plan') == ['preflight'] and succ('preflight') == ['canary']
-    assert succ('preflight', 'failure_nodes') == [] and succ('preflight', 'always_nodes') == []
-    assert succ('canary') == ['approve'] and succ('canary', 'failure_nodes') == ['rollback']
-    assert succ('approve') == ['upgrade_check']
-    assert succ('upgrade_check') == ['rollout'] and succ('upgrade_check', 'failure_nodes') == []
-    assert succ('rollout') == ['postflight'] and succ('rollout', 'failure_nodes') == ['rollback']
-    approve = by_id['approve']['unified_job_template']
-    assert approve == {'name': 'gpufleet approve qualification', 'type': 'workflow_approval', 'timeout': 86400,
-                       'description': VARS['gpufleet_awx_workflow']['approval']['description']}
-    jt_names = {jt['name'] for jt in VARS['gpufleet_awx_job_templates']}
-    for ident, node in by_id.items():
-        if ident != 'approve':
-            assert node['unified_job_template']['type'] == 'job_template'
-            assert node['unified_job_template']['name'] in jt_names
-            assert node['unified_job_template']['organization'] == {'name': 'Default'}
-        for kind in ('success_nodes', 'failure_nodes', 'always_nodes'):
-            for ref in node.get('related', {}).get(kind, []):
-                assert ref['identifier'] in by_id
-    # every rendered key is an awx.awx workflow_nodes suboption
+
+def test_rendered_workflow_graphs_and_surveys(run_playbook, awx_docs):
+    flows = _render_workflows(run_playbook)[0]
+    assert list(flows) == [QUALIFY, ROLL_OUT] == [w['name'] for w in VARS['gpufleet_awx_workflows']]
     sub = awx_docs['awx.awx.workflow_job_template']['options']['workflow_nodes']['suboptions']
     ujt = _option_names(sub['unified_job_template']['suboptions'])
-    for node in nodes:
-        assert set(node) <= _option_names(sub), node
-        assert set(node['unified_job_template']) <= ujt, node
-    # the workflow survey asks every template variable exactly once
-    all_vars = {q['variable'] for jt in VARS['gpufleet_awx_job_templates'] for q in jt['survey']}
-    assert sorted(q['variable'] for q in survey) == sorted(all_vars)
+    jt_names = {jt['name'] for jt in VARS['gpufleet_awx_job_templates']}
+    graphs = {}
+    for name, (nodes, survey) in flows.items():
+        by_id = {n['identifier']: n for n in nodes}
+        assert len(by_id) == len(nodes), name
+        graphs[name] = by_id
+        for node in nodes:
+            # every rendered key is an awx.awx workflow_nodes suboption; every node runs a job template (no approval
+            # node: the second operator's launch of the second workflow is the approval)
+            assert set(node) <= _option_names(sub), node
+            assert set(node['unified_job_template']) <= ujt, node
+            assert node['unified_job_template']['type'] == 'job_template', node
+            assert node['unified_job_template']['name'] in jt_names, node
+            assert node['unified_job_template']['organization'] == {'name': 'Default'}
+            for kind in ('success_nodes', 'failure_nodes', 'always_nodes'):
+                for ref in node.get('related', {}).get(kind, []):
+                    assert ref['identifier'] in by_id, (name, ref)
+        # the workflow survey asks every variable of its templates exactly once, and nothing else but its own questions
+        used = {n['unified_job_template']['name'] for n in nodes}
+        own = {q['variable'] for q in next(w for w in VARS['gpufleet_awx_workflows'] if w['name'] == name)['survey']}
+        asked = [q['variable'] for q in survey]
+        assert len(asked) == len(set(asked)), (name, asked)
+        assert set(asked) == _template_vars(used) | own, name
+        for q in survey:
+            assert set(q) <= SURVEY_KEYS and q['type'] in SURVEY_TYPES, q
+
+    def succ(flow, i, kind='success_nodes'):
+        return [x['identifier'] for x in graphs[flow][i].get('related', {}).get(kind, [])]
+
+    def template(flow, i):
+        return graphs[flow][i]['unified_job_template']['name']
+
+    q = QUALIFY
+    assert list(graphs[q]) == ['plan', 'preflight', 'canary', 'rollback']
+    assert [template(q, i) for i in graphs[q]] == [
+        'gpufleet plan', 'gpufleet preflight', 'gpufleet canary', 'gpufleet rollback']
+    # preflight blocks: on its failure nothing follows (issue 17, item 3)
+    assert succ(q, 'plan') == ['preflight'] and succ(q, 'preflight') == ['canary']
+    assert succ(q, 'preflight', 'failure_nodes') == [] and succ(q, 'preflight', 'always_nodes') == []
+    assert succ(q, 'plan', 'failure_nodes') == [] and succ(q, 'plan', 'always_nodes') == []
+    # the qualify workflow ends with the canary: nothing after it but the rollback of a failed canary
+    assert succ(q, 'canary') == [] and succ(q, 'canary', 'always_nodes') == []
+    assert succ(q, 'canary', 'failure_nodes') == ['rollback']
+    assert graphs[q]['rollback'].get('related', {}) == {}
+
+    r = ROLL_OUT
+    assert list(graphs[r]) == ['approve', 'upgrade_check', 'rollout', 'postflight', 'rollback']
+    assert [template(r, i) for i in graphs[r]] == [
+        'gpufleet approve', 'gpufleet upgrade_check', 'gpufleet rollout', 'gpufleet postflight', 'gpufleet rollback']
+    # a refused approval or a failed gate ends the workflow with nothing changed
+    assert succ(r, 'approve') == ['upgrade_check']
+    assert succ(r, 'approve', 'failure_nodes') == [] and succ(r, 'approve', 'always_nodes') == []
+    assert succ(r, 'upgrade_check') == ['rollout']
+    assert succ(r, 'upgrade_check', 'failure_nodes') == [] and succ(r, 'upgrade_check', 'always_nodes') == []
+    assert succ(r, 'rollout') == ['postflight'] and succ(r, 'rollout', 'failure_nodes') == ['rollback']
+    assert graphs[r]['postflight'].get('related', {}) == {} and graphs[r]['rollback'].get('related', {}) == {}
+
+    # the approve-and-roll-out survey asks, required, for the exact commit the qualify workflow ended on
+    survey = {q['variable']: q for q in flows[r][1]}
+    rev = survey['gpufleet_qualified_revision']
+    assert rev['required'] is True and rev['type'] == 'text' and rev['min'] == rev['max'] == 40, rev
+    assert 'gpufleet_qualified_revision' not in {q['variable'] for q in flows[q][1]}
+    # the rollout's forks stay (a batch's nodes run at once)
+    assert next(jt for jt in VARS['gpufleet_awx_job_templates'] if jt['name'] == 'gpufleet rollout')['forks'] == 50
+    # every template but release is a node of a workflow
+    in_flows = {template(f, i) for f in graphs for i in graphs[f]}
+    assert in_flows == {jt['name'] for jt in VARS['gpufleet_awx_job_templates']} - {'gpufleet release'}
+
+
+def test_credential_type_reaches_awx_unrendered(run_playbook, awx_docs):
+    ct_vars = VARS['gpufleet_awx_credential_type']
+    ct = _render_workflows(run_playbook)[1]
+    assert ct['name'] == 'gpufleet evidence repository' and ct['kind'] == 'cloud'
+    assert ct['kind'] in awx_docs['awx.awx.credential_type']['options']['kind']['choices']
+    fields = {f['id']: f for f in ct['inputs']['fields']}
+    assert list(fields) == ['url', 'token', 'branch']
+    assert all(f['type'] == 'string' for f in fields.values())
+    assert fields['token'].get('secret') is True
+    assert not fields['url'].get('secret') and not fields['branch'].get('secret')
+    assert fields['branch'].get('default') == 'main'
+    assert ct['inputs']['required'] == ['url']
+    # AWX's own templates, literally: Ansible rendered none of them (it would have failed on the undefined names,
+    # or produced empty strings)
+    want = {'gpufleet_evidence_repo': '{{ url }}', 'gpufleet_evidence_token': '{{ token }}',
+            'gpufleet_evidence_branch': '{{ branch }}'}
+    assert ct['injectors'] == {'extra_vars': want}
+    # ... because the vars file marks them !unsafe
+    for key, value in ct_vars['injectors']['extra_vars'].items():
+        assert isinstance(value, Unsafe) and value == want[key], key
+    # the injected names are the playbooks' own inputs
+    checkout = (REPO / 'playbooks' / 'tasks' / 'evidence_checkout.yml').read_text()
+    for name in want:
+        assert name in checkout, name
+
+
+def test_unsafe_marking_is_what_keeps_the_injectors_literal(run_playbook, tmp_path):
+    """The check above can fail: the same injectors without !unsafe are rendered by Ansible."""
+    plain = (REPO / 'playbooks' / 'vars' / 'awx.yml').read_text().replace("!unsafe '{{ url }}'", "'{{ url }}'")
+    (tmp_path / 'awx.yml').write_text(plain)
+    run = run_playbook([{'name': 'render', 'hosts': 'localhost', 'gather_facts': False,
+                         'vars_files': [str(tmp_path / 'awx.yml')], 'vars': {'url': 'rendered'},
+                         'tasks': [{'name': 'render', 'ansible.builtin.set_fact': {
+                             'inj': '{{ gpufleet_awx_credential_type.injectors }}'}}]}])
+    assert run.rc == 0, run.stdout
+    inj = run.result('render')['ansible_facts']['inj']['extra_vars']
+    assert inj['gpufleet_evidence_repo'] == 'rendered' and inj['gpufleet_evidence_token'] == '{{ token }}'
 
 
 def test_setup_validates_its_inputs_before_calling_the_controller(run_playbook, awx_env):
@@ -178,18 +282,53 @@ def test_setup_validates_its_inputs_before_calling_the_controller(run_playbook, 
     assert not run.task_results('Execution environment')
 
 
+EVIDENCE_CHECKOUT = 'tasks/evidence_checkout.yml'
+
+
 def _documented_inputs(playbook: pathlib.Path):
-    """The argument_spec of the first task of the first play, when that task is ansible.builtin.validate_argument_spec
-    (bad input then fails before anything else runs)."""
-    play = yaml.safe_load(playbook.read_text())[0]
-    tasks = play.get('pre_tasks', []) + play.get('tasks', [])
-    spec = tasks[0].get('ansible.builtin.validate_argument_spec') if tasks else None
-    return spec['argument_spec'] if spec is not None else None
+    """The argument_spec of the playbook's first task, when that task is ansible.builtin.validate_argument_spec (bad
+    input then fails before anything else runs). The one thing allowed before it is the evidence play: a first play
+    whose only task imports tasks/evidence_checkout.yml (the clone of the evidence repository, which itself refuses a
+    file input outside the repository before anything else ran); the check is then the next play's first task."""
+    plays = yaml.safe_load(playbook.read_text())
+    for index, play in enumerate(plays[:2]):
+        tasks = play.get('pre_tasks', []) + play.get('tasks', [])
+        if not tasks:
+            return None
+        spec = tasks[0].get('ansible.builtin.validate_argument_spec')
+        if spec is not None:
+            return spec['argument_spec']
+        only_checkout = (index == 0 and len(tasks) == 1
+                         and tasks[0].get('ansible.builtin.import_tasks') == EVIDENCE_CHECKOUT)
+        if not only_checkout:
+            return None
+    return None
 
 
 def test_contract_checker_on_awx_setup_itself():
     spec = _documented_inputs(SETUP)
     assert spec is not None and spec['gpufleet_awx_project_scm_url']['required'] is True
+
+
+def test_contract_checker_allows_only_the_evidence_checkout_first(tmp_path):
+    check = {'name': 'Check', 'ansible.builtin.validate_argument_spec': {'argument_spec': {'gpufleet_x': {'type': 'str'}}}}
+    evidence = {'name': 'Evidence', 'hosts': 'localhost',
+                'tasks': [{'name': 'Clone', 'ansible.builtin.import_tasks': EVIDENCE_CHECKOUT}]}
+    cases = {
+        'first': ([{'hosts': 'all', 'tasks': [check]}], True),
+        'after-evidence': ([evidence, {'hosts': 'all', 'tasks': [check]}], True),
+        'in-evidence': ([{'hosts': 'localhost', 'tasks': [check, evidence['tasks'][0]]}], True),
+        'after-other-task': ([{'hosts': 'all', 'tasks': [{'name': 'x', 'ansible.builtin.debug': {}}, check]}], False),
+        'after-other-play': ([{'hosts': 'all', 'tasks': [{'name': 'x', 'ansible.builtin.debug': {}}]},
+                              {'hosts': 'all', 'tasks': [check]}], False),
+        'after-evidence-and-more': ([{'hosts': 'localhost', 'tasks': evidence['tasks'] + [{'name': 'x', 'ansible.builtin.debug': {}}]},
+                                     {'hosts': 'all', 'tasks': [check]}], False),
+        'second-of-play': ([evidence, {'hosts': 'all', 'tasks': [{'name': 'x', 'ansible.builtin.debug': {}}, check]}], False),
+    }
+    for name, (plays, documented) in cases.items():
+        path = tmp_path / ('%s.yml' % name)
+        path.write_text(yaml.safe_dump(plays))
+        assert (_documented_inputs(path) is not None) is documented, name
 
 
 # Survey question type -> the argument_spec types it can feed (a survey sends strings and numbers only).
@@ -202,8 +341,13 @@ def _survey(name):
     return next(j for j in VARS['gpufleet_awx_job_templates'] if j['playbook'] == 'playbooks/%s.yml' % name)['survey']
 
 
-def _contract_problems(spec, survey):
-    """Every way the survey and the playbook's argument_spec disagree, as readable strings."""
+# What the evidence repository's credential (attached to every template) gives each job as extra vars.
+CREDENTIAL_INPUTS = frozenset(VARS['gpufleet_awx_credential_type']['injectors']['extra_vars'])
+
+
+def _contract_problems(spec, survey, supplied=frozenset()):
+    """Every way the survey and the playbook's argument_spec disagree, as readable strings. `supplied`: the inputs
+    a credential of every template injects, so that the survey need not ask them."""
     if spec is None:
         return ['the playbook has no ansible.builtin.validate_argument_spec task documenting its inputs']
     problems = []
@@ -211,6 +355,8 @@ def _contract_problems(spec, survey):
     for var in sorted(set(asked) - set(spec)):
         problems.append('survey variable %s is not documented by the playbook' % var)
     for var in sorted(k for k, v in spec.items() if v.get('required')):
+        if var not in asked and var in supplied:
+            continue
         if var not in asked:
             problems.append('required input %s is not asked by the survey' % var)
         elif not asked[var]['required']:
@@ -239,7 +385,7 @@ def _contract_problems(spec, survey):
 @pytest.mark.parametrize('name', PLAYBOOKS)
 def test_survey_variables_are_documented_playbook_inputs(name):
     path = REPO / 'playbooks' / ('%s.yml' % name)
-    assert not _contract_problems(_documented_inputs(path), _survey(name)), path
+    assert not _contract_problems(_documented_inputs(path), _survey(name), CREDENTIAL_INPUTS), path
 
 
 def test_contract_check_can_fail():
@@ -273,3 +419,8 @@ def test_contract_check_can_fail():
         'gpufleet_count: survey type text cannot feed argument type int',
     ]
     assert _contract_problems(spec, good[1:]) == ['required input gpufleet_plan_file is not asked by the survey']
+    # an input the credential injects need not be asked; any other still must
+    assert _contract_problems(spec, good[1:], frozenset({'gpufleet_plan_file'})) == []
+    assert _contract_problems(spec, good[1:], CREDENTIAL_INPUTS) == [
+        'required input gpufleet_plan_file is not asked by the survey']
+    assert 'gpufleet_evidence_repo' in CREDENTIAL_INPUTS

@@ -181,6 +181,10 @@ def test_commit_push_race_and_refusal(run_playbook, tmp_path):
         task('clone empty', {'remote': str(empty), 'dest': str(e)}),
         write('file e', e / 'plan.yml', 'plan: 1\n'),
         task('commit empty', dict(commit, remote=str(empty), dest=str(e), paths=['plan.yml'])),
+        task('commit what exists', dict(commit, dest=str(a), paths=['bundles/none.json', 'bundles'],
+                                        ignore_missing=True)),
+        task('authors', {'remote': str(bare), 'dest': str(tmp_path / 'h'),
+                         'authors_of': ['bundles/a.json', 'reports/b.html', 'nowhere.txt']}),
     ]))
     assert run.rc == 0, run.stdout[-3000:]
 
@@ -237,3 +241,30 @@ def test_commit_push_race_and_refusal(run_playbook, tmp_path):
     res = run.result('commit empty')
     assert res['_event'] == 'runner_on_ok' and res['parent'] is None and res['pushed'] is True, res.get('msg')
     assert git('rev-parse', 'main', cwd=empty) == res['revision']
+
+    # ignore_missing: what exists is committed (nothing new here), the missing path is no failure
+    res = run.result('commit what exists')
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is False and res['files'] == [], res.get('msg')
+    # authors_of: who added each file (the approval refuses the operator who wrote the record)
+    res = run.result('authors')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['authors']['bundles/a.json'] == {'commit': first_push, 'name': 'Ada Operator', 'email': 'ada@example.com'}
+    assert res['authors']['reports/b.html']['name'] == 'Bob Operator' and res['authors']['nowhere.txt'] is None
+
+
+def test_to_head_reads_the_reviewed_revision_and_writes_on_the_head(run_playbook, tmp_path):
+    """A relaunched job clones the revision it was given and ends on the branch head when what it only reads (frozen)
+    is unchanged there; a frozen path that changed, or a revision outside the branch's history, fails."""
+    bare, (first, second) = bare_repo(tmp_path, 'evidence')      # second changed seed-1.txt only
+    run = run_playbook(play([
+        task('follow', {'remote': str(bare), 'dest': str(tmp_path / 'a'), 'revision': first, 'to_head': True,
+                        'frozen': ['seed-0.txt']}),
+        task('frozen changed', {'remote': str(bare), 'dest': str(tmp_path / 'b'), 'revision': first, 'to_head': True,
+                                'frozen': ['seed-1.txt']}),
+    ]))
+    assert run.rc == 0, run.stdout[-3000:]
+    res = run.result('follow')
+    assert res['_event'] == 'runner_on_ok' and res['revision'] == second and res['requested'] == first, res
+    assert res['followed'] == ['seed-1.txt'] and git('rev-parse', 'HEAD', cwd=tmp_path / 'a') == second
+    res = run.result('frozen changed')
+    assert res['_event'] == 'runner_on_failed' and 'seed-1.txt changed on branch main since revision' in res['msg'], res

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PLAYBOOKS = ['plan', 'preflight', 'canary', 'upgrade_check', 'rollout', 'rollback', 'postflight', 'release']
+PLAYBOOKS = ['plan', 'preflight', 'canary', 'approve', 'upgrade_check', 'rollout', 'rollback', 'postflight', 'release']
 ROLES = ['preflight', 'canary', 'node_upgrade', 'rollback', 'postflight']
 
 

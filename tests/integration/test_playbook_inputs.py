@@ -18,7 +18,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHECK = {'plan': 'Plan | Check the inputs', 'preflight': 'Preflight | Check the inputs',
          'canary': 'Canary | Check the inputs', 'upgrade_check': 'Check the inputs',
          'rollout': 'Rollout | Check the inputs', 'rollback': 'Rollback | Check the inputs',
-         'postflight': 'Postflight | Check the inputs', 'release': 'Release | Check the inputs'}
+         'postflight': 'Postflight | Check the inputs', 'release': 'Release | Check the inputs',
+         'approve': 'Approve | Check the inputs'}
 
 
 def _inventory():
@@ -49,6 +50,9 @@ BAD = [
      'gpufleet_rollback_uncordon', 'bool'),
     ('postflight', {'gpufleet_dra': 'perhaps'}, 'gpufleet_dra', 'bool'),
     ('release', {'gpufleet_evidence': 'rollout.json'}, 'gpufleet_plan_file', 'missing required arguments'),
+    # The approval is a commit of the evidence repository: without one there is nothing to approve in.
+    ('approve', {'gpufleet_plan_file': 'plan.json', 'gpufleet_qualification_dir': 'qualification'},
+     'gpufleet_evidence_repo', 'missing required arguments'),
 ]
 
 
@@ -167,3 +171,34 @@ def test_preflight_needs_the_plan_or_the_target(cluster, run_playbook, tmp_path)
     assert run.status == 'failed'
     assert 're-plan' in run.result('Preflight | The target is known (from the plan or gpufleet_target) and they agree')['msg']
     assert cluster.requests == []
+
+
+@pytest.mark.parametrize('case', ['unreachable', 'revision', 'absolute'])
+def test_a_bad_evidence_repository_fails_the_job_before_the_cluster_is_read(cluster, run_playbook, tmp_path, case):
+    """Issue 17: an evidence remote that cannot be reached, a revision it does not have, or a file input outside
+    the repository: the job fails at its first play, saying which, and neither the cluster nor a node is touched."""
+    import subprocess
+    load(cluster)
+    remote = tmp_path / 'evidence.git'
+    subprocess.run(['git', 'init', '-q', '--bare', '-b', 'main', str(remote)], check=True)
+    extravars = {'gpufleet_kubeconfig': cluster.kubeconfig, 'gpufleet_plan_file': 'plans/plan.json',
+                 'gpufleet_qualification_dir': 'qualification', 'gpufleet_evidence': 'evidence/rollout.json',
+                 'gpufleet_evidence_repo': str(remote)}
+    if case == 'unreachable':
+        extravars['gpufleet_evidence_repo'] = str(tmp_path / 'nowhere.git')
+    elif case == 'revision':
+        extravars['gpufleet_evidence_revision'] = 'f' * 40
+    else:
+        extravars['gpufleet_plan_file'] = '/etc/plan.json'
+    run = run_playbook(REPO / 'playbooks' / 'rollout.yml', extravars=extravars, inventory=_inventory())
+    assert run.status == 'failed'
+    failed = [(t, e) for t, _h, e in _tasks_run(run) if e == 'runner_on_failed']
+    assert len(failed) == 1 and failed[0][0].startswith('Evidence | '), _tasks_run(run)
+    msg = run.stdout
+    expect = {'unreachable': 'nowhere.git', 'revision': 'f' * 40,
+              'absolute': 'gpufleet_plan_file: "/etc/plan.json" is absolute'}[case]
+    assert expect in msg, msg[-3000:]
+    assert cluster.requests == [] and mutations(cluster) == []
+    if case == 'absolute':      # refused before anything was cloned
+        assert [t for t, _h, e in _tasks_run(run)] == ['Evidence | Every file input is a path inside the repository '
+                                                       '(checked before anything is cloned)']

@@ -322,14 +322,17 @@ class Lab:
 
     # ------------------------------------------------------------------ playbooks
     def play(self, name: str, playbook: str, extravars: dict[str, Any] | None = None,
-             cancel_on: Any = None, hook: Any = None, envvars: dict[str, str] | None = None) -> str:
+             cancel_on: Any = None, hook: Any = None, envvars: dict[str, str] | None = None,
+             collection: pathlib.Path | None = None) -> str:
         """Run a playbook; `hook(event)` sees each event as ansible-runner reads it (the controller runs
         on meanwhile: a test changes the cluster at a point of the run well before what it affects).
         `cancel_on(event) -> bool` kills the controller once true: ansible-playbook and every process
         it started (workers, running modules) get SIGKILL at once, as in a crash, so the kill lands
         at that event rather than at ansible-runner's next poll of its cancel callback (up to
         pexpect_timeout, 5 s, later); the run's status is then 'canceled'. `envvars` add to (or
-        replace) the controller's environment (for example ANSIBLE_FORKS)."""
+        replace) the controller's environment (for example ANSIBLE_FORKS). `collection`: run the playbook
+        from that checkout of the collection (<dir>/ansible_collections/gpufleet/upgrade), as an AWX job runs
+        it from its own project checkout, instead of this repository."""
         pdd = self.dir / 'runner' / name
         shutil.rmtree(pdd, ignore_errors=True)
         (pdd / 'project').mkdir(parents=True)
@@ -357,7 +360,7 @@ class Lab:
         env = {k: os.environ[k] for k in ('PATH', 'HOME', 'LANG', 'TMPDIR') if k in os.environ}
         env['PATH'] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get('PATH', '')
         env.update({
-            'ANSIBLE_COLLECTIONS_PATH': str(REPO / '.venv' / 'collections'),
+            'ANSIBLE_COLLECTIONS_PATH': str(collection.parents[2] if collection else REPO / '.venv' / 'collections'),
             'ANSIBLE_RETRY_FILES_ENABLED': '0', 'ANSIBLE_FORKS': '8', 'ANSIBLE_PIPELINING': '1',
             'ANSIBLE_DISPLAY_SKIPPED_HOSTS': 'false', 'ANSIBLE_DEPRECATION_WARNINGS': 'false',
             'ANSIBLE_LOCALHOST_WARNING': 'false', 'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'false',
@@ -370,7 +373,7 @@ class Lab:
         log('== %s (%s)' % (name, playbook))
         t0, c0, n0 = time.monotonic(), _children_cpu(), self.node_cpu()
         result = ansible_runner.run(
-            private_data_dir=str(pdd), playbook=str(REPO / 'playbooks' / playbook), inventory=self.inventory,
+            private_data_dir=str(pdd), playbook=str((collection or REPO) / 'playbooks' / playbook), inventory=self.inventory,
             extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900,
             cancel_callback=lambda: cancelled[0])
         self.timings.append({'step': name, 'wall': time.monotonic() - t0, 'cpu': _children_cpu() - c0})

@@ -104,3 +104,22 @@ def test_verdict_bad_input(b, field):
     assert str(err.value).startswith(field)
     with pytest.raises(PlanDigestError, match='plan_sha256'):
         _plan_digest.verdict({}, 'x', 'p')
+
+
+def test_workflow_verdict_refuses_an_edited_plan_or_another_plan_than_the_workflows():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
+    plan = {'target': {'driver': '580.130.00'}, 'batches': [['gpu-01'], ['gpu-02']], 'summary': 'ignored'}
+    plan['digest'] = digest_of(plan)
+    pd = _plan_digest
+    ok = pd.workflow_verdict(plan, plan['digest'])
+    assert ok['ok'] is True and ok['digest'] == plan['digest'] and 'the workflow passed on' in ok['msg']
+    assert pd.workflow_verdict(plan)['ok'] is True
+    edited = dict(plan, batches=[['gpu-02'], ['gpu-01']])
+    bad = pd.workflow_verdict(edited)
+    assert bad['ok'] is False and 'it was edited after it was planned' in bad['msg']
+    other = pd.workflow_verdict(plan, 'sha256:' + 'a' * 64)
+    assert other['ok'] is False and 'not the plan the workflow passed on (gpufleet_plan_digest sha256:' in other['msg']
+    with pytest.raises(pd.PlanDigestError, match="gpufleet_plan_digest: 'abc' is not sha256:<64 hex>"):
+        pd.workflow_verdict(plan, 'abc')
+    with pytest.raises(pd.PlanDigestError, match='plan: '):
+        pd.workflow_verdict(['x'])
