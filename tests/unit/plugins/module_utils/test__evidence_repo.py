@@ -297,3 +297,64 @@ def test_git_takes_the_token_from_the_askpass_helper_without_a_terminal(tmp_path
     out = subprocess.run(['git'] + er.GIT_OPTIONS + ['credential', 'fill'], env=env, capture_output=True, text=True,
                          input='protocol=https\nhost=git.example.com\n\n', timeout=20, check=True).stdout
     assert 'username=ada\n' in out and 'password=s3cr3t\n' in out
+
+
+# ---------------------------------------------------------------------------- the playbooks' side
+
+
+def test_repo_path_puts_a_relative_input_under_the_clone_and_refuses_the_rest():
+    assert er.repo_path('plans/plan.json', '', 'gpufleet_plan_file') == 'plans/plan.json'       # no repository
+    assert er.repo_path('/abs/plan.json', '', 'gpufleet_plan_file') == '/abs/plan.json'
+    assert er.repo_path('plans//./plan.json', '/tmp/c/repo', 'gpufleet_plan_file') == '/tmp/c/repo/plans/plan.json'
+    assert er.repo_path('', '/tmp/c/repo', 'gpufleet_evidence') == '' and er.repo_path(None, '/r', 'x') == ''
+    for bad, why in (('/etc/plan.json', 'is absolute'), ('~/plan.json', 'is absolute'),
+                     ('plans/../../x', 'escapes the evidence repository'), ('.git/config', 'is inside .git')):
+        with pytest.raises(er.RepoError, match='gpufleet_plan_file: .*' + why):
+            er.repo_path(bad, '/r', 'gpufleet_plan_file')
+    with pytest.raises(er.RepoError, match='gpufleet_evidence: 3 is not a path'):
+        er.repo_path(3, '/r', 'gpufleet_evidence')
+
+
+def test_repo_relative_keeps_what_is_inside_the_clone():
+    paths = ['/r/c/plans/plan.json', '/r/c/qualification', '', None, '/elsewhere/x', '/r/c/plans/plan.json', '/r/cc/x']
+    assert er.repo_relative(paths, '/r/c') == ['plans/plan.json', 'qualification']
+    assert er.repo_relative(paths, '') == []
+
+
+ALICE = {'commit': 'a' * 40, 'name': 'alice', 'email': 'alice@example.com'}
+
+
+def test_self_approvals_refuse_the_canary_operator_by_name_or_address_and_an_unknown_author():
+    approvals = {'q/a.yaml': 'bob', 'q/b.yaml': 'Alice', 'q/c.yaml': 'ALICE@example.com', 'q/d.yaml': 'bob', 'q/e.yaml': ''}
+    authors = {'q/a.yaml': ALICE, 'q/b.yaml': ALICE, 'q/c.yaml': ALICE, 'q/d.yaml': None, 'q/e.yaml': ALICE}
+    problems = er.self_approvals(approvals, authors)
+    assert [p.split(':')[0] for p in problems] == ['q/b.yaml', 'q/c.yaml', 'q/d.yaml', 'q/e.yaml']
+    assert 'approved by "Alice", who ran its canary (commit aaaaaaaaaaaa by alice <alice@example.com>)' in problems[0]
+    assert 'who ran its canary is unknown' in problems[2] and problems[3] == 'q/e.yaml: approvedBy is empty'
+    assert er.self_approvals({'q/a.yaml': 'bob'}, {'q/a.yaml': ALICE}) == []
+    with pytest.raises(er.RepoError, match='are not mappings'):
+        er.self_approvals(['q/a.yaml'], {})
+
+
+def info(state='qualified', approved='', problems=('approvedBy is required',)):
+    return {'record': {'state': state, 'approvedBy': approved}, 'problems': list(problems)}
+
+
+def test_approval_problems_only_a_second_operator_approves_qualified_records():
+    authors = {'q/a.yaml': ALICE, 'q/b.yaml': ALICE}
+    assert er.approval_problems({'q/a.yaml': info(), 'q/b.yaml': info()}, 'bob', authors) == []
+    # the same approver again (idempotent), another approver, a failed canary, another problem, a record that
+    # does not load, the canary's operator
+    assert er.approval_problems({'q/a.yaml': info(approved='bob', problems=())}, 'bob', authors) == []
+    assert er.approval_problems({'q/a.yaml': info(approved='carol', problems=())}, 'bob', authors) == [
+        'q/a.yaml: already approved by "carol"']
+    assert er.approval_problems({'q/a.yaml': info(state='failed')}, 'bob', authors) == [
+        'q/a.yaml: state is "failed", not qualified: a failed canary is not approved']
+    assert er.approval_problems({'q/a.yaml': info(problems=('approvedBy is required', 'canary checks must all pass'))},
+                                'bob', authors) == ['q/a.yaml: canary checks must all pass']
+    assert er.approval_problems({'q/a.yaml': {'msg': 'not YAML'}}, 'bob', authors)[0] == \
+        'q/a.yaml: the record does not load (not YAML)'
+    assert 'who ran its canary' in er.approval_problems({'q/a.yaml': info()}, 'alice', authors)[0]
+    assert er.approval_problems({'q/a.yaml': info()}, '', authors)[0].startswith('approver: ')
+    with pytest.raises(er.RepoError, match='records: '):
+        er.approval_problems({}, 'bob', authors)
