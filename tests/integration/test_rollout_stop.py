@@ -65,8 +65,20 @@ def test_a_plan_edited_after_the_gate_is_refused(lab):
     gates = [g for g in bundle(lab)['gates'] if g['kind'] == 'upgrade_check']
     assert gates and all(g['passed'] and g['inputs']['plan_sha256'] == digest for g in gates), gates
     assert sorted(g['id'] for g in gates) == sorted('upgrade_check@' + c['id'] for c in lab.plan_doc['combinations'])
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
     edited = dict(lab.plan_doc, batches=list(reversed(lab.plan_doc['batches'])))
     try:
+        # Edited by hand: its content no longer matches the digest it carries.
+        plan_file.write_text(json.dumps(edited, indent=2))
+        lab.cluster.clear_requests()
+        assert lab.play('hand-edited', 'rollout.yml') == 'failed'
+        failures = lab.runs['hand-edited']['failures']
+        assert [f['task'] for f in failures] == [
+            'Plan | The plan is the one planned and the one the workflow passed on (gpufleet_plan_digest)'], failures
+        assert 'it was edited after it was planned; nothing was changed' in failures[0]['msg'], failures[0]['msg']
+        assert lab.cluster.mutating_requests() == []
+        # Re-planned (a consistent plan, with its own digest), but not the plan upgrade_check passed with.
+        edited['digest'] = digest_of(edited)
         plan_file.write_text(json.dumps(edited, indent=2))
         lab.cluster.clear_requests()
         assert lab.play('edited', 'rollout.yml') == 'failed'
