@@ -33,8 +33,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import image_version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import is_gpu_resource
 
-__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'label_selector_matches', 'measure',
-           'parse_label_selector', 'pod_ready']
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'evaluate_nodes', 'label_selector_matches', 'measure',
+           'parse_label_selector', 'pod_ready', 'validate_nodes']
 
 DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
 DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
@@ -142,8 +142,13 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
              expected_gpus: Dict[str, Any], device_plugin_selector: str = DEFAULT_DEVICE_PLUGIN_SELECTOR,
              validator_selector: Optional[str] = DEFAULT_VALIDATOR_SELECTOR, validator_required: bool = False,
              allowed_taints: Sequence[str] = ()) -> Dict[str, Any]:
-    """Evaluate the gate over the Node object and the pods bound to it (any namespace)."""
-    expected = validate_expected(expected_gpus)
+    """Evaluate the gate over the Node object and the pods bound to it (any namespace).
+
+    `expected_gpus` None: no count is known for the node (an observation window re-gating a node an
+    earlier run upgraded); the allocatable check then asks that every GPU resource in the node's
+    capacity is allocatable in full (the device plugin has marked no device unhealthy) and that
+    there is at least one."""
+    expected = validate_expected(expected_gpus) if expected_gpus is not None else None
     dp_sel = parse_label_selector(device_plugin_selector, 'device_plugin_selector')
     val_sel = parse_label_selector(validator_selector, 'validator_selector') if validator_selector else None
     allowed = set(ALWAYS_ALLOWED_TAINTS)
@@ -176,6 +181,12 @@ def evaluate(node_name: str, node: Optional[Dict[str, Any]], pods: Sequence[Dict
     cap = status.get('capacity') or {}
     probs: List[str] = []
     ev: Dict[str, Any] = {}
+    if expected is None:
+        # No count known: what the device plugin registered (capacity) must all be allocatable.
+        expected = {res: _quantity(cap.get(res)) or 0 for res in cap if is_gpu_resource(res)}
+        ev['expected_from'] = 'capacity'
+        if not any(expected.values()):
+            probs.append('no GPU resource in the capacity of node %s: the device plugin registered none' % node_name)
     for res in sorted(expected):
         have = _quantity(alloc.get(res)) if res in alloc else None
         ev[res] = {'expected': expected[res], 'allocatable': have, 'capacity': _quantity(cap.get(res)) if res in cap else None}
@@ -288,6 +299,39 @@ def image_artifacts(node_name: str, pods: Sequence[Dict[str, Any]],
                 entry['digest'] = _digest(image) or ''
             found.setdefault(image, entry)
     return [dict((k, v) for k, v in e.items() if v) for _name, e in sorted(found.items())]
+
+
+def validate_nodes(nodes: Any) -> Dict[str, Optional[Dict[str, int]]]:
+    """The multi-node form's `nodes`: node name -> expected GPU resources (as `expected_gpus`), or
+    None / {} where no count is known (the capacity rule of `evaluate`)."""
+    if not isinstance(nodes, dict) or not nodes:
+        raise NodeGateError('nodes: %r is not a non-empty dict of node name to expected GPU resources' % (nodes,))
+    out: Dict[str, Optional[Dict[str, int]]] = {}
+    for name, expected in nodes.items():
+        if not isinstance(name, str) or not name.strip():
+            raise NodeGateError('nodes: %r is not a node name' % (name,))
+        if expected is None or expected == {}:
+            out[name] = None
+            continue
+        try:
+            out[name] = validate_expected(expected)
+        except NodeGateError as exc:
+            raise NodeGateError('nodes.%s.%s' % (name, str(exc)))
+    return out
+
+
+def evaluate_nodes(nodes: Dict[str, Optional[Dict[str, int]]], objects: Dict[str, Dict[str, Any]],
+                   pods: Sequence[Dict[str, Any]], **options: Any) -> Dict[str, Any]:
+    """The gate on many nodes from one read of the cluster (an observation window re-gating every node
+    upgraded so far): `objects` the Node objects by name (a missing one fails its node), `pods` the
+    pods the selectors chose on any node. `options` as `evaluate`'s. {'passed', 'msg', 'problems' (each
+    prefixed with its node), 'nodes': {name: evaluate's result}, 'failed_nodes'}."""
+    results = {name: evaluate(name, objects.get(name), pods, expected, **options) for name, expected in sorted(nodes.items())}
+    failed = [name for name, result in results.items() if not result['passed']]
+    problems = ['%s: %s' % (name, problem) for name in failed for problem in results[name]['problems']]
+    msg = ('node gate: PASS for %d node(s)' % len(results) if not failed
+           else 'node gate: FAIL for %d of %d node(s): %s' % (len(failed), len(results), '; '.join(problems)))
+    return {'passed': not failed, 'msg': msg, 'problems': problems, 'nodes': results, 'failed_nodes': failed}
 
 
 def _result(node_name: str, checks: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:

@@ -27,21 +27,29 @@ description:
     C(node.kubernetes.io/unschedulable) (the gate runs before the uncordon).
   - With O(timeout), the gate re-reads every O(interval) seconds until it passes or the time is up, and
     returns the last evaluation. The wait is always bounded.
+  - With O(nodes) instead of O(node), the gate judges many nodes from one read of the cluster (one list of the Nodes
+    and one list of the pods of each selector, however many nodes), as the rollout's observation windows do when they
+    re-gate every node upgraded so far. RV(measured) and RV(artifacts) are then not returned.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.info_module
   - gpufleet.upgrade.k8s_auth_options
 options:
   node:
-    description: The node's name.
+    description: The node's name. Exactly one of O(node) and O(nodes).
     type: str
-    required: true
   expected_gpus:
     description:
       - Expected allocatable count per GPU resource, for example C(nvidia.com/gpu=8) or, with the MIG
         mixed strategy, C(nvidia.com/mig-1g.10gb=56) (a dict of resource name to count).
+      - Required with O(node).
     type: dict
-    required: true
+  nodes:
+    description:
+      - Many nodes at once, each name mapped to its expected GPU resources (as O(expected_gpus)).
+      - A node mapped to an empty dict or null has no known count - every GPU resource in its capacity must then be
+        allocatable in full (the device plugin marked no device unhealthy), and there must be at least one.
+    type: dict
   device_plugin_selector:
     description: Label selector (equality-based) of the device plugin pods.
     type: str
@@ -143,6 +151,16 @@ artifacts:
   type: list
   elements: dict
   sample: [{kind: image, name: "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04", version: 4.4.1-4.6.0-ubuntu22.04}]
+nodes:
+  description: With O(nodes), each node's own result (C(node), C(passed), C(msg), C(problems), C(checks)).
+  returned: when O(nodes) is given
+  type: dict
+failed_nodes:
+  description: With O(nodes), the nodes that failed the gate.
+  returned: when O(nodes) is given
+  type: list
+  elements: str
+  sample: [gpu-07]
 attempts:
   description: Evaluations made.
   returned: always
@@ -177,6 +195,20 @@ def read_and_evaluate(k8s: K8sClient, params: dict) -> dict:
     return result
 
 
+def read_and_evaluate_nodes(k8s: K8sClient, params: dict, nodes: dict) -> dict:
+    """The multi-node form: one list of the Nodes, one list of the pods of each selector."""
+    objects = {(n.get('metadata') or {}).get('name'): n for n in k8s.list_all(path_for('v1', 'nodes'))}
+    pods = []
+    for selector in (params['device_plugin_selector'], params['validator_selector']):
+        if selector:
+            pods.extend(k8s.list_all(path_for('v1', 'pods'), {'labelSelector': selector}))
+    return _node_gate.evaluate_nodes(nodes, objects, pods,
+                                     device_plugin_selector=params['device_plugin_selector'],
+                                     validator_selector=params['validator_selector'] or None,
+                                     validator_required=params['validator_required'],
+                                     allowed_taints=params['allowed_taints'])
+
+
 def operator_object(k8s: K8sClient, ref: dict):
     """The GPU Operator's workload object (None when `ref` is empty or the object does not exist)."""
     if not ref:
@@ -188,8 +220,9 @@ def operator_object(k8s: K8sClient, ref: dict):
 
 def main() -> None:
     module = K8sModule('node_gate', dict(
-        node={'type': 'str', 'required': True},
-        expected_gpus={'type': 'dict', 'required': True},
+        node={'type': 'str'},
+        expected_gpus={'type': 'dict'},
+        nodes={'type': 'dict'},
         device_plugin_selector={'type': 'str', 'default': _node_gate.DEFAULT_DEVICE_PLUGIN_SELECTOR},
         validator_selector={'type': 'str', 'default': _node_gate.DEFAULT_VALIDATOR_SELECTOR},
         validator_required={'type': 'bool', 'default': False},
@@ -199,17 +232,22 @@ def main() -> None:
         dcgm_exporter_selector={'type': 'str', 'default': _node_gate.DEFAULT_DCGM_EXPORTER_SELECTOR},
         gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
                                                   'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
-    ))
+    ), mutually_exclusive=[('node', 'nodes'), ('expected_gpus', 'nodes')], required_one_of=[('node', 'nodes')],
+        required_by={'node': ('expected_gpus',)})
     params = module.params
-    if not params['node'].strip():
+    if params['node'] is not None and not params['node'].strip():
         module.fail_json(msg='node: %r is not a node name' % params['node'])
     if params['timeout'] < 0:
         module.fail_json(msg='timeout: %r must be 0 or more seconds' % params['timeout'])
     if params['interval'] <= 0:
         module.fail_json(msg='interval: %r must be more than 0 seconds' % params['interval'])
+    nodes = {}
     try:
         # Bad options fail before any request.
-        _node_gate.validate_expected(params['expected_gpus'])
+        if params['nodes'] is not None:
+            nodes = _node_gate.validate_nodes(params['nodes'])
+        else:
+            _node_gate.validate_expected(params['expected_gpus'])
         _node_gate.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')
         if params['validator_selector']:
             _node_gate.parse_label_selector(params['validator_selector'], 'validator_selector')
@@ -220,6 +258,16 @@ def main() -> None:
     except _node_gate.NodeGateError as exc:
         module.fail_json(msg=str(exc))
     start = time.monotonic()
+    if params['nodes'] is not None:
+        with module.errors(expected=(_node_gate.NodeGateError,), passed=False):
+            polled = poll(lambda: read_and_evaluate_nodes(module.client, params, nodes), params['timeout'], params['interval'],
+                          done=lambda evaluated: evaluated['passed'])
+        result = dict(polled.value, attempts=polled.attempts, elapsed=round(time.monotonic() - start, 3), changed=False)
+        if not result['passed']:
+            if params['timeout']:
+                result['msg'] += ' (still failing after %d evaluation(s) in %ss)' % (polled.attempts, params['timeout'])
+            module.fail_json(**result)
+        module.exit_json(**result)
     with module.errors(expected=(_node_gate.NodeGateError,), passed=False):
         polled = poll(lambda: read_and_evaluate(module.client, params), params['timeout'], params['interval'],
                       done=lambda evaluated: evaluated['passed'])

@@ -145,3 +145,34 @@ def test_node_gate_bad_input(emu, run_playbook):
     r = run_playbook(gate(emu, expected_gpus={'cpu': 8}))
     assert "expected_gpus: 'cpu' is not a GPU resource" in r.result('gate')['msg']
     assert emu.requests == []
+
+
+def test_node_gate_on_many_nodes_reads_the_cluster_once_per_kind(emu, run_playbook):
+    # gpu-1 healthy; gpu-2's device plugin is not Ready; gpu-3 has no known count and lost a GPU (allocatable < capacity)
+    healthy(emu, unschedulable=False)
+    lost = node('gpu-3', unschedulable=False)
+    lost['status']['allocatable']['nvidia.com/gpu'] = '7'
+    emu.apply([lost, pod('nvidia-device-plugin-daemonset-c3', DP_LABELS, node_name='gpu-3')])
+    emu.clear_requests()
+    mark = emu.audit_mark()
+    task = {'gpufleet.upgrade.node_gate': {'kubeconfig': emu.gate_kubeconfig, 'nodes': {
+        'gpu-1': {'nvidia.com/gpu': 8}, 'gpu-2': {'nvidia.com/gpu': 8}, 'gpu-3': {}}}, 'name': 'gate', 'ignore_errors': True}
+    r = run_playbook([{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}])
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_failed' and res['passed'] is False
+    assert res['failed_nodes'] == ['gpu-2', 'gpu-3']
+    assert res['nodes']['gpu-1']['passed'] is True
+    assert res['problems'] == [
+        'gpu-2: device plugin pod gpu-operator/nvidia-device-plugin-daemonset-b2 is not Ready (phase Running)',
+        'gpu-3: nvidia.com/gpu: allocatable 7, expected 8']
+    assert res['nodes']['gpu-3']['checks']['allocatable']['evidence']['expected_from'] == 'capacity'
+    # one list of the Nodes and one of the pods of each selector, whatever the node count; nothing else
+    reads = sorted((q['verb'], q['path']) for q in emu.requests)
+    assert reads == [('GET', '/api/v1/nodes'), ('GET', '/api/v1/pods'), ('GET', '/api/v1/pods')], reads
+    events = emu.audit_events(since=mark, user=READER)
+    assert events and rbac.non_reads(events) == [] and rbac.refused(events) == []
+    # bad input fails before any request
+    emu.clear_requests()
+    task['gpufleet.upgrade.node_gate']['nodes'] = {'gpu-1': {'cpu': 1}}
+    res = run_playbook([{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]).result('gate')
+    assert "nodes.gpu-1.expected_gpus: 'cpu' is not a GPU resource" in res['msg'] and emu.requests == []

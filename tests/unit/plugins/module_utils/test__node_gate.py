@@ -186,3 +186,40 @@ def test_image_artifacts_carry_the_digest_the_kubelet_pulled_or_none():
         {'kind': 'image', 'name': 'nvcr.io/nvidia/gpu-operator@' + sha, 'digest': sha}]
     exporter['status']['containerStatuses'] = []
     assert 'digest' not in G.image_artifacts('gpu-1', [exporter], 'app=nvidia-dcgm-exporter')[0]
+
+
+def test_no_known_count_asks_capacity_in_full():
+    # an observation window re-gating a node an earlier run upgraded: no count known, capacity is the rule
+    r = G.evaluate('gpu-1', node(), pods(), None)
+    assert r['passed'] is True
+    assert r['checks']['allocatable']['evidence'] == {
+        'expected_from': 'capacity', 'nvidia.com/gpu': {'expected': 8, 'allocatable': 8, 'capacity': 8}}
+    r = G.evaluate('gpu-1', node(alloc={'nvidia.com/gpu': '7'}, cap={'nvidia.com/gpu': '8'}), pods(), None)
+    assert r['passed'] is False and r['problems'] == ['nvidia.com/gpu: allocatable 7, expected 8']
+    r = G.evaluate('gpu-1', node(alloc={'cpu': '64'}), pods(), None)
+    assert r['problems'] == ['no GPU resource in the capacity of node gpu-1: the device plugin registered none']
+
+
+def test_many_nodes_from_one_read():
+    objects = {'gpu-1': node(), 'gpu-2': node('gpu-2', ready='False')}
+    r = G.evaluate_nodes({'gpu-1': {'nvidia.com/gpu': 8}, 'gpu-2': None, 'gpu-3': None}, objects, pods())
+    assert r['passed'] is False and r['failed_nodes'] == ['gpu-2', 'gpu-3']
+    assert r['nodes']['gpu-1']['passed'] is True
+    assert 'gpu-2: node gpu-2 is not Ready (Ready=False, reason KubeletReady)' in r['problems']
+    assert 'gpu-2: device plugin pod gpu-operator/nvidia-device-plugin-daemonset-xyz is not Ready (phase Running)' in r['problems']
+    assert 'gpu-3: node gpu-3 does not exist' in r['problems']
+    assert r['msg'].startswith('node gate: FAIL for 2 of 3 node(s): gpu-2: ')
+    ok = G.evaluate_nodes({'gpu-1': {'nvidia.com/gpu': 8}}, objects, pods())
+    assert ok['passed'] is True and ok['failed_nodes'] == [] and ok['msg'] == 'node gate: PASS for 1 node(s)'
+
+
+@pytest.mark.parametrize('nodes, message', [
+    ({}, 'nodes: {} is not a non-empty dict'),
+    (['gpu-1'], "nodes: ['gpu-1'] is not a non-empty dict"),
+    ({' ': None}, "nodes: ' ' is not a node name"),
+    ({'gpu-1': {'cpu': 1}}, "nodes.gpu-1.expected_gpus: 'cpu' is not a GPU resource"),
+])
+def test_bad_nodes(nodes, message):
+    with pytest.raises(G.NodeGateError, match=message.replace('[', r'\[').replace(']', r'\]').replace('.', r'\.')):
+        G.validate_nodes(nodes)
+    assert G.validate_nodes({'gpu-1': {}, 'gpu-2': {'nvidia.com/gpu': '8'}}) == {'gpu-1': None, 'gpu-2': {'nvidia.com/gpu': 8}}
