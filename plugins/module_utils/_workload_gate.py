@@ -15,8 +15,11 @@ container failed, image pull, container config, crash loop), any failed Job, or 
 Every Job it creates carries the ``gpufleet.io/workload-gate`` label and is deleted afterwards,
 together with its pods.
 
-Pure helpers (build_job, extract, compare, pod_failure) are tested alone. `run_gate` drives them
-over the collection's K8sClient.
+Pure helpers (build_job, extract, compare, pod_failure, observe, judge) are tested alone. `run_gate`
+drives them over the collection's K8sClient for one node. `run_gate_nodes` runs the same cases on many
+nodes at once (the rollout's observation windows): each attempt's Job is created on every node, each
+pinned to its node, and all are watched together with one LIST of the run's Jobs and one LIST of its
+pods per poll, however many nodes there are.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
-__all__ = ['DEFAULT_TOLERATION', 'WorkloadGateError', 'build_job', 'compare', 'extract', 'normalize_cases',
-           'pod_failure', 'run_gate']
+__all__ = ['DEFAULT_TOLERATION', 'WorkloadGateError', 'build_job', 'compare', 'extract', 'judge', 'normalize_cases',
+           'normalize_nodes', 'observe', 'pod_failure', 'run_gate', 'run_gate_nodes']
 
 DEFAULT_TOLERATION = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
 # The gate runs before the node is uncordoned: its Jobs tolerate the cordon.
@@ -107,14 +110,15 @@ def normalize_cases(cases: Any) -> List[Dict[str, Any]]:
 
 def build_job(case: Dict[str, Any], node: str, attempt: int, run_id: str, namespace: str,
               node_selector: Dict[str, str], toleration: Dict[str, Any], timeout: int,
-              tolerate_cordon: bool = True) -> Dict[str, Any]:
-    """The Job to create: the user's manifest, renamed, labelled, pinned and bounded."""
+              tolerate_cordon: bool = True, name_suffix: str = '') -> Dict[str, Any]:
+    """The Job to create: the user's manifest, renamed, labelled, pinned and bounded. `name_suffix` ends the
+    name (the multi-node gate tells apart the Jobs of one attempt on several nodes with it)."""
     job = copy.deepcopy(case['manifest'])
     meta = job.setdefault('metadata', {})
     for k in ('name', 'generateName', 'resourceVersion', 'uid', 'creationTimestamp', 'selfLink', 'managedFields'):
         meta.pop(k, None)
     job.pop('status', None)
-    meta['name'] = '%s-%s-%d' % (case['name'], run_id, attempt + 1)
+    meta['name'] = '%s-%s-%d%s' % (case['name'], run_id, attempt + 1, name_suffix)
     meta['namespace'] = namespace
     # A label value is at most 63 characters and ends alphanumeric (node names may be longer).
     labels = {LABEL_RUN: run_id, LABEL_CASE: case['name'], LABEL_NODE: re.sub(r'[^A-Za-z0-9]+$', '', node[:63])}
@@ -266,7 +270,6 @@ def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 
     left: List[str] = []
     for case in cases:
         runs: List[Dict[str, Any]] = []
-        problems: List[str] = []
         for attempt in range(repeat):
             job = build_job(case, node, attempt, run_id, namespace, node_selector, toleration, timeout,
                             tolerate_cordon)
@@ -290,23 +293,117 @@ def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 
                     except K8sError as exc:
                         left.append(jname)
                         run.setdefault('cleanup_error', str(exc))
-            if not run['ok']:
-                problems.append('%s run %d/%d (Job %s): %s' % (case['name'], attempt + 1, repeat, jname,
-                                                               run.get('detail') or run['outcome']))
             runs.append(run)
-        checks[case['name']] = {'passed': not problems, 'problems': problems,
-                                'evidence': {'expected': case['expected'], 'tolerance': case['tolerance'],
-                                             'tolerance_percent': case['tolerance_percent'],
-                                             'result': case['result'], 'runs': runs}}
-    problems = [p for c in checks.values() for p in c['problems']]
+        checks[case['name']] = _check(case, runs, repeat)
+    return _node_result(node, len(cases), repeat, checks, run_id, (created, deleted, left), cleanup)
+
+
+def _check(case: Dict[str, Any], runs: List[Dict[str, Any]], repeat: int) -> Dict[str, Any]:
+    """A case's entry of `checks`: passed, one problem line per failed run, and the evidence."""
+    problems = ['%s run %d/%d (Job %s): %s' % (case['name'], run['attempt'], repeat, run['job'],
+                                               run.get('detail') or run['outcome'])
+                for run in runs if not run['ok']]
+    return {'passed': not problems, 'problems': problems,
+            'not_run': len([run for run in runs if run.get('outcome') == 'busy']),
+            'evidence': {'expected': case['expected'], 'tolerance': case['tolerance'],
+                         'tolerance_percent': case['tolerance_percent'], 'result': case['result'], 'runs': runs}}
+
+
+def _node_result(node: str, case_count: int, repeat: int, checks: Dict[str, Dict[str, Any]], run_id: str,
+                 jobs: Tuple[List[str], List[str], List[str]], cleanup: bool) -> Dict[str, Any]:
+    """One node's verdict: {node, passed, msg, problems, checks, run_id, jobs}; `jobs` is (created, deleted, left)."""
+    created, deleted, left = jobs
+    problems = [line for check in checks.values() for line in check['problems']]
     if left:
         problems.append('could not delete Job(s) %s: delete them by hand (label %s=%s)' % (
             ', '.join(left), LABEL_RUN, run_id))
     passed = not problems
-    msg = ('workload gate: PASS on %s (%d case(s) x %d run(s))' % (node, len(cases), repeat) if passed
+    busy = sorted(name for name, check in checks.items() if check.get('not_run'))
+    msg = ('workload gate: PASS on %s (%d case(s) x %d run(s))' % (node, case_count, repeat) if passed
            else 'workload gate: FAIL on %s: %s' % (node, '; '.join(problems)))
-    return {'node': node, 'passed': passed, 'msg': msg, 'problems': problems, 'checks': checks,
+    if passed and busy:
+        msg += '; not run for lack of a free GPU (its tenants hold them): %s' % ', '.join(busy)
+    return {'node': node, 'passed': passed, 'msg': msg, 'problems': problems, 'checks': checks, 'busy': busy,
             'run_id': run_id, 'jobs': {'created': created, 'deleted': deleted, 'left': left if cleanup else created}}
+
+
+_NO_FREE_GPU_RE = re.compile(r'\b\d+ Insufficient (nvidia\.com/[A-Za-z0-9._-]+)')
+
+
+def no_free_gpu(pod: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Pure: the scheduler's message when the pod, pinned to its node, waits because every GPU of that node is
+    allocated (PodScheduled False, Unschedulable, "Insufficient nvidia.com/..."); None otherwise. The pod's
+    node selector matches its node only, so the scheduler's "Insufficient" count is that node's."""
+    for cond in (((pod or {}).get('status') or {}).get('conditions') or []):
+        if (cond.get('type') == 'PodScheduled' and cond.get('status') == 'False' and cond.get('reason') == 'Unschedulable'
+                and _NO_FREE_GPU_RE.search(str(cond.get('message') or ''))):
+            return str(cond.get('message'))
+    return None
+
+
+def observe(job: Dict[str, Any], pods: List[Dict[str, Any]], node: str,
+            busy_skip: bool = False) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+    """Pure: (the Job's newest pod among `pods`, or None; what it shows). What it shows: the pod's name and node
+    and, for a pod on another node or failing to start, an outcome (V(misplaced), V(init_failure)) and a detail.
+    With `busy_skip`, a pod that waits because every GPU of its node is allocated (no_free_gpu) shows the outcome
+    V(busy): the run is not made, and that is no failure of the node (its tenants hold its GPUs)."""
+    uid = (job.get('metadata') or {}).get('uid')
+    owned = [candidate for candidate in pods
+             if any(ref.get('uid') == uid for ref in ((candidate.get('metadata') or {}).get('ownerReferences') or []))]
+    if not owned:
+        return None, {}
+    owned.sort(key=lambda candidate: (candidate.get('metadata') or {}).get('creationTimestamp') or '')
+    pod = owned[-1]
+    seen: Dict[str, Any] = {'pod': (pod.get('metadata') or {}).get('name'), 'node': (pod.get('spec') or {}).get('nodeName')}
+    if seen['node'] and seen['node'] != node:
+        seen.update(outcome='misplaced', detail='pod %s ran on node %s, not %s' % (seen['pod'], seen['node'], node))
+    else:
+        failure = pod_failure(pod)
+        busy = no_free_gpu(pod) if busy_skip and not seen['node'] else None
+        if failure:
+            seen.update(outcome='init_failure', detail='initialisation failure: ' + failure)
+        elif busy:
+            seen.update(outcome='busy', ok=True, detail='not run: no free GPU on the node (%s)' % busy)
+    return pod, seen
+
+
+def judge(job: Dict[str, Any], pod: Optional[Dict[str, Any]], finished: bool, log: str, case: Dict[str, Any],
+          timeout: int) -> Dict[str, Any]:
+    """Pure: the verdict on a run whose wait ended without a misplaced pod or an initialisation failure.
+
+    Not `finished`: a timeout (naming why the pod is unschedulable, if it is). Finished: the Job's failure,
+    or the result read from `log` and compared with the case's expected value."""
+    out: Dict[str, Any] = {}
+    if not finished:
+        sched = ''
+        for cond in (((pod or {}).get('status') or {}).get('conditions') or []):
+            if cond.get('type') == 'PodScheduled' and cond.get('status') == 'False':
+                sched = ' (pod unschedulable: %s)' % (cond.get('message') or cond.get('reason'))
+        out.update(outcome='timeout', detail='timeout: the Job did not finish within %ds%s' % (timeout, sched))
+        return out
+    out['log_tail'] = log[-_LOG_TAIL:]
+    if _job_state(job) == 'Failed':
+        out.update(outcome='failed', detail='the Job failed (%s)%s' % (
+            _job_reason(job), ('; last log line: %s' % log.strip().splitlines()[-1]) if log.strip() else ''))
+        return out
+    value, err = extract(log, case['result'])
+    out['value'] = value
+    if err:
+        out.update(outcome='no_result', detail='no result: ' + err)
+        return out
+    ok, detail = compare(value, case['expected'], case['tolerance'], case['tolerance_percent'])
+    out.update(outcome='match' if ok else 'mismatch', ok=ok, detail=('' if ok else 'result mismatch: ') + detail)
+    return out
+
+
+def _read_log_or_empty(k8s: Any, namespace: str, pod: Optional[str], case: Dict[str, Any],
+                       log_reader: Callable[..., str], not_found: type) -> str:
+    if pod is None:
+        return ''
+    try:
+        return log_reader(k8s, namespace, pod, case['result'].get('container'))
+    except not_found:
+        return ''
 
 
 def _watch(k8s: Any, namespace: str, jname: str, node: str, case: Dict[str, Any], timeout: int,
@@ -321,52 +418,20 @@ def _watch(k8s: Any, namespace: str, jname: str, node: str, case: Dict[str, Any]
         """One look: (the Job, the newest pod seen so far or None, the Job's final state or None);
         a pod on another node or failing to start sets out's outcome, which ends the wait."""
         job = k8s.get(job_path)
-        uid = (job.get('metadata') or {}).get('uid')
-        pods = [p for p in k8s.list_all(path_for('v1', 'pods', namespace=namespace),
-                                        {'labelSelector': '%s=%s' % (LABEL_CASE, case['name'])})
-                if any(r.get('uid') == uid for r in ((p.get('metadata') or {}).get('ownerReferences') or []))]
-        pods.sort(key=lambda p: (p.get('metadata') or {}).get('creationTimestamp') or '')
-        pod = newest[0] = pods[-1] if pods else newest[0]
-        if pods:
-            out['pod'] = (pod.get('metadata') or {}).get('name')
-            out['node'] = (pod.get('spec') or {}).get('nodeName')
-            if out['node'] and out['node'] != node:
-                out.update(outcome='misplaced', detail='pod %s ran on node %s, not %s' % (out['pod'], out['node'], node))
-            else:
-                failure = pod_failure(pod)
-                if failure:
-                    out.update(outcome='init_failure', detail='initialisation failure: ' + failure)
-        return job, pod, _job_state(job)
+        pods = k8s.list_all(path_for('v1', 'pods', namespace=namespace),
+                            {'labelSelector': '%s=%s' % (LABEL_CASE, case['name'])})
+        pod, seen = observe(job, pods, node)
+        if pod is not None:
+            newest[0] = pod
+        out.update(seen)
+        return job, newest[0], _job_state(job)
 
     polled = poll(look, timeout, poll_interval, clock, sleep, done=lambda seen: seen[2] or 'outcome' in out)
-    job, pod, state = polled.value
+    job, pod = polled.value[0], polled.value[1]
     if 'outcome' in out:
         return out
-    if not polled.done:
-        sched = ''
-        for c in (((pod or {}).get('status') or {}).get('conditions') or []):
-            if c.get('type') == 'PodScheduled' and c.get('status') == 'False':
-                sched = ' (pod unschedulable: %s)' % (c.get('message') or c.get('reason'))
-        out.update(outcome='timeout', detail='timeout: the Job did not finish within %ds%s' % (timeout, sched))
-        return out
-    log = ''
-    if pod is not None:
-        try:
-            log = log_reader(k8s, namespace, out['pod'], case['result'].get('container'))
-        except not_found:
-            log = ''
-    out['log_tail'] = log[-_LOG_TAIL:]
-    if state == 'Failed':
-        out.update(outcome='failed', detail='the Job failed (%s)%s' % (
-            _job_reason(job), ('; last log line: %s' % log.strip().splitlines()[-1]) if log.strip() else ''))
-        return out
-    value, err = extract(log, case['result'])
-    out['value'] = value
-    if err:
-        out.update(outcome='no_result', detail='no result: ' + err)
-        return out
-    ok, detail = compare(value, case['expected'], case['tolerance'], case['tolerance_percent'])
-    out.update(outcome='match' if ok else 'mismatch', ok=ok, detail=('' if ok else 'result mismatch: ') + detail)
+    log = _read_log_or_empty(k8s, namespace, out.get('pod'), case, log_reader, not_found) if polled.done else ''
+    out.update(judge(job, pod, polled.done, log, case, timeout))
     return out
 
 
@@ -390,3 +455,235 @@ def _delete_job(k8s: Any, namespace: str, jname: str, not_found: type, path_for:
                            {'apiVersion': 'v1', 'kind': 'DeleteOptions', 'gracePeriodSeconds': 0})
             except not_found:
                 pass
+
+
+# -- the multi-node gate ---------------------------------------------------------------------------
+
+def normalize_nodes(nodes: Any) -> List[str]:
+    """Check the node names of the multi-node gate: a non-empty list of distinct, non-blank names."""
+    if not isinstance(nodes, list) or not nodes:
+        raise WorkloadGateError('nodes: %r is not a non-empty list of node names' % (nodes,))
+    seen = set()
+    for index, name in enumerate(nodes):
+        if not isinstance(name, str) or not name.strip() or name != name.strip():
+            raise WorkloadGateError('nodes[%d]: %r is not a node name' % (index, name))
+        if name in seen:
+            raise WorkloadGateError('nodes[%d]: %r repeats an earlier node' % (index, name))
+        seen.add(name)
+    return list(nodes)
+
+
+def run_gate_nodes(k8s: Any, nodes: List[str], cases: List[Dict[str, Any]], namespace: str = 'default',
+                   repeat: int = 3, toleration: Optional[Dict[str, Any]] = None, timeout: int = 600,
+                   poll_interval: float = 2.0, cleanup: bool = True, tolerate_cordon: bool = True,
+                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                   log_reader: Callable[..., str] = read_log, busy: str = 'fail') -> Dict[str, Any]:
+    """Run every case `repeat` times on every node at once: each attempt's Job is created on all the nodes
+    (each pinned by C(kubernetes.io/hostname)), then all are watched together, one LIST of the run's Jobs and
+    one LIST of its pods per poll whatever the number of nodes, for at most `timeout` seconds, and deleted.
+
+    Returns {passed, msg, problems, nodes: {node: what run_gate returns for it}, failed_nodes, run_id,
+    jobs: {created, deleted, left}}.
+
+    `busy`: V(fail) (a run that cannot be scheduled waits out `timeout` and fails) or V(skip) (a run whose pod
+    waits because every GPU of its node is allocated is not made and fails nothing: the node's result lists
+    the case under `busy`; nodes in service, as an observation window re-gates them)."""
+    if busy not in ('fail', 'skip'):
+        raise WorkloadGateError('busy: %r is not fail or skip' % (busy,))
+    gate = _NodesGate(k8s, normalize_nodes(nodes), namespace, repeat,
+                      dict(DEFAULT_TOLERATION) if toleration is None else toleration,
+                      timeout, poll_interval, cleanup, tolerate_cordon, clock, sleep, log_reader)
+    gate.busy_skip = busy == 'skip'
+    return gate.run(cases)
+
+
+class _NodesGate:
+    """The state of one multi-node gate run (see run_gate_nodes)."""
+
+    def __init__(self, k8s: Any, nodes: List[str], namespace: str, repeat: int, toleration: Dict[str, Any],
+                 timeout: int, poll_interval: float, cleanup: bool, tolerate_cordon: bool,
+                 clock: Callable[[], float], sleep: Callable[[float], None], log_reader: Callable[..., str]) -> None:
+        from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s
+        self.k8s = k8s
+        self.nodes = nodes
+        self.namespace = namespace
+        self.repeat = repeat
+        self.toleration = toleration
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+        self.cleanup = cleanup
+        self.tolerate_cordon = tolerate_cordon
+        self.clock = clock
+        self.sleep = sleep
+        self.log_reader = log_reader
+        self.k8s_error: type = _k8s.K8sError
+        self.not_found: type = _k8s.NotFoundError
+        self.path_for = _k8s.path_for
+        self.jobs_path = _k8s.path_for('batch/v1', 'jobs', namespace=namespace)
+        self.pods_path = _k8s.path_for('v1', 'pods', namespace=namespace)
+        self.run_id = uuid.uuid4().hex[:6]
+        # every Job name by node: created, deleted, left; and all of them in creation order
+        self.created: Dict[str, List[str]] = {node: [] for node in nodes}
+        self.deleted: Dict[str, List[str]] = {node: [] for node in nodes}
+        self.left: Dict[str, List[str]] = {node: [] for node in nodes}
+        self.all_jobs: Tuple[List[str], List[str], List[str]] = ([], [], [])
+        self.busy_skip = False
+
+    def run(self, cases: List[Dict[str, Any]]) -> Dict[str, Any]:
+        checks: Dict[str, Dict[str, Dict[str, Any]]] = {node: {} for node in self.nodes}
+        for case in cases:
+            runs: Dict[str, List[Dict[str, Any]]] = {node: [] for node in self.nodes}
+            for attempt in range(self.repeat):
+                for node, run in self._attempt(case, attempt).items():
+                    runs[node].append(run)
+            for node in self.nodes:
+                checks[node][case['name']] = _check(case, runs[node], self.repeat)
+        results = {node: _node_result(node, len(cases), self.repeat, checks[node], self.run_id,
+                                      (self.created[node], self.deleted[node], self.left[node]), self.cleanup)
+                   for node in self.nodes}
+        failed = [node for node in self.nodes if not results[node]['passed']]
+        problems = ['%s: %s' % (node, line) for node in self.nodes for line in results[node]['problems']]
+        busy = [node for node in self.nodes if results[node]['busy']]
+        if not problems:
+            msg = 'workload gate: PASS on %d node(s) (%s) (%d case(s) x %d run(s))' % (
+                len(self.nodes), ', '.join(self.nodes), len(cases), self.repeat)
+            if busy:
+                msg += '; not run on %s for lack of a free GPU' % ', '.join(busy)
+        else:
+            msg = 'workload gate: FAIL on %d of %d node(s) (%s): %s' % (
+                len(failed), len(self.nodes), ', '.join(failed), '; '.join(problems))
+        created, deleted, left = self.all_jobs
+        return {'passed': not problems, 'msg': msg, 'problems': problems, 'nodes': results, 'failed_nodes': failed,
+                'busy_nodes': busy,
+                'run_id': self.run_id, 'jobs': {'created': created, 'deleted': deleted,
+                                                'left': left if self.cleanup else created}}
+
+    def _attempt(self, case: Dict[str, Any], attempt: int) -> Dict[str, Dict[str, Any]]:
+        """One attempt of a case on every node: create, watch together, judge, clean up. The run of each node."""
+        selector = {'labelSelector': '%s=%s,%s=%s' % (LABEL_RUN, self.run_id, LABEL_CASE, case['name'])}
+        start = self.clock()
+        runs: Dict[str, Dict[str, Any]] = {}
+        names: Dict[str, str] = {}   # the node's Job, once created
+        for index, node in enumerate(self.nodes):
+            job = build_job(case, node, attempt, self.run_id, self.namespace, {'kubernetes.io/hostname': node},
+                            self.toleration, self.timeout, self.tolerate_cordon, name_suffix='-%d' % (index + 1))
+            jname = job['metadata']['name']
+            runs[node] = {'attempt': attempt + 1, 'job': jname, 'pod': None, 'node': None, 'outcome': None,
+                          'value': None, 'expected': case['expected'], 'ok': False}
+            try:
+                self.k8s.post(self.jobs_path, job)
+            except self.k8s_error as exc:
+                runs[node].update(outcome='error', detail=str(exc), seconds=round(self.clock() - start, 3))
+                continue
+            names[node] = jname
+            self.created[node].append(jname)
+            self.all_jobs[0].append(jname)
+        seen: Dict[str, Dict[str, Any]] = {node: {'job': None, 'pod': None, 'settled': False} for node in names}
+        if names:
+            self._watch(selector, start, runs, names, seen)
+            self._judge(case, start, runs, names, seen)
+            if self.cleanup:
+                self._cleanup(selector, runs, names, seen)
+        return runs
+
+    def _watch(self, selector: Dict[str, str], start: float, runs: Dict[str, Dict[str, Any]], names: Dict[str, str],
+               seen: Dict[str, Dict[str, Any]]) -> None:
+        """Wait, at most `timeout` seconds, until every node's Job has finished, or shows a misplaced pod or an
+        initialisation failure: one LIST of Jobs and one LIST of pods per look, for all the nodes."""
+
+        def settle(node: str, now: float) -> None:
+            seen[node]['settled'] = True
+            runs[node]['seconds'] = round(now - start, 3)
+
+        def look() -> bool:
+            jobs = {(listed.get('metadata') or {}).get('name'): listed
+                    for listed in self.k8s.list_all(self.jobs_path, selector)}
+            pods = self.k8s.list_all(self.pods_path, selector)
+            now = self.clock()
+            for node, jname in names.items():
+                if seen[node]['settled']:
+                    continue
+                job = jobs.get(jname)
+                if job is None:
+                    runs[node].update(outcome='error', detail='the Job %s is gone: it was deleted before it finished'
+                                      % jname)
+                    settle(node, now)
+                    continue
+                seen[node]['job'] = job
+                pod, shown = observe(job, pods, node, self.busy_skip)
+                if pod is not None:
+                    seen[node]['pod'] = pod
+                runs[node].update(shown)
+                if 'outcome' in shown or _job_state(job):
+                    settle(node, now)
+            return all(seen[node]['settled'] for node in names)
+
+        try:
+            poll(look, self.timeout, self.poll_interval, self.clock, self.sleep)
+        except self.k8s_error as exc:
+            for node in names:
+                if not seen[node]['settled']:
+                    runs[node].update(outcome='error', detail=str(exc))
+                    settle(node, self.clock())
+
+    def _judge(self, case: Dict[str, Any], start: float, runs: Dict[str, Dict[str, Any]], names: Dict[str, str],
+               seen: Dict[str, Dict[str, Any]]) -> None:
+        """The verdict of every run the wait did not already decide: its log read (one request per finished pod),
+        then judge()."""
+        for node in names:
+            run = runs[node]
+            if run['outcome'] is not None:
+                continue
+            finished = seen[node]['settled']
+            try:
+                log = _read_log_or_empty(self.k8s, self.namespace, run['pod'], case, self.log_reader,
+                                         self.not_found) if finished else ''
+            except self.k8s_error as exc:
+                run.update(outcome='error', detail=str(exc))
+                continue
+            run.update(judge(seen[node]['job'] or {}, seen[node]['pod'], finished, log, case, self.timeout))
+            if not finished:
+                run['seconds'] = round(self.clock() - start, 3)
+
+    def _cleanup(self, selector: Dict[str, str], runs: Dict[str, Dict[str, Any]], names: Dict[str, str],
+                 seen: Dict[str, Dict[str, Any]]) -> None:
+        """Delete the attempt's Jobs (Background propagation) and their pods (one LIST of the run's pods)."""
+        uids: Dict[str, str] = {}     # node -> the uid of its deleted Job
+        for node, jname in names.items():
+            path = self.path_for('batch/v1', 'jobs', jname, self.namespace)
+            try:
+                uid = ((seen[node]['job'] or {}).get('metadata') or {}).get('uid')
+                if uid is None:
+                    uid = (self.k8s.get(path).get('metadata') or {}).get('uid')
+                self.k8s.delete(path, {'apiVersion': 'v1', 'kind': 'DeleteOptions', 'propagationPolicy': 'Background'})
+            except self.not_found:
+                pass
+            except self.k8s_error as exc:
+                runs[node].setdefault('cleanup_error', str(exc))
+                continue
+            if uid:
+                uids[node] = uid
+        if uids:
+            try:
+                pods = self.k8s.list_all(self.pods_path, selector)
+            except self.k8s_error as exc:
+                pods = []
+                for node in uids:
+                    runs[node].setdefault('cleanup_error', str(exc))
+            for pod in pods:
+                meta = pod.get('metadata') or {}
+                owners = {ref.get('uid') for ref in meta.get('ownerReferences') or []}
+                owner = next((node for node, uid in uids.items() if uid in owners), None)
+                if owner is None or 'cleanup_error' in runs[owner]:
+                    continue
+                try:
+                    self.k8s.delete(self.path_for('v1', 'pods', meta['name'], self.namespace),
+                                    {'apiVersion': 'v1', 'kind': 'DeleteOptions', 'gracePeriodSeconds': 0})
+                except self.not_found:
+                    pass
+                except self.k8s_error as exc:
+                    runs[owner].setdefault('cleanup_error', str(exc))
+        for node, jname in names.items():
+            done = 'cleanup_error' not in runs[node]
+            (self.deleted if done else self.left)[node].append(jname)
+            self.all_jobs[1 if done else 2].append(jname)

@@ -30,6 +30,12 @@ description:
     as it was and the task reports C(changed=false). With O(cleanup=false) the Jobs stay and the task
     reports C(changed=true). In check mode nothing is created and the gate is skipped.
   - Needs create, get, list and delete on Jobs, and get, list, delete and C(pods/log) get on Pods, in O(namespace).
+  - B(Several nodes at once.) With O(nodes) instead of O(node) the gate runs the same cases on every node listed
+    (the rollout's observation windows re-run it on every node upgraded so far). Each attempt of a case creates
+    one Job per node at the same time, each pinned to its own node by C(kubernetes.io/hostname), and watches them
+    all together with one list of the run's Jobs and one list of its pods per poll, however many nodes there are.
+    Each attempt waits at most O(timeout). The result has each node's verdict in RV(nodes) and the failed
+    ones in RV(failed_nodes); the task fails when any node fails.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.k8s_auth_options
@@ -47,9 +53,17 @@ attributes:
       - Every run creates and then deletes its own Jobs; the cluster ends as it began.
 options:
   node:
-    description: The node the workloads must run on.
+    description:
+      - The node the workloads must run on.
+      - Exactly one of O(node) and O(nodes) is required.
     type: str
-    required: true
+  nodes:
+    description:
+      - The nodes the workloads must run on, all at once (see the description). Distinct, non-blank node names;
+        the list may not be empty.
+      - Exactly one of O(node) and O(nodes) is required. O(node_selector) cannot be used with it.
+    type: list
+    elements: str
   namespace:
     description: Namespace of the Jobs.
     type: str
@@ -95,11 +109,22 @@ options:
     type: int
     default: 3
   node_selector:
-    description: The nodeSelector that pins the Jobs; by default C(kubernetes.io/hostname) set to O(node).
+    description:
+      - The nodeSelector that pins the Jobs; by default C(kubernetes.io/hostname) set to O(node).
+      - Not with O(nodes) - each Job is then pinned to its own node.
     type: dict
   toleration:
     description: The toleration added to each Job (the canary taint's); default C(gpufleet.io/canary) C(Exists) C(NoSchedule).
     type: dict
+  busy:
+    description:
+      - With O(nodes), what a run does whose pod waits because every GPU of its node is allocated (the scheduler's
+        C(Insufficient nvidia.com/...)), as on nodes back in service that an observation window re-gates.
+      - V(fail) - it waits out O(timeout) and fails the node. V(skip) - it is not made and fails nothing; the node's
+        result lists the case under C(busy) and RV(busy_nodes) names the node (its tenants' work is using its GPUs).
+    type: str
+    choices: [fail, skip]
+    default: fail
   tolerate_cordon:
     description:
       - Add a toleration of C(node.kubernetes.io/unschedulable) so that the Jobs run on the node while it is
@@ -107,7 +132,9 @@ options:
     type: bool
     default: true
   timeout:
-    description: Seconds one run may take, from creation to completion (also its C(activeDeadlineSeconds)).
+    description:
+      - Seconds one run may take, from creation to completion (also its C(activeDeadlineSeconds)).
+      - With O(nodes), the seconds one attempt of a case may take on all the nodes together.
     type: int
     default: 600
   poll_interval:
@@ -142,6 +169,24 @@ EXAMPLES = r"""
         expected: 1234.5
         tolerance: 0.001
   register: workload_gate
+
+- name: An observation window - the same cases on every node upgraded so far, all at once
+  gpufleet.upgrade.workload_gate:
+    kubeconfig: ~/.kube/config
+    nodes: "{{ upgraded_nodes }}"
+    namespace: gpu-qualification
+    repeat: 1
+    timeout: 900
+    cases:
+      - name: device-query
+        manifest: "{{ lookup('ansible.builtin.file', 'jobs/device-query.yml') | from_yaml }}"
+        expected: "Result = PASS"
+  register: observation_gate
+
+- name: The nodes that failed the gate
+  ansible.builtin.debug:
+    msg: "{{ observation_gate.failed_nodes }}"
+  when: observation_gate is failed
 """
 
 RETURN = r"""
@@ -161,7 +206,9 @@ msg:
   type: str
   sample: "workload gate: PASS on gpu-07 (2 case(s) x 3 run(s))"
 problems:
-  description: One line per failed run (mismatch, initialisation failure, failed Job, timeout).
+  description:
+    - One line per failed run (mismatch, initialisation failure, failed Job, timeout).
+    - With O(nodes), each line starts with the node's name.
   returned: always
   type: list
   elements: str
@@ -169,10 +216,10 @@ checks:
   description:
     - Each case by name with C(passed), C(problems) and C(evidence) (C(expected), tolerances, C(result), and
       C(runs) - C(attempt), C(job), C(pod), C(node), C(outcome), C(value), C(ok), C(detail), C(seconds), C(log_tail)).
-  returned: always
+  returned: when O(node) is given
   type: dict
 jobs:
-  description: Job names C(created), C(deleted), and C(left) behind.
+  description: Job names C(created), C(deleted), and C(left) behind (with O(nodes), those of all the nodes).
   returned: always
   type: dict
 run_id:
@@ -181,9 +228,39 @@ run_id:
   type: str
 node:
   description: The node.
-  returned: always
+  returned: when O(node) is given
   type: str
+nodes:
+  description:
+    - Each node of O(nodes) by name with its own verdict, the same as the result for one O(node) - C(node),
+      C(passed), C(msg), C(problems), C(checks), C(jobs) and C(run_id).
+    - Empty in check mode.
+  returned: when O(nodes) is given
+  type: dict
+  sample:
+    gpu-07:
+      node: gpu-07
+      passed: true
+      msg: "workload gate: PASS on gpu-07 (1 case(s) x 1 run(s))"
+      problems: []
+      checks: {}
+      jobs: {created: [device-query-3f9a1c-1-1], deleted: [device-query-3f9a1c-1-1], left: []}
+      run_id: 3f9a1c
+failed_nodes:
+  description: The nodes of O(nodes) that failed the gate, in the order given.
+  returned: when O(nodes) is given
+  type: list
+  elements: str
+  sample: [gpu-08]
+busy_nodes:
+  description: With O(busy=skip), the nodes of O(nodes) where a run was not made for lack of a free GPU.
+  returned: when O(nodes) is given
+  type: list
+  elements: str
+  sample: []
 """
+
+from typing import Any, Dict, List
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _workload_gate
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
@@ -191,7 +268,8 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module impor
 
 def main() -> None:
     module = K8sModule('workload_gate', dict(
-        node={'type': 'str', 'required': True},
+        node={'type': 'str'},
+        nodes={'type': 'list', 'elements': 'str'},
         namespace={'type': 'str', 'default': 'default'},
         cases={'type': 'list', 'elements': 'dict', 'required': True, 'options': {
             'name': {'type': 'str', 'required': True},
@@ -208,28 +286,59 @@ def main() -> None:
         poll_interval={'type': 'float', 'default': 2},
         cleanup={'type': 'bool', 'default': True},
         tolerate_cordon={'type': 'bool', 'default': True},
-    ))
-    p = module.params
-    if not p['node'].strip():
-        module.fail_json(msg='node: %r is not a node name' % p['node'])
+        busy={'type': 'str', 'choices': ['fail', 'skip'], 'default': 'fail'},
+    ), mutually_exclusive=[('node', 'nodes')], required_one_of=[('node', 'nodes')])
+    params = module.params
+    nodes = None
+    if params['nodes'] is not None:
+        try:
+            nodes = _workload_gate.normalize_nodes(params['nodes'])
+        except _workload_gate.WorkloadGateError as exc:
+            module.fail_json(msg=str(exc))
+        if params['node_selector'] is not None:
+            module.fail_json(msg='node_selector: %r cannot be used with nodes: each Job is pinned to its own node by '
+                                 'kubernetes.io/hostname' % (params['node_selector'],))
+    elif not params['node'].strip():
+        module.fail_json(msg='node: %r is not a node name' % params['node'])
     for field, low in (('repeat', 1), ('timeout', 1)):
-        if p[field] < low:
-            module.fail_json(msg='%s: %r must be at least %d' % (field, p[field], low))
-    if p['poll_interval'] <= 0:
-        module.fail_json(msg='poll_interval: %r must be more than 0 seconds' % p['poll_interval'])
+        if params[field] < low:
+            module.fail_json(msg='%s: %r must be at least %d' % (field, params[field], low))
+    if params['poll_interval'] <= 0:
+        module.fail_json(msg='poll_interval: %r must be more than 0 seconds' % params['poll_interval'])
     try:
-        cases = _workload_gate.normalize_cases(p['cases'])
+        cases = _workload_gate.normalize_cases(params['cases'])
     except _workload_gate.WorkloadGateError as exc:
         module.fail_json(msg=str(exc))
+    if nodes is not None:
+        run_nodes(module, nodes, cases)
     if module.check_mode:
-        module.exit_json(changed=False, skipped=True, passed=None, node=p['node'], problems=[], checks={},
+        module.exit_json(changed=False, skipped=True, passed=None, node=params['node'], problems=[], checks={},
                          jobs={'created': [], 'deleted': [], 'left': []}, run_id='',
-                         msg='check mode: would run %d case(s) x %d on %s' % (len(cases), p['repeat'], p['node']))
+                         msg='check mode: would run %d case(s) x %d on %s' % (len(cases), params['repeat'], params['node']))
     with module.errors(passed=False):
         result = _workload_gate.run_gate(
-            module.client, p['node'], cases, namespace=p['namespace'], repeat=p['repeat'],
-            node_selector=p['node_selector'], toleration=p['toleration'], timeout=p['timeout'],
-            poll_interval=p['poll_interval'], cleanup=p['cleanup'], tolerate_cordon=p['tolerate_cordon'])
+            module.client, params['node'], cases, namespace=params['namespace'], repeat=params['repeat'],
+            node_selector=params['node_selector'], toleration=params['toleration'], timeout=params['timeout'],
+            poll_interval=params['poll_interval'], cleanup=params['cleanup'], tolerate_cordon=params['tolerate_cordon'])
+    result.update(changed=bool(result['jobs']['left']), skipped=False)
+    if not result['passed']:
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+def run_nodes(module: K8sModule, nodes: List[str], cases: List[Dict[str, Any]]) -> None:
+    """The multi-node gate: exit_json, or fail_json when a node fails."""
+    params = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, passed=None, nodes={}, failed_nodes=[], busy_nodes=[], problems=[],
+                         jobs={'created': [], 'deleted': [], 'left': []}, run_id='',
+                         msg='check mode: would run %d case(s) x %d on %d node(s) (%s)' % (
+                             len(cases), params['repeat'], len(nodes), ', '.join(nodes)))
+    with module.errors(passed=False):
+        result = _workload_gate.run_gate_nodes(
+            module.client, nodes, cases, namespace=params['namespace'], repeat=params['repeat'], toleration=params['toleration'],
+            timeout=params['timeout'], poll_interval=params['poll_interval'], cleanup=params['cleanup'],
+            tolerate_cordon=params['tolerate_cordon'], busy=params['busy'])
     result.update(changed=bool(result['jobs']['left']), skipped=False)
     if not result['passed']:
         module.fail_json(**result)

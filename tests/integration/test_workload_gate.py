@@ -64,8 +64,10 @@ def job(logs='', duration='0.1', outcome='Succeeded', extra_ann=None):
 
 
 def play(emu, cases, **args):
-    task = {'gpufleet.upgrade.workload_gate': dict({'kubeconfig': emu.gate_kubeconfig, 'node': NODE, 'namespace': NS,
-                                                    'cases': cases, 'poll_interval': 0.1, 'timeout': 30}, **args),
+    """The play of one workload_gate task; an argument given as None is left out (node=None with nodes)."""
+    module_args = dict({'kubeconfig': emu.gate_kubeconfig, 'node': NODE, 'namespace': NS, 'cases': cases,
+                        'poll_interval': 0.1, 'timeout': 30}, **args)
+    task = {'gpufleet.upgrade.workload_gate': {key: value for key, value in module_args.items() if value is not None},
             'name': 'gate', 'ignore_errors': True}
     return [{'name': 'workload gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]
 
@@ -200,3 +202,99 @@ def test_workload_gate_check_mode_and_no_cleanup(emu, run_playbook):
 def test_workload_gate_bad_case(emu, run_playbook):
     r = run_playbook(play(emu, [{'name': 'q', 'manifest': {'kind': 'Pod', 'apiVersion': 'v1'}, 'expected': 1}]))
     assert r.result('gate')['msg'] == "cases[0] (q).manifest: not a batch/v1 Job manifest (kind 'Pod', apiVersion 'v1')"
+
+
+# -- several nodes at once (the rollout's observation windows) -----------------------------------------------------
+
+NODES = ['gpu-1', 'gpu-2', 'gpu-3']
+CANARY = [{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}]
+
+
+def body_of(request):
+    return request['body'] if isinstance(request['body'], dict) else json.loads(request['body'])
+
+
+def test_workload_gate_nodes_run_at_once_on_every_node(emu, run_playbook):
+    # gpu-2 and gpu-3 join gpu-1 (cordoned, canary-tainted); gpu-0 stays free: only the pinning places the pods
+    emu.apply([node(name, cordoned=True, taints=CANARY) for name in NODES[1:]])
+    cases = [
+        {'name': 'device-query', 'manifest': job('Device 0: NVIDIA H100\nResult = PASS\n', duration='1'),
+         'expected': 'Result = PASS'},
+        {'name': 'matmul', 'manifest': job('{"checksum": 1234.5004}\n', duration='1'), 'result': {'json_path': 'checksum'},
+         'expected': 1234.5, 'tolerance': 0.001},
+    ]
+    emu.clear_requests()
+    played = run_playbook(play(emu, cases, node=None, nodes=NODES, repeat=2))
+    res = played.result('gate')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['passed'] is True and res['changed'] is False and res['failed_nodes'] == [] and res['problems'] == []
+    assert res['msg'] == 'workload gate: PASS on 3 node(s) (gpu-1, gpu-2, gpu-3) (2 case(s) x 2 run(s))'
+    assert sorted(res['nodes']) == NODES
+    for name in NODES:
+        one = res['nodes'][name]
+        assert one['node'] == name and one['passed'] is True and one['run_id'] == res['run_id']
+        assert one['msg'] == 'workload gate: PASS on %s (2 case(s) x 2 run(s))' % name
+        for case_name in ('device-query', 'matmul'):
+            runs = one['checks'][case_name]['evidence']['runs']
+            assert [run['attempt'] for run in runs] == [1, 2]
+            # placed by the real scheduler on the node it was pinned to, read and compared
+            assert all(run['ok'] and run['node'] == name and run['outcome'] == 'match' for run in runs), runs
+        assert len(one['jobs']['created']) == 4 and one['jobs']['deleted'] == one['jobs']['created']
+    assert len(res['jobs']['created']) == 12 and res['jobs']['deleted'] == res['jobs']['created']
+    assert res['jobs']['left'] == []
+    assert cleaned_up(emu)
+    # concurrent: each attempt's three Jobs were all created before any of them was deleted (they existed at the
+    # same time), and no attempt waited for another node's Job to finish first
+    jobs_path = '/apis/batch/v1/namespaces/%s/jobs' % NS
+    bodies = [body_of(request) for request in emu.requests if request['verb'] == 'POST']
+    writes = []   # the Job writes, in the order sent
+    for request in emu.requests:
+        if request['verb'] == 'POST':
+            writes.append(('POST', body_of(request)['metadata']['name']))
+        elif request['verb'] == 'DELETE' and request['path'].startswith(jobs_path + '/'):
+            writes.append(('DELETE', request['path'].rsplit('/', 1)[-1]))
+    for case_name in ('device-query', 'matmul'):
+        for attempt in (1, 2):
+            names = {res['nodes'][name]['checks'][case_name]['evidence']['runs'][attempt - 1]['job'] for name in NODES}
+            assert len(names) == 3
+            last_post = max(writes.index(('POST', jname)) for jname in names)
+            first_delete = min(writes.index(('DELETE', jname)) for jname in names)
+            assert last_post < first_delete, writes
+    # each Job pinned to its own node, all with the run's label
+    assert [body['spec']['template']['spec']['nodeSelector'] for body in bodies[:3]] == [
+        {'kubernetes.io/hostname': name} for name in NODES]
+    assert {body['metadata']['labels']['gpufleet.io/workload-gate'] for body in bodies} == {res['run_id']}
+    # the watch: one LIST of the run's Jobs and one LIST of its pods per poll, never a GET per Job
+    reads = [request['path'] for request in emu.requests if request['verb'] == 'GET']
+    assert not [path for path in reads if path.startswith(jobs_path + '/')]
+    job_lists, pod_lists = reads.count(jobs_path), reads.count('/api/v1/namespaces/%s/pods' % NS)
+    assert job_lists and pod_lists == job_lists + 4   # and one LIST of pods per attempt's cleanup
+    assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests) == []
+
+
+def test_workload_gate_nodes_one_node_fails(emu, run_playbook):
+    # gpu-404 does not exist: its Job cannot be placed and times out (bounded); the other nodes pass meanwhile
+    played = run_playbook(play(emu, [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}], node=None,
+                          nodes=['gpu-0', NODE, 'gpu-404'], repeat=1, timeout=3))
+    res = played.result('gate')
+    assert res['_event'] == 'runner_on_failed' and res['passed'] is False
+    assert res['failed_nodes'] == ['gpu-404']
+    assert res['nodes']['gpu-0']['passed'] is True and res['nodes'][NODE]['passed'] is True
+    run = res['nodes']['gpu-404']['checks']['q']['evidence']['runs'][0]
+    assert run['outcome'] == 'timeout' and run['detail'].startswith('timeout: the Job did not finish within 3s')
+    assert res['problems'] == ['gpu-404: q run 1/1 (Job %s): %s' % (run['job'], run['detail'])]
+    assert cleaned_up(emu)
+
+
+def test_workload_gate_nodes_bad_input(emu, run_playbook):
+    cases = [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}]
+    emu.clear_requests()
+    played = run_playbook(play(emu, cases, node=None, nodes=['gpu-0', NODE, 'gpu-0']))
+    res = played.result('gate')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == "nodes[2]: 'gpu-0' repeats an earlier node"
+    played = run_playbook(play(emu, cases, node=None, nodes=[NODE], node_selector={'kubernetes.io/hostname': NODE}))
+    assert played.result('gate')['msg'].startswith('node_selector: ')
+    assert 'cannot be used with nodes' in played.result('gate')['msg']
+    # nothing was sent
+    assert emu.requests == []
