@@ -104,18 +104,25 @@ def observation_settings(plan: t.Dict[str, t.Any], default_window: t.Any,
     return _call('observation_settings', _rollout.observation_settings, plan, default_window, metric_gate)
 
 
+def observation_cases(cases: t.List[t.Dict[str, t.Any]], workloads: t.Any) -> t.List[t.Dict[str, t.Any]]:
+    return _call('observation_cases', _rollout.observation_cases, cases, workloads)
+
+
 def observation_verdict(nodes: t.List[t.Dict[str, t.Any]], plan: t.Dict[str, t.Any], window: t.Dict[str, t.Any],
                         metric: t.Optional[t.Dict[str, t.Any]] = None,
-                        host: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
-    return _call('observation_verdict', _rollout.observation_verdict, nodes, plan, window, metric, host)
+                        host: t.Optional[t.Dict[str, t.Any]] = None,
+                        node_gate: t.Optional[t.Dict[str, t.Any]] = None,
+                        workload: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
+    return _call('observation_verdict', _rollout.observation_verdict, nodes, plan, window, metric, host, node_gate, workload)
 
 
 def observation_hosts(results: t.Mapping[str, t.Any], upgraded: t.List[str],
-                      hosts: t.Optional[t.List[str]] = None) -> t.Dict[str, t.Any]:
+                      hosts: t.Optional[t.List[str]] = None,
+                      expected: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
     # With `hosts`, `results` is hostvars: each host's node_upgrade_result, None where the role did not set one.
     if hosts is not None:
         results = {h: (results[h] if h in results else {}).get('node_upgrade_result') for h in hosts}
-    return _call('observation_hosts', _rollout.observation_hosts, dict(results), upgraded)
+    return _call('observation_hosts', _rollout.observation_hosts, dict(results), upgraded, expected)
 
 
 class FilterModule:
@@ -128,4 +135,5 @@ class FilterModule:
                 'plan_digest': plan_digest, 'plan_workflow_digest': plan_workflow_digest, 'forks_verdict': forks_verdict,
                 'rollback_time': rollback_time, 'activation': activation,
                 'observation_window': observation_window, 'observation_verdict': observation_verdict,
+                'observation_cases': observation_cases,
                 'observation_settings': observation_settings, 'observation_hosts': observation_hosts}

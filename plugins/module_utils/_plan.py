@@ -322,14 +322,17 @@ def check_observation(value: Any, field: str = 'observation') -> Dict[str, Any]:
     """The plan's observation settings (issue 16): {'window': a duration (optional: the run's
     gpufleet_observation_window otherwise), 'queries': metric_gate queries run at the end of every stage's
     window over the nodes upgraded so far (optional): the minimum traffic (count_expr, min_count) and the
-    control group (control) go here}. Validated as metric_gate validates them; returned as given."""
+    control group (control) go here, 'workloads': {'cases': [names of the shipped suite's or the operator's
+    cases], 'repeat': runs of each (1)}: the workload gate re-run at the end of every window on every node
+    upgraded so far (optional: Jobs on nodes back in service take GPUs from their tenants, so the plan says
+    which, if any)}. Validated as metric_gate validates them; returned as given (workloads normalized)."""
     if value is None or value == {}:
         return {}
     if not isinstance(value, dict):
-        raise PlanInputError('%s: %r is not a mapping with window and/or queries' % (field, value))
-    unknown = sorted(k for k in value if k not in ('window', 'queries'))
+        raise PlanInputError('%s: %r is not a mapping with window, queries and/or workloads' % (field, value))
+    unknown = sorted(k for k in value if k not in ('window', 'queries', 'workloads'))
     if unknown:
-        raise PlanInputError('%s: unknown key(s) %s (window, queries)' % (field, ', '.join(unknown)))
+        raise PlanInputError('%s: unknown key(s) %s (window, queries, workloads)' % (field, ', '.join(unknown)))
     out: Dict[str, Any] = {}
     seconds = 15 * 60.0
     if value.get('window') is not None:
@@ -353,6 +356,18 @@ def check_observation(value: Any, field: str = 'observation') -> Dict[str, Any]:
         if dupes:
             raise PlanInputError('%s.queries: duplicate name(s) %s' % (field, ', '.join(dupes)))
         out['queries'] = [dict(q) for q in queries]
+    workloads = value.get('workloads')
+    if workloads is not None:
+        if not isinstance(workloads, dict) or sorted(set(workloads) - {'cases', 'repeat'}):
+            raise PlanInputError('%s.workloads: %r is not a mapping with cases (names) and repeat' % (field, workloads))
+        names = workloads.get('cases')
+        if (not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names)
+                or len(set(names)) != len(names)):
+            raise PlanInputError('%s.workloads.cases: %r is not a list of distinct workload case names' % (field, names))
+        repeat = workloads.get('repeat', 1)
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise PlanInputError('%s.workloads.repeat: %r is not a whole number >= 1' % (field, repeat))
+        out['workloads'] = {'cases': list(names), 'repeat': repeat}
     return out
 
 
@@ -671,7 +686,10 @@ def render_summary(plan: Dict[str, Any]) -> str:
             '`%s` (%s)' % (q.get('name'), 'traffic >= %s' % q['min_count'] if q.get('count_expr') else
                            'against the control group' if q.get('control') else 'against %s' % (
                                'a baseline' if q.get('baseline') else 'a limit'))
-            for q in obs['queries']) if obs.get('queries') else ''))
+            for q in obs['queries']) if obs.get('queries') else '')
+        + ('; re-runs the workload case(s) %s x%d on every node upgraded so far' % (
+            ', '.join('`%s`' % n for n in obs['workloads']['cases']), obs['workloads']['repeat'])
+           if obs.get('workloads') else ''))
     lines += ['', '## Matrix', '', '| combination | nodes | GPUs | canaries | source tuple(s) |', '|---|---|---|---|---|']
     for c in plan['combinations']:
         src = '; '.join(', '.join('%s %s' % (k, v) for k, v in sorted(s.items())) for s in c['source_tuples'])

@@ -385,8 +385,28 @@ def observation_settings(plan: Any, default_window: Any, metric_gate: Any = None
     if dupes:
         raise RolloutError('observation queries: %s named both in node_upgrade_metric_gate.queries and in the plan\'s '
                            'observation.queries: rename one' % ', '.join(dupes))
+    workloads = obs.get('workloads') or None
+    if workloads is not None and (not isinstance(workloads, dict) or not isinstance(workloads.get('cases'), list)):
+        raise RolloutError('plan.observation.workloads: %r is not {cases, repeat} (re-plan)' % (workloads,))
     return {'window': str(window), 'seconds': seconds, 'queries': queries, 'gate_queries': own + queries,
-            'metric': bool(metric_gate) or bool(queries), 'source': 'plan' if obs.get('window') else 'run'}
+            'metric': bool(metric_gate) or bool(queries), 'source': 'plan' if obs.get('window') else 'run',
+            'workloads': dict(workloads, repeat=int(workloads.get('repeat') or 1)) if workloads else None}
+
+
+def observation_cases(cases: Any, workloads: Any) -> List[Dict[str, Any]]:
+    """The workload_gate cases a window runs: those of `cases` (the suite's and the run's, workload_gate
+    cases) named in the plan's observation.workloads (`workloads`: observation_settings' workloads, or None:
+    none). RolloutError names a case the plan names and no suite holds, before anything moves."""
+    if not workloads:
+        return []
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and c.get('name') for c in cases):
+        raise RolloutError('cases: %r is not a list of workload_gate cases' % (cases,))
+    by_name = {c['name']: c for c in cases}
+    missing = [n for n in workloads.get('cases') or [] if n not in by_name]
+    if missing:
+        raise RolloutError('plan.observation.workloads.cases: %s is no workload case (the suite and '
+                           'node_upgrade_workload_cases hold: %s)' % (', '.join(missing), ', '.join(sorted(by_name))))
+    return [by_name[n] for n in workloads['cases']]
 
 
 def _short_of_traffic(query: Dict[str, Any]) -> bool:
@@ -395,12 +415,16 @@ def _short_of_traffic(query: Dict[str, Any]) -> bool:
                             (count.get('min') is not None and count['value'] < count['min']))
 
 
-def observation_hosts(results: Dict[str, Any], upgraded: Sequence[str]) -> Dict[str, Any]:
+def observation_hosts(results: Dict[str, Any], upgraded: Sequence[str],
+                      expected: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Which inventory hosts the observation window re-gates on the host (the GPU gate against the node's
     snapshot): those whose node_upgrade result in this run (`results`: host -> node_upgrade_result or None)
     upgraded a node of `upgraded` (the window's nodes) and names its snapshot file. A node upgraded in an
     earlier run has no baseline loaded here: it is listed in `not_regated` with the reason, and the cluster
-    read and the metric gate re-gate it. {'hosts': [host], 'nodes': {host: node}, 'not_regated': {node: reason}}."""
+    read and the metric gate re-gate it. {'hosts': [host], 'nodes': {host: node}, 'not_regated': {node: reason},
+    'node_gate': {node: expected GPU resources or None}}: what the window's node gate expects of every node of
+    `upgraded`: `expected` (gpufleet_expected_gpus) when set, else what the node's own gate in this run expected
+    (the result's expected_gpus), else None (no count known: every GPU resource in its capacity allocatable)."""
     if not isinstance(results, dict):
         raise RolloutError('results: %r is not a mapping of host to node_upgrade_result' % (results,))
     if not isinstance(upgraded, (list, tuple)):
@@ -415,15 +439,23 @@ def observation_hosts(results: Dict[str, Any], upgraded: Sequence[str]) -> Dict[
         if node in upgraded and node not in nodes.values():
             hosts.append(host)
             nodes[host] = node
+    if expected is not None and not isinstance(expected, dict):
+        raise RolloutError('expected: %r is not a mapping of GPU resource to count (gpufleet_expected_gpus)' % (expected,))
+    own = {result.get('node') or host: result.get('expected_gpus') for host, result in results.items()
+           if isinstance(result, dict) and result.get('outcome') == 'upgraded'}
     covered = set(nodes.values())
-    not_regated = {name: 'not upgraded by this run (no GPU baseline loaded here): re-gated by the cluster read '
-                         'and the metric gate only' for name in upgraded if name not in covered}
-    return {'hosts': hosts, 'nodes': nodes, 'not_regated': not_regated}
+    not_regated = {name: 'not upgraded by this run (no GPU baseline loaded here): re-gated by the cluster read, '
+                         'the node gate and the metric gate only' for name in upgraded if name not in covered}
+    node_gate = {name: (dict(expected) if expected else (dict(own[name]) if isinstance(own.get(name), dict) and own[name] else None))
+                 for name in upgraded}
+    return {'hosts': hosts, 'nodes': nodes, 'not_regated': not_regated, 'node_gate': node_gate}
 
 
 def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], window: Dict[str, Any],
                         metric: Optional[Dict[str, Any]] = None,
-                        host: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                        host: Optional[Dict[str, Any]] = None,
+                        node_gate: Optional[Dict[str, Any]] = None,
+                        workload: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The verdict at the end of an observation window (issue 16) over every node of the plan upgraded
     so far (recorded done for the plan's target), from one read of the cluster (`nodes`: fleet_info's
     node views) and, when configured, one metric gate over the window on all of them (`metric`: its
@@ -433,6 +465,10 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
 
     `host` (node -> the GPU gate's result on that node at the window's end, against its snapshot): a node
     whose GPU gate did not pass fails (a new Xid, ECC or row-remap growth, another driver, a GPU off the bus).
+
+    `node_gate`: the node gate's multi-node result over the upgraded nodes (its `nodes`: node -> result); a
+    node it failed fails (allocatable GPUs, device plugin, validator, taints). `workload`: the workload gate's
+    multi-node result (its `nodes`: node -> result); a node whose cases failed fails.
 
     A window whose only failed metric queries had too little traffic (count_expr under min_count, or no
     value) is inconclusive: not passed, but no node is failed by it (``inconclusive`` names the queries).
@@ -449,7 +485,14 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
         raise RolloutError('metric: %r is not a metric gate result' % (metric,))
     if host is not None and (not isinstance(host, dict) or not all(isinstance(r, dict) for r in host.values())):
         raise RolloutError('host: %r is not a mapping of node to GPU gate result' % (host,))
+    for field, given in (('node_gate', node_gate), ('workload', workload)):
+        if given is not None and (not isinstance(given, dict) or not isinstance(given.get('nodes') or {}, dict)):
+            raise RolloutError('%s: %r is not a multi-node gate result (with nodes)' % (field, given))
     host = host or {}
+    per_node = {'node gate': (node_gate or {}).get('nodes') or {}, 'workload gate': (workload or {}).get('nodes') or {}}
+    # A gate that failed without judging a node (the read failed): not a pass for that node.
+    unjudged = {what: given.get('msg') or 'failed' for what, given in (('node gate', node_gate), ('workload gate', workload))
+                if given is not None and given.get('passed') is not True}
     target = plan['target']
     key = target_key(target)
     in_plan = _plan_nodes(plan)
@@ -468,6 +511,12 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
         gate = host.get(name)
         if gate is not None and gate.get('passed') is not True:
             reasons.append('GPU gate: %s' % (gate.get('msg') or 'failed'))
+        for what, results in per_node.items():
+            gate = results.get(name)
+            if isinstance(gate, dict) and gate.get('passed') is not True:
+                reasons.append('%s: %s' % (what, '; '.join(gate.get('problems') or []) or gate.get('msg') or 'failed'))
+            elif gate is None and what in unjudged:
+                reasons.append('%s: %s' % (what, unjudged[what]))
         if reasons:
             failed[name] = reasons
     metric_msg = None
@@ -499,12 +548,22 @@ def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], w
                    where, len(failed), len(upgraded), '; '.join('%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items()))))
     else:
         regated = len([n for n in upgraded if n in host])
+        busy = [n for n in upgraded if (per_node['workload gate'].get(n) or {}).get('busy')]
+        gated = {what: len([n for n in upgraded if n in results and not (results[n] or {}).get('busy')])
+                 for what, results in per_node.items()}
         msg = '%s: all %d upgraded node(s) passed their re-gating (%s)' % (
             where, len(upgraded), 'node state and kubelet versions' + (', metric gate' if metric else '')
-            + (', GPU gate on %d' % regated if regated else ''))
+            + (', GPU gate on %d' % regated if regated else '')
+            + ''.join(', %s on %d' % (what, count) for what, count in gated.items() if count)
+            + (', workload cases not run on %d (no free GPU)' % len(busy) if busy else ''))
     problems = ['%s: %s' % (n, ', '.join(r)) for n, r in sorted(failed.items())]
     if inconclusive:
         problems.append('inconclusive: too little traffic (%s)' % ', '.join(inconclusive))
     return {'nodes': upgraded, 'window': dict(window), 'failed': failed, 'problems': problems,
             'passed': not failed and not inconclusive, 'msg': msg, 'metric': metric_msg, 'inconclusive': inconclusive,
-            'host_regated': sorted(n for n in upgraded if n in host)}
+            'host_regated': sorted(n for n in upgraded if n in host),
+            'node_gated': sorted(n for n in upgraded if n in per_node['node gate']),
+            'workload_gated': sorted(n for n in upgraded if n in per_node['workload gate']
+                                     and not (per_node['workload gate'][n] or {}).get('busy')),
+            # Nodes where a workload case was not run because their tenants held every GPU (workload_gate busy=skip).
+            'workload_busy': sorted(n for n in upgraded if (per_node['workload gate'].get(n) or {}).get('busy'))}

@@ -128,6 +128,9 @@ options:
         upgraded so far, with the node presets. Declare the minimum traffic there (C(count_expr) and
         C(min_count) - transactions, steps or job completions in the window; C($window) is the window) and the
         control group on the previous driver (C(control)).
+      - Key C(workloads) - C(cases) (workload case names, of the shipped suite or C(node_upgrade_workload_cases)) and
+        C(repeat) (default 1) - the workload cases re-run at the end of every window on every node upgraded so far.
+        Without it no window schedules a Job on the nodes in service.
       - Validated as M(gpufleet.upgrade.metric_gate) validates its queries; a bad one refuses the plan.
     type: dict
 seealso:

@@ -193,6 +193,29 @@ def test_lab_without_fault_completes(tmp_path):
         assert all(g['passed'] for g in metric_gates(tmp_path / 'lab').values())
     assert_records_carry_the_measured_tuple(lab)
     assert_node_entries_carry_package_digests(lab, table)
+    assert_windows_regate_every_upgraded_node(lab)
+
+
+def assert_windows_regate_every_upgraded_node(lab: pathlib.Path) -> None:
+    """Issue 16 (2): every observation window (the canaries', each batch's) re-ran the node gate and the plan's
+    workload case (the lab's plan declares device-query) on every node upgraded so far, and passed; a node whose
+    GPUs its tenants all hold is named as not run (busy), not failed."""
+    plan = json.loads((lab / 'plan.json').read_text())
+    assert plan['observation']['workloads'] == {'cases': ['device-query'], 'repeat': 1}, plan['observation']
+    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    windows = [g for path in bundles + [lab / 'evidence' / 'rollout.json']
+               for g in json.loads(path.read_text())['gates'] if g['kind'] == 'observation']
+    rollout = [g for g in json.loads((lab / 'evidence' / 'rollout.json').read_text())['gates'] if g['kind'] == 'observation']
+    assert rollout and windows, windows
+    for window in windows:
+        result = window['result']
+        assert window['passed'] is True, window
+        # a node whose tenants (the lab's training ReplicaSets) hold every GPU runs no case (busy) and fails nothing
+        assert result['node_gated'] == sorted(result['nodes']) == sorted(result['workload_gated'] + result['workload_busy'])
+    assert any(w['result']['workload_gated'] for w in windows), windows
+    # the last window re-gated every node of the plan
+    assert sorted(rollout[-1]['result']['nodes']) == sorted(plan['canaries'] + [n for b in plan['batches'] for n in b
+                                                                                if n not in plan['canaries']]), rollout[-1]
 
 
 def assert_node_entries_carry_package_digests(lab: pathlib.Path, table: dict) -> None:

@@ -170,7 +170,8 @@ class Lab:
         if self.workload_suite:
             cases = write_workload_suite(self.dir / 'workloads')
             self.log_writer = PodLogWriter(self.cluster, interval=0.25).__enter__()
-            log('workload suite: the shipped cases %s run on the canaries (3 times each); their Jobs are scheduled '
+            log('workload suite: the shipped cases %s run on the canaries (3 times each), and device-query once on '
+                'every node upgraded so far at the end of each observation window; their Jobs are scheduled '
                 'for real and KWOK runs them; each pod\'s log is what the case prints on a healthy GPU (the lab\'s '
                 'stand-in for the CUDA binaries, WORKLOAD_OUTPUTS): the real cases need GPUs' % ', '.join(cases))
         self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
@@ -304,7 +305,11 @@ class Lab:
             v.update({'gpufleet_workload_suite_dir': str(self.dir / 'workloads'),
                       'gpufleet_workload_namespace': labenv.WORKLOAD_NAMESPACE,
                       # KWOK runs a pod in about a second: read the Jobs more often than a real fleet would
-                      'gpufleet_workload_interval': 0.5})
+                      'gpufleet_workload_interval': 0.5,
+                      # Every window (after the canaries, after each batch) re-runs the device query on every node
+                      # upgraded so far, declared in the plan (a real fleet names the cases it can afford on nodes
+                      # in service, or none).
+                      'gpufleet_observation': {'workloads': {'cases': ['device-query'], 'repeat': 1}}})
         if self.prom is not None:
             v['node_upgrade_metric_gate'] = dict(METRIC_GATE, url=self.prom.url)
         if self.gpu_operator:

@@ -474,9 +474,16 @@ def test_the_observation_settings_are_validated_and_kept_in_the_plan():
             '(traffic >= 1000)') in plan['summary']
     plain = P.build_plan(nodes, TARGET, batch_size=4)
     assert plain['observation'] == {} and "the run's `gpufleet_observation_window`" in plain['summary']
+    cases = P.build_plan(nodes, TARGET, batch_size=4, observation={'workloads': {'cases': ['device-query']}})
+    assert cases['observation'] == {'workloads': {'cases': ['device-query'], 'repeat': 1}}
+    assert 're-runs the workload case(s) `device-query` x1 on every node upgraded so far' in cases['summary']
     for value, message in (
-            ('2h', "observation: '2h' is not a mapping with window and/or queries"),
-            ({'windows': '2h'}, 'observation: unknown key(s) windows (window, queries)'),
+            ('2h', "observation: '2h' is not a mapping with window, queries and/or workloads"),
+            ({'windows': '2h'}, 'observation: unknown key(s) windows (window, queries, workloads)'),
+            ({'workloads': ['device-query']}, "observation.workloads: ['device-query'] is not a mapping with cases"),
+            ({'workloads': {'cases': []}}, 'observation.workloads.cases: [] is not a list of distinct workload case names'),
+            ({'workloads': {'cases': ['a', 'a']}}, "observation.workloads.cases: ['a', 'a'] is not a list of distinct"),
+            ({'workloads': {'cases': ['a'], 'repeat': 0}}, 'observation.workloads.repeat: 0 is not a whole number >= 1'),
             ({'window': 'soon'}, "observation.window: 'soon' is not a duration"),
             ({'queries': []}, 'observation.queries: [] is not a non-empty list of metric_gate queries'),
             ({'queries': [dict(traffic, min_count=None)]}, 'observation.queries[0] (traffic): count_expr and min_count go together'),

@@ -709,6 +709,43 @@ def test_observation_verdict_fails_a_node_whose_gpu_gate_failed_on_the_host():
         _rollout.observation_verdict([], OBS_PLAN, WINDOW, None, ['n1'])
 
 
+def test_observation_verdict_fails_a_node_the_node_gate_or_the_workload_gate_failed():
+    """Issue 16 (2): the node gate and the plan's workload cases re-run on every node upgraded so far."""
+    node_gate = {'passed': False, 'nodes': {'c1': {'passed': True}, 'n1': {'passed': True},
+                                            'n2': {'passed': False, 'problems': ['nvidia.com/gpu: allocatable 7, expected 8']}}}
+    workload = {'passed': False, 'nodes': {'c1': {'passed': False, 'problems': ['device-query run 1/1: result mismatch']},
+                                           'n1': {'passed': True}, 'n2': {'passed': True}}}
+    nodes = [_observed('c1'), _observed('n1'), _observed('n2')]
+    v = _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW, None, None, node_gate, workload)
+    assert v['failed'] == {'c1': ['workload gate: device-query run 1/1: result mismatch'],
+                           'n2': ['node gate: nvidia.com/gpu: allocatable 7, expected 8']}
+    assert v['node_gated'] == ['c1', 'n1', 'n2'] and v['workload_gated'] == ['c1', 'n1', 'n2']
+    passed = {'passed': True, 'nodes': {n: {'passed': True} for n in ('c1', 'n1', 'n2')}}
+    ok = _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW, None, None, passed, passed)
+    assert ok['passed'] is True and ok['msg'].endswith('(node state and kubelet versions, node gate on 3, workload gate on 3)')
+    # A node whose tenants hold every GPU: its case was not run (busy), which fails nothing and is not counted as run.
+    busy = {'passed': True, 'nodes': dict(passed['nodes'], n1={'passed': True, 'busy': ['device-query']})}
+    some = _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW, None, None, passed, busy)
+    assert some['passed'] is True and some['workload_gated'] == ['c1', 'n2'] and some['workload_busy'] == ['n1']
+    assert some['msg'].endswith('(node state and kubelet versions, node gate on 3, workload gate on 2, '
+                                'workload cases not run on 1 (no free GPU))')
+    # A node the node gate never judged (the gate's read failed before it): the gate's failure is not a pass for it.
+    broken = _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW, None, None, {'passed': False, 'msg': 'API: 503'})
+    assert broken['failed'] == {n: ['node gate: API: 503'] for n in ('c1', 'n1', 'n2')}
+    with pytest.raises(_rollout.RolloutError, match=re.escape("node_gate: 'failed' is not a multi-node gate result")):
+        _rollout.observation_verdict(nodes, OBS_PLAN, WINDOW, None, None, 'failed')
+
+
+def test_observation_cases_are_the_plans_names_in_its_order():
+    suite = [{'name': 'device-query'}, {'name': 'compute-checksum'}, {'name': 'own'}]
+    assert _rollout.observation_cases(suite, None) == []
+    assert _rollout.observation_cases(suite, {'cases': ['own', 'device-query'], 'repeat': 1}) == [suite[2], suite[0]]
+    with pytest.raises(_rollout.RolloutError, match=re.escape('plan.observation.workloads.cases: nope is no workload case '
+                                                              '(the suite and node_upgrade_workload_cases hold: '
+                                                              'compute-checksum, device-query, own)')):
+        _rollout.observation_cases(suite, {'cases': ['nope']})
+
+
 def test_observation_hosts_are_the_hosts_this_run_upgraded_with_a_snapshot():
     results = {'h1': {'node': 'n1', 'outcome': 'upgraded', 'snapshot': 'snapshots/n1.json'},
                'h2': {'node': 'n2', 'outcome': 'failed', 'snapshot': 'snapshots/n2.json'},
@@ -717,6 +754,14 @@ def test_observation_hosts_are_the_hosts_this_run_upgraded_with_a_snapshot():
     sel = _rollout.observation_hosts(results, ['c1', 'n1', 'n3'])
     assert sel['hosts'] == ['c1', 'h1'] and sel['nodes'] == {'c1': 'c1', 'h1': 'n1'}
     assert list(sel['not_regated']) == ['n3'] and sel['not_regated']['n3'].startswith('not upgraded by this run')
+    # the node gate: each node held to what its own gate expected, else (an earlier run's) to its capacity
+    results['h1']['expected_gpus'] = {'nvidia.com/gpu': 8}
+    sel = _rollout.observation_hosts(results, ['c1', 'n1', 'n3'])
+    assert sel['node_gate'] == {'c1': None, 'n1': {'nvidia.com/gpu': 8}, 'n3': None}
+    fixed = _rollout.observation_hosts(results, ['c1', 'n3'], {'nvidia.com/mig-1g.10gb': 56})
+    assert fixed['node_gate'] == {'c1': {'nvidia.com/mig-1g.10gb': 56}, 'n3': {'nvidia.com/mig-1g.10gb': 56}}
+    with pytest.raises(_rollout.RolloutError, match='expected: '):
+        _rollout.observation_hosts(results, [], ['nvidia.com/gpu'])
     with pytest.raises(_rollout.RolloutError, match='results: '):
         _rollout.observation_hosts(['h1'], [])
     with pytest.raises(_rollout.RolloutError, match='upgraded: '):
@@ -740,13 +785,16 @@ TRAFFIC = {'name': 'traffic', 'expr': 'sum(rate(requests_total[5m]))', 'limit': 
 
 def test_observation_settings_take_the_plan_window_and_queries_over_the_runs():
     run = _rollout.observation_settings(OBS_PLAN, '15m', {})
-    assert run == {'window': '15m', 'seconds': 900.0, 'queries': [], 'gate_queries': [], 'metric': False, 'source': 'run'}
+    assert run == {'window': '15m', 'seconds': 900.0, 'queries': [], 'gate_queries': [], 'metric': False, 'source': 'run',
+                   'workloads': None}
     assert _rollout.observation_settings(OBS_PLAN, '15m', {'url': 'http://prom:9090', 'presets': ['xid']})['metric']
     plan = dict(OBS_PLAN, observation={'window': '2h', 'queries': [TRAFFIC]})
     own = {'name': 'errors', 'expr': 'sum(rate(errors_total[5m]))', 'limit': 0}
     got = _rollout.observation_settings(plan, '15m', {'url': 'http://prom:9090', 'queries': [own]})
     assert got == {'window': '2h', 'seconds': 7200.0, 'queries': [TRAFFIC], 'gate_queries': [own, TRAFFIC],
-                   'metric': True, 'source': 'plan'}
+                   'metric': True, 'source': 'plan', 'workloads': None}
+    cases = _rollout.observation_settings(dict(OBS_PLAN, observation={'workloads': {'cases': ['device-query']}}), '15m', {})
+    assert cases['workloads'] == {'cases': ['device-query'], 'repeat': 1}
 
 
 @pytest.mark.parametrize('plan,window,gate,message', [
