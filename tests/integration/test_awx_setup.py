@@ -155,6 +155,24 @@ def _render_workflows(run_playbook):
     return flows, run.result('render credential type')['ansible_facts']['rendered_ct']
 
 
+def test_approval_timeout_is_an_input_of_the_setup(run_playbook):
+    """The approval node's timeout follows gpufleet_awx_approval_timeout; a negative one is refused before the
+    controller is called."""
+    play = _tasks()
+    build = copy.deepcopy(next(t for t in play['tasks'] if t['name'] == 'Build the workflow nodes'))
+    check = copy.deepcopy(next(t for t in play['tasks'] if t['name'] == "The approval node's timeout is not negative"))
+    plays = [{'name': 'render', 'hosts': 'localhost', 'gather_facts': False,
+              'vars_files': [str(REPO / 'playbooks' / 'vars' / 'awx.yml')], 'tasks': [check, build]}]
+    run = run_playbook(plays, extravars={'gpufleet_awx_approval_timeout': 3600})
+    assert run.rc == 0, run.stdout
+    nodes = run.result('Build the workflow nodes')['results'][-1]['ansible_facts']['__gpufleet_awx_nodes'][ROLL_OUT]
+    approval, = [n for n in nodes if n['unified_job_template']['type'] == 'workflow_approval']
+    assert approval['unified_job_template']['timeout'] == 3600
+    bad = run_playbook(plays, extravars={'gpufleet_awx_approval_timeout': -1})
+    assert bad.rc != 0 and 'gpufleet_awx_approval_timeout' in bad.result("The approval node's timeout is not negative")['msg']
+    assert not bad.task_results('Build the workflow nodes')
+
+
 def _template_vars(names):
     return {q['variable'] for jt in VARS['gpufleet_awx_job_templates'] if jt['name'] in names for q in jt['survey']}
 
@@ -171,10 +189,12 @@ def test_rendered_workflow_graphs_and_surveys(run_playbook, awx_docs):
         assert len(by_id) == len(nodes), name
         graphs[name] = by_id
         for node in nodes:
-            # every rendered key is an awx.awx workflow_nodes suboption; every node runs a job template (no approval
-            # node: the second operator's launch of the second workflow is the approval)
+            # every rendered key is an awx.awx workflow_nodes suboption; every node runs a job template but the
+            # approval node (awx.awx's workflow_approval, checked below)
             assert set(node) <= _option_names(sub), node
             assert set(node['unified_job_template']) <= ujt, node
+            if node['unified_job_template']['type'] == 'workflow_approval':
+                continue
             assert node['unified_job_template']['type'] == 'job_template', node
             assert node['unified_job_template']['name'] in jt_names, node
             assert node['unified_job_template']['organization'] == {'name': 'Default'}
@@ -182,7 +202,7 @@ def test_rendered_workflow_graphs_and_surveys(run_playbook, awx_docs):
                 for ref in node.get('related', {}).get(kind, []):
                     assert ref['identifier'] in by_id, (name, ref)
         # the workflow survey asks every variable of its templates exactly once, and nothing else but its own questions
-        used = {n['unified_job_template']['name'] for n in nodes}
+        used = {n['unified_job_template']['name'] for n in nodes if n['unified_job_template']['type'] == 'job_template'}
         own = {q['variable'] for q in next(w for w in VARS['gpufleet_awx_workflows'] if w['name'] == name)['survey']}
         asked = [q['variable'] for q in survey]
         assert len(asked) == len(set(asked)), (name, asked)
@@ -196,7 +216,12 @@ def test_rendered_workflow_graphs_and_surveys(run_playbook, awx_docs):
     def template(flow, i):
         return graphs[flow][i]['unified_job_template']['name']
 
+    def kind(flow, i):
+        return graphs[flow][i]['unified_job_template']['type']
+
     q = QUALIFY
+    # the qualify workflow has no approval node: its jobs run unattended
+    assert {kind(q, i) for i in graphs[q]} == {'job_template'}
     assert list(graphs[q]) == ['plan', 'preflight', 'canary', 'rollback']
     assert [template(q, i) for i in graphs[q]] == [
         'gpufleet plan', 'gpufleet preflight', 'gpufleet canary', 'gpufleet rollback']
@@ -210,9 +235,28 @@ def test_rendered_workflow_graphs_and_surveys(run_playbook, awx_docs):
     assert graphs[q]['rollback'].get('related', {}) == {}
 
     r = ROLL_OUT
-    assert list(graphs[r]) == ['approve', 'upgrade_check', 'rollout', 'postflight', 'rollback']
-    assert [template(r, i) for i in graphs[r]] == [
+    assert list(graphs[r]) == ['approval', 'approve', 'upgrade_check', 'rollout', 'postflight', 'rollback']
+    assert [template(r, i) for i in graphs[r]][1:] == [
         'gpufleet approve', 'gpufleet upgrade_check', 'gpufleet rollout', 'gpufleet postflight', 'gpufleet rollback']
+    # the first node, and the only root, is the AWX approval node: the workflow waits there for an approver
+    assert [i for i in graphs[r] if kind(r, i) == 'workflow_approval'] == ['approval']
+    children = {ref for i in graphs[r] for k in ('success_nodes', 'failure_nodes', 'always_nodes') for ref in succ(r, i, k)}
+    assert [i for i in graphs[r] if i not in children] == ['approval']
+    approval = graphs[r]['approval']['unified_job_template']
+    assert approval['name'] == 'gpufleet: a second operator approves the canary' and approval['description'], approval
+    # no organization for an approval template: awx.awx would look it up as a job template of that organization
+    assert 'organization' not in approval
+    # its timeout is awx_setup.yml's input, 24 h unless set; the setup documents it
+    assert approval['timeout'] == 86400
+    spec = _documented_inputs(SETUP)['gpufleet_awx_approval_timeout']
+    assert spec['type'] == 'int' and spec['default'] == 86400 and spec['description'], spec
+    # approved, the approve job runs (and records that approver); denied or timed out (a failure), nothing follows
+    assert succ(r, 'approval') == ['approve']
+    assert succ(r, 'approval', 'failure_nodes') == [] and succ(r, 'approval', 'always_nodes') == []
+    # the approve job reads that approver by the node's name only when there are several: one here, so approve.yml's
+    # approval_name stays empty by default
+    approve = (REPO / 'playbooks' / 'approve.yml').read_text()
+    assert "approval_name: \"{{ gpufleet_awx_approval_name | default(omit, true) }}\"" in approve
     # a refused approval or a failed gate ends the workflow with nothing changed
     assert succ(r, 'approve') == ['upgrade_check']
     assert succ(r, 'approve', 'failure_nodes') == [] and succ(r, 'approve', 'always_nodes') == []
@@ -229,7 +273,7 @@ def test_rendered_workflow_graphs_and_surveys(run_playbook, awx_docs):
     # the rollout's forks stay (a batch's nodes run at once)
     assert next(jt for jt in VARS['gpufleet_awx_job_templates'] if jt['name'] == 'gpufleet rollout')['forks'] == 50
     # every template but release is a node of a workflow
-    in_flows = {template(f, i) for f in graphs for i in graphs[f]}
+    in_flows = {template(f, i) for f in graphs for i in graphs[f] if kind(f, i) == 'job_template'}
     assert in_flows == {jt['name'] for jt in VARS['gpufleet_awx_job_templates']} - {'gpufleet release'}
 
 
@@ -257,6 +301,40 @@ def test_credential_type_reaches_awx_unrendered(run_playbook, awx_docs):
     checkout = (REPO / 'playbooks' / 'tasks' / 'evidence_checkout.yml').read_text()
     for name in want:
         assert name in checkout, name
+
+
+def _render_template_credentials(run_playbook, extravars):
+    """The job template task's `credentials` as awx.awx.job_template receives them, over the task's own loop:
+    {playbook: credentials}."""
+    jt_task = next(t for t in _tasks()['tasks'] if 'awx.awx.job_template' in t)
+    render = {'name': 'render credentials', 'ansible.builtin.set_fact': {
+        'rendered_playbook': '{{ item.playbook }}', 'rendered_credentials': jt_task['awx.awx.job_template']['credentials']},
+        'loop': jt_task['loop'], 'loop_control': jt_task['loop_control']}
+    run = run_playbook([{'name': 'render', 'hosts': 'localhost', 'gather_facts': False,
+                         'vars_files': [str(REPO / 'playbooks' / 'vars' / 'awx.yml')], 'tasks': [render]}],
+                       extravars=extravars)
+    assert run.rc == 0, run.stdout
+    return {r['ansible_facts']['rendered_playbook']: r['ansible_facts']['rendered_credentials']
+            for r in run.result('render credentials')['results']}
+
+
+def test_the_approve_template_carries_the_controller_credential(run_playbook):
+    """Issue 17: the approve job reads who approved the workflow's approval node from the AWX API, through a
+    credential of AWX's built-in type "Red Hat Ansible Automation Platform" attached to its template only."""
+    common = ['gpu-nodes ssh', 'gpu evidence repository']
+    got = _render_template_credentials(run_playbook, {'gpufleet_awx_credentials': common,
+                                                      'gpufleet_awx_controller_credential': 'gpu controller approvals'})
+    assert set(got) == {jt['playbook'] for jt in VARS['gpufleet_awx_job_templates']}
+    assert got.pop('playbooks/approve.yml') == common + ['gpu controller approvals']
+    assert all(creds == common for creds in got.values()), got
+    # without it (the default), every template carries the common credentials only
+    plain = _render_template_credentials(run_playbook, {'gpufleet_awx_credentials': common})
+    assert all(creds == common for creds in plain.values()), plain
+    # the setup documents the input, and the approve playbook reads what that credential injects
+    spec = _documented_inputs(SETUP)
+    assert spec['gpufleet_awx_controller_credential']['default'] == ''
+    approve = (REPO / 'playbooks' / 'approve.yml').read_text()
+    assert 'gpufleet.upgrade.awx_approval_info' in approve and 'CONTROLLER_HOST' in approve
 
 
 def test_unsafe_marking_is_what_keeps_the_injectors_literal(run_playbook, tmp_path):
