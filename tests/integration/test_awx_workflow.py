@@ -5,12 +5,15 @@ extra vars as AWX passes them (a survey's values, `awx_user_name`/`awx_user_emai
 artifacts the earlier jobs passed on with set_stats). The only state the jobs share is a bare Git
 repository on this machine (the evidence remote) and the lab's real control plane and nodes.
 
-plan -> canary -> approve (refused for the canary's own operator, then given by a second identity)
--> upgrade_check -> rollout; then the evidence repository holds every artifact, each written by the
-job's operator, the records approved in a commit of their own, and no job wrote a file the next one
-read outside it. A relaunch of a rollout killed after a node's `installed` phase runs in a fresh
-directory: it resumes from the cluster (the snapshot Secret) and the repository, and its push goes on
-top of what the killed run committed.
+plan -> preflight (read-only, its checks run on the lab's nodes and cluster: the pool, the holders, GPU intake
+closed as the inventory declares it, the declared applications' CUDA compatibility, each node's NVML facts and
+the target driver's availability in its package root; it writes nothing and passes nothing on) -> canary ->
+approve (refused for the canary's own operator, then given by a second identity) -> upgrade_check -> rollout;
+then the evidence repository holds every artifact, each written by the job's operator, the records approved in
+a commit of their own, and no job wrote a file the next one read outside it. A preflight that fails (GPU intake
+open) ends the qualify workflow as playbooks/vars/awx.yml defines it: the canary is never launched. A relaunch
+of a rollout killed after a node's `installed` phase runs in a fresh directory: it resumes from the cluster (the
+snapshot Secret) and the repository, and its push goes on top of what the killed run committed.
 """
 from __future__ import annotations
 
@@ -41,6 +44,16 @@ ALICE = {'awx_user_name': 'alice', 'awx_user_email': 'alice@example.com'}
 BOB = {'awx_user_name': 'bob', 'awx_user_email': 'bob@example.com'}
 FILES = {'gpufleet_plan_file': 'plans/gpu-upgrade-plan.json', 'gpufleet_qualification_dir': 'qualification',
          'gpufleet_evidence': 'evidence/gpu-rollout.json'}
+# Group variables of the project's inventory (docs/awx.md: structured inputs a survey cannot express): how GPU intake
+# is closed on this cluster (a tenant's GPU quota at 0) and the CUDA applications the upgraded nodes will run.
+INTAKE_NAMESPACE = 'tenant-a'
+INVENTORY = {
+    'gpufleet_intake_checks': [{'api_version': 'v1', 'kind': 'ResourceQuota', 'namespace': INTAKE_NAMESPACE,
+                                'name': 'gpu-intake', 'field': 'spec.hard["requests.nvidia.com/gpu"]',
+                                'closed_values': ['0']}],
+    'gpufleet_applications': [{'name': 'trainer', 'toolkit': '12.8'}, {'name': 'inference', 'toolkit': '12.4'}],
+}
+AWX_VARS = REPO / 'playbooks' / 'vars' / 'awx.yml'
 
 
 def git(*args: str, cwd: pathlib.Path) -> str:
@@ -60,6 +73,54 @@ def project_checkout(dest: pathlib.Path) -> pathlib.Path:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / rel)
     return root
+
+
+def declare_intake(lab: Lab, gpus: str) -> None:
+    """The tenant's GPU quota INVENTORY's intake check reads (`gpus` "0": intake closed), and what the operator who
+    declares it grants the jobs' identity: `get` on that one object (docs/rbac's reader role reads no quota)."""
+    ns, sa = labenv.OPERATOR_SA
+    name = 'gpufleet-upgrade-intake-reader'
+    lab.cluster.apply([
+        {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': INTAKE_NAMESPACE}},
+        {'apiVersion': 'v1', 'kind': 'ResourceQuota',
+         'metadata': {'name': 'gpu-intake', 'namespace': INTAKE_NAMESPACE},
+         'spec': {'hard': {'requests.nvidia.com/gpu': gpus}}},
+        {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'Role',
+         'metadata': {'name': name, 'namespace': INTAKE_NAMESPACE},
+         'rules': [{'apiGroups': [''], 'resources': ['resourcequotas'], 'resourceNames': ['gpu-intake'],
+                    'verbs': ['get']}]},
+        {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
+         'metadata': {'name': name, 'namespace': INTAKE_NAMESPACE},
+         'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': name},
+         'subjects': [{'kind': 'ServiceAccount', 'name': sa, 'namespace': ns}]}], settle=False)
+
+
+def task_results(into: dict):
+    """A job hook: (task name, host) -> (event, the module's result) of each task that ran, was skipped or failed."""
+    def hook(event: dict) -> None:
+        data = event.get('event_data') or {}
+        if event.get('event') in ('runner_on_ok', 'runner_on_failed', 'runner_on_skipped'):
+            into[(data.get('task'), data.get('host'))] = (event['event'], data.get('res') or {})
+    return hook
+
+
+def awx_workflow(name: str) -> dict[str, dict]:
+    """The nodes of the AWX workflow `name` as playbooks/vars/awx.yml defines them (what awx_setup.yml creates):
+    identifier -> {playbook (None for an approval node), success_nodes, failure_nodes, always_nodes} (identifiers),
+    in the file's order."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+    Loader.add_constructor('!unsafe', lambda loader, node: loader.construct_scalar(node))
+    data = yaml.load(AWX_VARS.read_text(), Loader=Loader)  # noqa: S506 (a SafeLoader)
+    playbooks = {t['name']: t['playbook'] for t in data['gpufleet_awx_job_templates']}
+    wf = next(w for w in data['gpufleet_awx_workflows'] if w['name'] == name)
+    # An approval node (`approval:`) runs no playbook: None.
+    return {n['identifier']: dict({k: [x['identifier'] for x in (n.get('related') or {}).get(k) or []]
+                                   for k in ('success_nodes', 'failure_nodes', 'always_nodes')},
+                                  playbook=playbooks[n['template']] if 'template' in n else None)
+            for n in wf['nodes']}
 
 
 class Workflow:
@@ -96,20 +157,71 @@ class Workflow:
         self.stats.update(stats)
         return status
 
+    def launch(self, workflow: str, identity: dict, survey: dict | None = None) -> list[tuple[str, str]]:
+        """Launch the AWX workflow `workflow` (awx_workflow) as `identity`: its root node's job, then the nodes its
+        success_nodes name when the job succeeded, its failure_nodes when it failed, its always_nodes either way, as
+        AWX walks the graph. Each job runs as job() runs it (named by its node). Returns (node, status) in order."""
+        nodes = awx_workflow(workflow)
+        children = {c for n in nodes.values() for k in ('success_nodes', 'failure_nodes', 'always_nodes') for c in n[k]}
+        todo, ran = [n for n in nodes if n not in children], []
+        while todo:
+            node = todo.pop(0)
+            status = self.job(node, nodes[node]['playbook'].rsplit('/', 1)[-1], identity, survey=survey)
+            ran.append((node, status))
+            todo += nodes[node]['success_nodes' if status == 'successful' else 'failure_nodes']
+            todo += nodes[node]['always_nodes']
+        return ran
+
 
 def test_the_workflow_runs_job_by_job_with_nothing_shared_but_the_evidence_repository_and_the_cluster(tmp_path):
     remote = tmp_path / 'evidence.git'
     git('init', '-q', '--bare', '-b', 'main', str(remote), cwd=tmp_path)
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', workload_suite=True)
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', workload_suite=True,
+              lab_vars=INVENTORY)
     lab.dir.mkdir()
     try:
         lab.prepare()
+        declare_intake(lab, '0')
         flow = Workflow(lab, tmp_path, remote)
         assert flow.job('plan', 'plan.yml', ALICE) == 'successful', lab.runs['plan']['failures']
         assert set(flow.stats) == {'gpufleet_evidence_revision', 'gpufleet_plan_digest'}, flow.stats
         planned = flow.stats['gpufleet_evidence_revision']
         plan = json.loads(git('show', '%s:plans/gpu-upgrade-plan.json' % planned, cwd=remote))
         assert plan['digest'] == flow.stats['gpufleet_plan_digest']
+
+        # preflight (a blocking node of the qualify workflow): read-only, on the plan's target, its checks run on
+        # the lab's nodes; it writes nothing to the repository and passes nothing on, so the canary gets the plan
+        # job's artifacts (AWX passes an ancestor's artifacts on to every descendant).
+        planned_stats = dict(flow.stats)
+        ran: dict = {}
+        assert flow.job('preflight', 'preflight.yml', ALICE, hook=task_results(ran)) == 'successful', \
+            lab.runs['preflight']['failures']
+        assert flow.stats == planned_stats and git('rev-parse', 'main', cwd=remote) == planned
+
+        def once(task: str) -> dict:
+            (event, res), = [v for (t, _h), v in ran.items() if t == task]
+            assert event == 'runner_on_ok', (task, res)
+            return res
+        fleet = once('Tuple | Read the pool, the cluster components and the intake objects')
+        assert sorted(n['name'] for n in fleet['nodes']) == lab.names, fleet['nodes']
+        intake = once('Intake | GPU intake is closed as declared (seed 004, step 1)')
+        assert intake['closed'] is True and [c['status'] for c in intake['checks']] == ['closed'], intake
+        cuda = once('CUDA | Declared applications run on the target driver')
+        assert cuda['passed'] is True and cuda['driver'] == plan['target']['driver'], cuda
+        assert [a['name'] for a in cuda['applications']] == ['trainer', 'inference'], cuda
+        summary = once('Result | Summary')['ansible_facts']['preflight_result']
+        assert int(summary['nodes']) == len(lab.names) and summary['not_ready'] == [] and summary['cordoned'] == [], \
+            summary
+        for i, node in enumerate(lab.names):
+            event, facts = ran[('Host | NVML facts', node)]
+            assert event == 'runner_on_ok' and facts['driver_version'] == labenv.SOURCE_DRIVER, (node, facts)
+            assert facts['pci_ids'] == [labenv.model_of(i, len(lab.names))['pci']], (node, facts)
+            # The exact target driver resolved from the node's own package root (check mode: nothing installed).
+            event, pin = ran[('Host | The target driver can be pinned (check mode, nothing changes)', node)]
+            assert event == 'runner_on_ok' and pin['resolved'], (node, pin)
+            assert all(v.startswith(plan['target']['driver']) for v in pin['resolved'].values()), (node, pin)
+        rows = lab.node_view()
+        assert all(r['driver'] == labenv.SOURCE_DRIVER and not r['cordoned'] and r['state'] == '-' for r in rows), rows
 
         assert flow.job('canary', 'canary.yml', ALICE) == 'successful', lab.runs['canary']['failures']
         canaried = flow.stats['gpufleet_evidence_revision']
@@ -165,6 +277,35 @@ def test_the_workflow_runs_job_by_job_with_nothing_shared_but_the_evidence_repos
         # (The lab creates its directories empty; the inventory's paths to them are overridden by the jobs.)
         assert not (lab.dir / 'plan.json').exists()
         assert not [p for d in ('qualification', 'evidence', 'snapshots') for p in (lab.dir / d).rglob('*')]
+    finally:
+        lab.stop()
+
+
+def test_a_failed_preflight_ends_the_qualify_workflow_before_its_canary(tmp_path):
+    """The qualify workflow launched while GPU intake is open (the tenant's GPU quota is not 0): the plan job
+    succeeds, the preflight job fails on its intake check, and nothing follows it (a blocking node: no failure or
+    always path in playbooks/vars/awx.yml), so no canary or rollback job is launched; the repository holds the plan
+    alone and no node was touched."""
+    remote = tmp_path / 'evidence.git'
+    git('init', '-q', '--bare', '-b', 'main', str(remote), cwd=tmp_path)
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', metrics='off',
+              lab_vars=INVENTORY)
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        declare_intake(lab, '16')
+        flow = Workflow(lab, tmp_path, remote)
+        ran = flow.launch('gpufleet GPU upgrade: qualify', ALICE)
+        assert ran == [('plan', 'successful'), ('preflight', 'failed')], [lab.runs[job[0]]['failures'] for job in ran]
+        failure, = lab.runs['preflight']['failures']
+        assert failure['task'] == 'Intake | GPU intake is closed as declared (seed 004, step 1)', failure
+        assert failure['msg'].startswith('GPU intake NOT closed: 1/1 check(s) open'), failure
+        assert set(flow.jobs) == {'plan', 'preflight'}
+        assert git('log', '--format=%an|%s', 'main', cwd=remote).splitlines()[0].startswith('alice|plan: ')
+        assert git('rev-list', '--count', 'main', cwd=remote) == '1'
+        rows = lab.node_view()
+        assert all(r['driver'] == labenv.SOURCE_DRIVER and not r['cordoned'] and r['state'] == '-'
+                   and not r['canary'] for r in rows), rows
     finally:
         lab.stop()
 
