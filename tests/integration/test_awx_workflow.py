@@ -8,7 +8,9 @@ repository on this machine (the evidence remote) and the lab's real control plan
 plan -> preflight (read-only, its checks run on the lab's nodes and cluster: the pool, the holders, GPU intake
 closed as the inventory declares it, the declared applications' CUDA compatibility, each node's NVML facts and
 the target driver's availability in its package root; it writes nothing and passes nothing on) -> canary ->
-approve (refused for the canary's own operator, then given by a second identity) -> upgrade_check -> rollout;
+approve (refused for the canary's own operator; then the approve-and-roll-out workflow, launched by a third
+operator, whose AWX approval node a second operator approved: the approve job reads that approver from the AWX
+API, a stand-in of it here, and records them) -> upgrade_check -> rollout;
 then the evidence repository holds every artifact, each written by the job's operator, the records approved in
 a commit of their own, and no job wrote a file the next one read outside it. A preflight that fails (GPU intake
 open) ends the qualify workflow as playbooks/vars/awx.yml defines it: the canary is never launched. A relaunch
@@ -35,6 +37,7 @@ from tools.lab import Lab  # noqa: E402
 import test_rollout_stop  # noqa: E402
 from test_lab import PROMETHEUS  # noqa: E402
 from test_rollout_resume import kill_after  # noqa: E402
+from tools.awx_api_standin import StandIn, approval, approval_node, job_node  # noqa: E402
 
 pytestmark = [test_rollout_stop.pytestmark,
               pytest.mark.skipif(not PROMETHEUS, reason='LOUD SKIP: the canary needs Prometheus for monitoringPassed'),
@@ -42,6 +45,14 @@ pytestmark = [test_rollout_stop.pytestmark,
 
 ALICE = {'awx_user_name': 'alice', 'awx_user_email': 'alice@example.com'}
 BOB = {'awx_user_name': 'bob', 'awx_user_email': 'bob@example.com'}
+CAROL = {'awx_user_name': 'carol', 'awx_user_email': 'carol@example.com'}
+# The AWX API (a stand-in: AWX cannot run here) of the approve-and-roll-out workflow job 31: its approval node,
+# approved in AWX by bob, then the approve job; the controller credential's token.
+AWX_TOKEN = 'tok-workflow-31-5e1d'
+AWX_API = {'token': AWX_TOKEN, 'workflow_jobs': {'31': [
+    approval_node(311, 31, 'approval', 'gpufleet: a second operator approves the canary', 3101),
+    job_node(312, 31, 'approve', 'gpufleet approve', 3102, status='running')]},
+    'workflow_approvals': {'3101': approval(3101, 31, 'gpufleet: a second operator approves the canary', by='bob')}}
 FILES = {'gpufleet_plan_file': 'plans/gpu-upgrade-plan.json', 'gpufleet_qualification_dir': 'qualification',
          'gpufleet_evidence': 'evidence/gpu-rollout.json'}
 # Group variables of the project's inventory (docs/awx.md: structured inputs a survey cannot express): how GPU intake
@@ -247,20 +258,28 @@ def test_the_workflow_runs_job_by_job_with_nothing_shared_but_the_evidence_repos
         assert 'approval refused, nothing was changed' in msg and 'approved by "alice", who ran its canary' in msg, msg
         assert git('rev-parse', 'main', cwd=remote) == canaried
 
-        assert flow.job('approve', 'approve.yml', BOB, survey=second) == 'successful', lab.runs['approve']['failures']
+        # carol launches it; its first node, the AWX approval, is approved by bob; the approve job (run as the
+        # launcher, carol, as AWX runs every job of a workflow) reads who approved from the AWX API with the
+        # controller credential and records bob, in a commit authored by bob.
+        with StandIn(AWX_API) as awx:
+            controller = {'awx_workflow_job_id': 31, 'gpufleet_awx_host': awx.url, 'gpufleet_awx_token': AWX_TOKEN}
+            assert flow.job('approve', 'approve.yml', CAROL, extra=controller, survey=second) == 'successful', \
+                lab.runs['approve']['failures']
+        assert awx.requests and all(r['method'] == 'GET' and r['authorized'] for r in awx.requests), awx.requests
+        assert AWX_TOKEN not in json.dumps(lab.runs['approve'], default=str)
         approved = flow.stats['gpufleet_evidence_revision']
         assert flow.stats['gpufleet_plan_digest'] == plan['digest']
-        assert git('log', '-1', '--format=%an <%ae>|%s', approved, cwd=remote).startswith('bob <bob@example.com>|approve: ')
+        assert git('log', '-1', '--format=%an <%ae>|%s', approved, cwd=remote).startswith('bob <bob@localhost>|approve: ')
         assert git('diff', '--name-only', canaried, approved, cwd=remote).splitlines() == records
         assert all('approvedBy: "bob"' in git('show', '%s:%s' % (approved, r), cwd=remote) for r in records)
 
-        assert flow.job('upgrade_check', 'upgrade_check.yml', BOB, survey=second) == 'successful', \
+        assert flow.job('upgrade_check', 'upgrade_check.yml', CAROL, survey=second) == 'successful', \
             lab.runs['upgrade_check']['failures']
         checked = flow.stats['gpufleet_evidence_revision']
         bundle = json.loads(git('show', '%s:evidence/gpu-rollout.json' % checked, cwd=remote))
         assert [g['kind'] for g in bundle['gates']] == ['upgrade_check'] * len(plan['combinations'])
 
-        assert flow.job('rollout', 'rollout.yml', BOB, survey=second) == 'successful', lab.runs['rollout']['failures']
+        assert flow.job('rollout', 'rollout.yml', CAROL, survey=second) == 'successful', lab.runs['rollout']['failures']
         rolled = flow.stats['gpufleet_evidence_revision']
         bundle = json.loads(git('show', '%s:evidence/gpu-rollout.json' % rolled, cwd=remote))
         upgraded = [n for b in plan['batches'] for n in b if n not in plan['canaries']]
@@ -271,7 +290,7 @@ def test_the_workflow_runs_job_by_job_with_nothing_shared_but_the_evidence_repos
         # The history: linear, every commit by the operator of the job that made it, nothing forced.
         log = git('log', '--format=%an|%s', '--reverse', rolled, cwd=remote).splitlines()
         assert log[0].startswith('alice|plan: ') and any(ln.startswith('bob|approve: ') for ln in log), log
-        assert all(ln.split('|')[0] in ('alice', 'bob') for ln in log), log
+        assert all(ln.split('|')[0] in ('alice', 'bob', 'carol') for ln in log), log
         assert git('rev-list', '--merges', '--count', rolled, cwd=remote) == '0'
         # No job wrote its files where the next one could read them outside the repository.
         # (The lab creates its directories empty; the inventory's paths to them are overridden by the jobs.)
