@@ -154,8 +154,10 @@ FAULT_KIND ?= xid
 CHANGE ?= seed
 # 1: NVIDIA's real GPU Operator runs the lab's operands and the target moves it too (needs root).
 GPU_OPERATOR ?= 0
+# operator (with GPU_OPERATOR=1 CHANGE=driver): the operator's driver container is the driver.
+INSTALL_METHOD ?= apt
 lab: collection controlplane
-	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator)
+	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) --install-method $(INSTALL_METHOD) $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator)
 
 # Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
 # .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).

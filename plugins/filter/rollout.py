@@ -14,10 +14,10 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import (
-    _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
+    _gpu_operator, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
 
 _ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError,
-           _plan_digest.PlanDigestError)
+           _plan_digest.PlanDigestError, _gpu_operator.GpuOperatorError)
 
 
 def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any, **kwargs: t.Any) -> t.Any:
@@ -37,6 +37,10 @@ def pci_slug(pci_ids: t.Any) -> str:
 
 def snapshot_file(directory: str, node: str, target: t.Dict[str, t.Any]) -> str:
     return _call('snapshot_file', _rollout.snapshot_file, directory, node, target)
+
+
+def operator_revisions(snapshot: t.Optional[t.Dict[str, t.Any]], node: str) -> t.Dict[str, str]:
+    return _call('operator_revisions', _gpu_operator.snapshot_revisions, snapshot, node)
 
 
 def batch_admission(nodes: t.List[t.Dict[str, t.Any]], batch: t.List[str], plan: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
@@ -87,8 +91,8 @@ def forks_verdict(batches: t.List[t.List[str]], forks: int) -> t.Dict[str, t.Any
     return _call('forks_verdict', _rollout.forks_verdict, batches, forks)
 
 
-def activation(mode: str, kernel_change: bool, booted: bool = False) -> str:
-    return _call('activation', _rollout.activation, mode, kernel_change, booted)
+def activation(mode: str, kernel_change: bool, booted: bool = False, install_method: str = 'apt') -> str:
+    return _call('activation', _rollout.activation, mode, kernel_change, booted, install_method)
 
 
 def rollback_time(node: str, start: t.Any, end: t.Any, window: t.Any = '') -> t.Dict[str, t.Any]:
@@ -136,4 +140,5 @@ class FilterModule:
                 'rollback_time': rollback_time, 'activation': activation,
                 'observation_window': observation_window, 'observation_verdict': observation_verdict,
                 'observation_cases': observation_cases,
-                'observation_settings': observation_settings, 'observation_hosts': observation_hosts}
+                'observation_settings': observation_settings, 'observation_hosts': observation_hosts,
+                'operator_revisions': operator_revisions}

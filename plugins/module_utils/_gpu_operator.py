@@ -31,7 +31,8 @@ import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ['CHART_TOLERATIONS', 'DAEMONSET_TOLERATIONS', 'GpuOperatorError', 'NVIDIADRIVERS_PATH', 'OPERANDS',
-           'OPERATOR_ARG_SPEC', 'PAUSED_ANNOTATION', 'PAUSE_VALUE', 'RESTORE_ANNOTATION', 'drivers_of',
+           'OPERATOR_ARG_SPEC', 'PAUSED_ANNOTATION', 'BACK_ANNOTATION', 'BACK_LABEL', 'BACK_VALUE', 'back_pod',
+           'node_back_settled', 'plan_back', 'plan_forward', 'snapshot_revisions', 'PAUSE_VALUE', 'RESTORE_ANNOTATION', 'drivers_of',
            'image_of', 'merge_values', 'node_paused', 'node_restarts', 'node_settled', 'plan_change',
            'plan_pause', 'plan_resume', 'read_drivers', 'read_state', 'reconciled', 'recorded_restore',
            'restore_values', 'tolerates', 'untolerated', 'values_of']
@@ -188,7 +189,8 @@ def recorded_restore(obj: Optional[Obj]) -> Optional[Obj]:
 def plan_change(values: Obj, target: Mapping[str, Any], recorded: Optional[Obj] = None) -> Tuple[Obj, Obj]:
     """(values after the change, what to record for the restore).
 
-    `target`: `values` (merged in), `dcgm_exporter_version` (dcgmExporter.version). The safe settings
+    `target`: `values` (merged in), `dcgm_exporter_version` (dcgmExporter.version), `driver_version`
+    (driver.version: the operator-managed driver, install method `operator`). The safe settings
     always win over `target['values']` (an update strategy other than OnDelete there is refused).
     `recorded`: what an earlier run recorded (kept as it is)."""
     extra = target.get('values') or {}
@@ -203,6 +205,9 @@ def plan_change(values: Obj, target: Mapping[str, Any], recorded: Optional[Obj] 
     dcgm = target.get('dcgm_exporter_version')
     if dcgm:
         _set(after, 'dcgmExporter.version', str(dcgm))
+    driver = target.get('driver_version')
+    if driver:
+        _set(after, 'driver.version', str(driver))
     extra_tolerations = target.get('tolerations') or []
     if extra_tolerations:
         current = _get(after, 'daemonsets.tolerations')
@@ -328,19 +333,22 @@ def read_state(cluster_policy: Optional[Obj], daemonsets: Sequence[Obj], revisio
         })
     nodes: Dict[str, List[Obj]] = {}
     for pod in sorted(pods, key=_name):
+        labels = (pod.get('metadata') or {}).get('labels') or {}
         owner = next((r.get('name') for r in (pod.get('metadata') or {}).get('ownerReferences') or []
                       if r.get('kind') == 'DaemonSet' and r.get('name') in current), None)
+        back = owner is None and labels.get(BACK_LABEL) in current   # a rollback's pod (plan_back)
+        if back:
+            owner = labels[BACK_LABEL]
         node = (pod.get('spec') or {}).get('nodeName')
         if not owner or not node:
             continue
-        labels = (pod.get('metadata') or {}).get('labels') or {}
         containers = (pod.get('spec') or {}).get('containers') or []
         revision = labels.get('controller-revision-hash')
         nodes.setdefault(node, []).append({
             'operand': owner, 'pod': _name(pod), 'revision': revision,
             'image': containers[0].get('image') if containers else None,
             'phase': (pod.get('status') or {}).get('phase'), 'ready': _ready(pod),
-            'current': revision is not None and revision == current.get(owner),
+            'current': not back and revision is not None and revision == current.get(owner), 'back': back,
         })
     version = None
     if deployment is not None:
@@ -401,7 +409,8 @@ def reconciled(state: Obj, values: Mapping[str, Any]) -> Tuple[bool, List[str]]:
         if op['name'] != 'nvidia-driver-daemonset' and op['update_strategy'] != 'OnDelete':
             waiting.append('DaemonSet %s: update strategy %s, not OnDelete' % (op['name'], op['update_strategy']))
         image = want.get(op['component'] or '')
-        if image and op['image'] != image:
+        # The driver's image tag carries the node's OS after the version (`580.126.20-ubuntu22.04`), the operator's own.
+        if image and op['image'] != image and not (op['component'] == 'driver' and (op['image'] or '').startswith(image + '-')):
             waiting.append('DaemonSet %s: image %s, not %s' % (op['name'], op['image'], image))
     return not waiting, waiting
 
@@ -409,7 +418,7 @@ def reconciled(state: Obj, values: Mapping[str, Any]) -> Tuple[bool, List[str]]:
 def node_restarts(state: Obj, node: str, operands: Optional[Sequence[str]] = None) -> List[Obj]:
     """The node's operand pods not at their DaemonSet's current revision (in `operands` if given)."""
     return [p for p in state['nodes'].get(node, [])
-            if not p['current'] and (operands is None or p['operand'] in operands)]
+            if not p['current'] and not p.get('back') and (operands is None or p['operand'] in operands)]
 
 
 def node_settled(state: Obj, node: str, operands: Sequence[str]) -> Tuple[bool, List[str]]:
@@ -551,7 +560,12 @@ def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
     policy = objs['cluster_policy']
     owner = chart if chart is not None else policy
     recorded = recorded_restore(owner)
-    _usable(state_of(objs), rerun=recorded is not None)
+    now = state_of(objs)
+    _usable(now, rerun=recorded is not None)
+    if target.get('driver_version') and not (now['cluster_policy'] or {}).get('driver_enabled'):
+        raise GpuOperatorError('driver_version: %r, but ClusterPolicy %s does not enable the driver (driver.enabled is '
+                               'not true): the drivers are the hosts\', not the operator\'s (install_method apt); '
+                               'nothing was changed' % (target['driver_version'], now['cluster_policy']['name']))
     values = values_of(chart, policy)
     if target.get('replace_values'):
         # The replacement (a snapshot's values) is checked as any target's values; what to restore
@@ -712,5 +726,174 @@ def _paused_record(node: Obj) -> Optional[Obj]:
 
 def node_paused(state: Obj, node: str, operands: Sequence[str]) -> Tuple[bool, List[str]]:
     """(done, waiting): no pod of `operands` left on `node` (terminating ones included)."""
-    left = [p for p in state['nodes'].get(node, []) if p['operand'] in operands]
+    left = [p for p in state['nodes'].get(node, []) if p['operand'] in operands and not p.get('back')]
     return not left, ['%s: pod %s still on %s (%s)' % (p['operand'], p['pod'], node, p['phase']) for p in left]
+
+
+# ---------------------------------------------------------------------- a node's operands back at a snapshot's revisions
+# Under OnDelete a DaemonSet recreates a deleted pod at its *current* revision only, so one node cannot
+# get its old operands back from the DaemonSet. The way back (rollback of one node, past the canary too):
+# the node's deploy label of each operand set to BACK_VALUE (the DaemonSet takes its pod off the node, as
+# for a pause), then one pod per operand created from the DaemonSet's own ControllerRevision of the
+# snapshot's revision, bound to the node. That pod is the old revision exactly (the old operator's
+# template, driver container included). It is controlled by the Node (as a kubelet's mirror pod is), so
+# no DaemonSet adopts it and it goes with the Node object. BACK_ANNOTATION on the Node records the labels'
+# values before and the revisions; state=node (the node's next window) sets the labels back, deletes
+# those pods and waits for the DaemonSets' current pods.
+BACK_VALUE = 'rolled-back-by-gpufleet'
+BACK_ANNOTATION = 'gpufleet.io/operands-back'
+BACK_LABEL = 'gpufleet.io/operand-back'
+_DEPLOY_PREFIX = 'nvidia.com/gpu.deploy.'
+
+
+def snapshot_revisions(snapshot: Optional[Mapping[str, Any]], node: str) -> Dict[str, str]:
+    """operand DaemonSet -> the revision its pod on `node` ran in a gpu_operator_info snapshot
+    (`gpu_operator`); {} when the snapshot has none for the node."""
+    out: Dict[str, str] = {}
+    for pod in ((snapshot or {}).get('nodes') or {}).get(node) or []:
+        if pod.get('operand') and pod.get('revision') and not pod.get('back'):
+            out.setdefault(pod['operand'], pod['revision'])
+    return out
+
+
+def _back_record(node: Obj) -> Optional[Obj]:
+    raw = (((node.get('metadata') or {}).get('annotations')) or {}).get(BACK_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get('labels'), dict) \
+            or not isinstance(data.get('operands'), dict):
+        raise GpuOperatorError('annotation %s of node %s is not what a rollback of its operands records: %r'
+                               % (BACK_ANNOTATION, _name(node), raw))
+    return data
+
+
+def back_pod_name(operand: str, node: str) -> str:
+    return ('%s-back-%s' % (operand, node))[:253].rstrip('-.')
+
+
+def back_pod(ds: Obj, controller_revision: Obj, node: Obj, revision: str) -> Obj:
+    """The pod that runs `ds`'s `revision` (its ControllerRevision's template) on `node`."""
+    data = controller_revision.get('data') or {}
+    template = copy.deepcopy(((data.get('spec') or {}).get('template')) or {})
+    template.pop('$patch', None)
+    if not template.get('spec'):
+        raise GpuOperatorError('ControllerRevision %s holds no pod template' % _name(controller_revision))
+    meta = template.get('metadata') or {}
+    spec = template['spec']
+    spec.pop('$patch', None)
+    selector = {k: v for k, v in (spec.get('nodeSelector') or {}).items() if not k.startswith(_DEPLOY_PREFIX)}
+    if selector:
+        spec['nodeSelector'] = selector
+    else:
+        spec.pop('nodeSelector', None)
+    spec['nodeName'] = _name(node)
+    tolerations = list(spec.get('tolerations') or [])
+    for tol in DAEMONSET_TOLERATIONS:
+        if tol not in tolerations:
+            tolerations.append(dict(tol))
+    spec['tolerations'] = tolerations
+    labels = dict(meta.get('labels') or {})
+    labels.update({'controller-revision-hash': revision, BACK_LABEL: _name(ds)})
+    node_meta = node.get('metadata') or {}
+    return {'apiVersion': 'v1', 'kind': 'Pod',
+            'metadata': {'name': back_pod_name(_name(ds), _name(node)), 'namespace': _ns(ds), 'labels': labels,
+                         'annotations': dict(meta.get('annotations') or {}),
+                         'ownerReferences': [{'apiVersion': 'v1', 'kind': 'Node', 'name': _name(node),
+                                              'uid': node_meta.get('uid'), 'controller': True}]},
+            'spec': spec}
+
+
+def plan_back(node: Obj, objs: Obj, revisions: Mapping[str, str]) -> Obj:
+    """{'patch', 'pods', 'operands', 'labels', 'changed'}: what takes `node`'s operands back to
+    `revisions` (operand DaemonSet -> revision, from snapshot_revisions). An operand whose pod on the
+    node already runs that revision, or whose DaemonSet's current revision it is, is left alone (the
+    DaemonSet runs it). Refused, before anything changes: an operand that is not an operand DaemonSet,
+    a revision its DaemonSet no longer keeps (revisionHistoryLimit), a node whose deploy label of it is
+    neither "true" nor already ours."""
+    if not isinstance(revisions, Mapping):
+        raise GpuOperatorError('revisions: expected a mapping of operand DaemonSet to revision, got %r' % (revisions,))
+    state = state_of(objs)
+    by_name = {_name(ds): ds for ds in objs['daemonsets']}
+    current = {op['name']: op['revision'] for op in state['operands']}
+    node_name = _name(node)
+    pods = state['nodes'].get(node_name, [])
+    labels = (node.get('metadata') or {}).get('labels') or {}
+    recorded = _back_record(node) or {'labels': {}, 'operands': {}}
+    record = {'labels': dict(recorded['labels']), 'operands': dict(recorded['operands'])}
+    patch_labels: Dict[str, str] = {}
+    creates: List[Obj] = []
+    for name in sorted(revisions):
+        rev = revisions[name]
+        if name not in OPERANDS or name not in by_name:
+            raise GpuOperatorError('revisions: %r is not an operand DaemonSet of the operator (%s); nothing was '
+                                   'changed' % (name, ', '.join(sorted(by_name)) or 'none'))
+        if not isinstance(rev, str) or not rev:
+            raise GpuOperatorError('revisions.%s: %r is not a revision hash' % (name, rev))
+        mine = [p for p in pods if p['operand'] == name]
+        other = sorted({p['revision'] for p in mine if p.get('back') and p['revision'] != rev})
+        if other:
+            raise GpuOperatorError('node %s already runs %s at revision %s from an earlier rollback: move it to the '
+                                   'current revision (state=node) before another; nothing was changed'
+                                   % (node_name, name, ', '.join(str(r) for r in other)))
+        if not any(p.get('back') for p in mine) and (
+                rev == current.get(name) or any(p['revision'] == rev for p in mine)):
+            continue   # the DaemonSet runs that revision (or the node never left it): nothing to take back
+        key = _DEPLOY_PREFIX + OPERANDS[name][1]
+        if labels.get(key) not in ('true', BACK_VALUE):
+            raise GpuOperatorError('node %s: label %s is %r (not "true"): someone took %s off the node; nothing '
+                                   'was changed' % (node_name, key, labels.get(key), name))
+        uid = (by_name[name].get('metadata') or {}).get('uid')
+        crs = [r for r in objs['revisions'] if _owned_by(r, 'DaemonSet', uid)
+               and (((r.get('metadata') or {}).get('labels') or {}).get('controller-revision-hash') == rev
+                    or _name(r) == '%s-%s' % (name, rev))]
+        if not crs:
+            raise GpuOperatorError('DaemonSet %s no longer keeps revision %s (its revisionHistoryLimit): the node\'s '
+                                   'old %s cannot be recreated; nothing was changed' % (name, rev, name))
+        if labels.get(key) == 'true':
+            patch_labels[key] = BACK_VALUE
+        record['labels'].setdefault(key, 'true')   # ours either way: the next window sets it back
+        record['operands'][name] = rev
+        if not any(p.get('back') and p['revision'] == rev for p in mine):
+            creates.append(back_pod(by_name[name], crs[0], node, rev))
+    changed = bool(patch_labels) or bool(creates) or record != recorded
+    patch = None
+    if patch_labels or record != recorded:
+        patch = {'metadata': {'labels': patch_labels,
+                              'annotations': {BACK_ANNOTATION: json.dumps(record, sort_keys=True)}}}
+    return {'patch': patch, 'pods': creates, 'operands': dict(sorted(record['operands'].items())),
+            'labels': sorted(record['labels']), 'changed': changed}
+
+
+def node_back_settled(state: Obj, node: str, revisions: Mapping[str, str]) -> Tuple[bool, List[str]]:
+    """(done, waiting): for each operand of `revisions`, one pod on `node`, Running, Ready, at that revision."""
+    pods = state['nodes'].get(node, [])
+    waiting = []
+    for name in sorted(revisions):
+        mine = [p for p in pods if p['operand'] == name]
+        if not any(p['revision'] == revisions[name] and p['ready'] for p in mine):
+            waiting.append('%s: no Ready pod at revision %s on %s yet' % (name, revisions[name], node))
+        elif len(mine) > 1:
+            waiting.append('%s: %d pods on %s (the DaemonSet\'s is still leaving)' % (name, len(mine), node))
+    return not waiting, waiting
+
+
+def plan_forward(node: Obj, state: Obj) -> Obj:
+    """{'patch', 'delete', 'operands', 'changed'}: undo plan_back before the node's operands move to the
+    current revision: the labels it changed set back (one someone changed since is left), the record
+    removed, its pods to delete. Nothing (changed False) when the node has no such record and no such pod."""
+    recorded = _back_record(node)
+    node_name = _name(node)
+    back = [p for p in state['nodes'].get(node_name, []) if p.get('back')]
+    if recorded is None and not back:
+        return {'patch': None, 'delete': [], 'operands': [], 'changed': False}
+    labels = (node.get('metadata') or {}).get('labels') or {}
+    patch = None
+    if recorded is not None:
+        patch = {'metadata': {'labels': {k: v for k, v in recorded['labels'].items() if labels.get(k) == BACK_VALUE},
+                              'annotations': {BACK_ANNOTATION: None}}}
+    operands = sorted(set((recorded or {}).get('operands') or {}) | {p['operand'] for p in back})
+    return {'patch': patch, 'delete': [p['pod'] for p in back], 'operands': operands, 'changed': True}

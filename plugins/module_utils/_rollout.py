@@ -250,9 +250,13 @@ def rollback_result(node: str, decision: Dict[str, Any], restored: bool, gpu_aft
 ACTIVATIONS = ('auto', 'reboot', 'reload', 'lab')
 
 
-def activation(mode: Any, kernel_change: Any, booted: Any = False) -> str:
+def activation(mode: Any, kernel_change: Any, booted: Any = False, install_method: Any = 'apt') -> str:
     """How node_upgrade brings the new driver up: V(reboot), V(reload) (unload; the new modules load on
-    first use) or V(none).
+    first use), V(none), or V(operator): the GPU Operator's driver container is the driver
+    (`install_method: operator`); nothing on the host activates it, the node's operands step brings its
+    driver pod to the new revision with the other operands (docs/gpu-operator.md). A kernel change with
+    that install method is refused: the driver container builds its module for the kernel that runs, and
+    node_upgrade has no step that boots a new kernel without a host driver for it.
 
     `mode` is node_upgrade_activation; `kernel_change` whether the target changes the node's kernel;
     `booted` whether the trial boot's kernel_boot found the target kernel running already (a run killed
@@ -264,6 +268,14 @@ def activation(mode: Any, kernel_change: Any, booted: Any = False) -> str:
     for name, value in (('kernel_change', kernel_change), ('booted', booted)):
         if not isinstance(value, bool):
             raise RolloutError('%s: %r is not a boolean' % (name, value))
+    if not isinstance(install_method, str) or not install_method:
+        raise RolloutError('install_method: %r is not a name' % (install_method,))
+    if install_method == 'operator':
+        if kernel_change:
+            raise RolloutError("install_method: 'operator' with a kernel change is not built (the operator's driver "
+                               "container builds its module for the running kernel; change the kernel in its own "
+                               "target first); nothing was changed")
+        return 'operator'
     if booted:
         return 'none'
     if mode == 'reboot' or (kernel_change and mode in ('auto', 'lab')):

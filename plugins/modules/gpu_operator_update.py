@@ -15,7 +15,8 @@ description:
   - Couples the GPU Operator's operand upgrades to each node's maintenance window (docs/gpu-operator.md).
   - O(state=cluster) - one reviewed cluster step, before the canary. Changes the operator's RKE2 C(HelmChart)
     (C(spec.version), C(spec.valuesContent)) or, without one, its C(ClusterPolicy) spec to the target values
-    (O(values) merged in, O(dcgm_exporter_version) as C(dcgmExporter.version)), and always sets
+    (O(values) merged in, O(dcgm_exporter_version) as C(dcgmExporter.version), O(driver_version) as
+    C(driver.version) for the operator-managed driver), and always sets
     C(daemonsets.updateStrategy=OnDelete) and C(driver.upgradePolicy.autoUpgrade=false), so that the change
     itself restarts no operand pod on any node. What those two settings were is recorded once, in the
     annotation C(gpufleet.io/gpu-operator-restore) of the object it changes (a rerun keeps the first
@@ -33,6 +34,19 @@ description:
     that do not run their DaemonSet's current revision (O(operands) limits which), so that their DaemonSets
     bring them back at it, and waits, at most O(timeout) seconds, until each - and the operator validator -
     has one pod on the node, Running, Ready and at the current revision. Every other node keeps its operands.
+    On a node whose operands O(state=back) took back, first sets its deploy labels back, removes the record and
+    deletes the pods it created (so the DaemonSets' current pods return).
+  - O(state=back) - a node's rollback (past the canary too). Under C(OnDelete) a DaemonSet recreates a deleted pod
+    at its current revision only; this takes the node's operands back to O(revisions) (operand DaemonSet to
+    revision, what the snapshot taken before the cluster step recorded for the node). For each operand not
+    already at its revision it sets the node's C(nvidia.com/gpu.deploy.<operand>) label from C(true) to
+    C(rolled-back-by-gpufleet) (the DaemonSet takes its pod off the node), waits until that pod is gone, and
+    creates one pod from the DaemonSet's own C(ControllerRevision) of that revision, bound to the node and
+    controlled by the Node (as a kubelet's mirror pod; no DaemonSet adopts it). What the labels were and the
+    revisions are recorded in the Node's annotation C(gpufleet.io/operands-back). Waits, at most O(timeout)
+    seconds, until each is Running and Ready. Every other node keeps its operands. Refuses, changing nothing, an
+    operand that is not an operand DaemonSet, a revision its DaemonSet no longer keeps (C(revisionHistoryLimit)),
+    and a deploy label someone set to anything but C(true).
   - O(state=restore) - at the end of a successful rollout. Puts back the recorded update strategy and driver
     auto-upgrade and removes the record. Refuses while any operand pod is not at its DaemonSet's current
     revision (restoring C(RollingUpdate) would restart it outside its node's window), unless
@@ -73,7 +87,7 @@ options:
   state:
     description: Which step (see the description).
     type: str
-    choices: [cluster, node, restore, pause, resume]
+    choices: [cluster, node, restore, pause, resume, back]
     required: true
   version:
     description: With O(state=cluster), the target chart version (the operator's version). Needs the HelmChart.
@@ -81,6 +95,17 @@ options:
   dcgm_exporter_version:
     description: With O(state=cluster), the target DCGM exporter version (C(dcgmExporter.version)).
     type: str
+  driver_version:
+    description:
+      - With O(state=cluster), the target version of the operator-managed driver (C(driver.version); the
+        install method C(operator)). Refused where the ClusterPolicy does not enable the driver.
+    type: str
+  revisions:
+    description:
+      - With O(state=back), operand DaemonSet name to the revision (C(controller-revision-hash)) its pod on the
+        node is to run, usually what RV(gpufleet.upgrade.gpu_operator_info#module:gpu_operator.nodes) recorded for
+        the node before the cluster step (filter P(gpufleet.upgrade.operator_revisions#filter)).
+    type: dict
   values:
     description:
       - With O(state=cluster), chart values merged into the current ones (or replacing them, O(replace_values)).
@@ -98,7 +123,7 @@ options:
     type: list
     elements: dict
   node:
-    description: With O(state=node), O(state=pause) and O(state=resume), the node.
+    description: With O(state=node), O(state=pause), O(state=resume) and O(state=back), the node.
     type: str
   operands:
     description:
@@ -141,6 +166,13 @@ EXAMPLES = r"""
     node: "{{ inventory_hostname }}"
     timeout: 600
 
+- name: A failed node's operands back at the revisions it ran before the cluster step
+  gpufleet.upgrade.gpu_operator_update:
+    state: back
+    node: gpu-17
+    revisions: "{{ (lookup('ansible.builtin.file', operator_snapshot_file) | from_json).gpu_operator
+                   | gpufleet.upgrade.operator_revisions('gpu-17') }}"
+
 - name: After the last node
   gpufleet.upgrade.gpu_operator_update:
     state: restore
@@ -161,6 +193,11 @@ paused:
   type: dict
   sample: {labels: [nvidia.com/gpu.deploy.dcgm-exporter, nvidia.com/gpu.deploy.device-plugin],
            operands: [nvidia-dcgm-exporter, nvidia-device-plugin-daemonset]}
+back:
+  description: With O(state=back), the operands taken back (operand to revision) and the pods created; with
+    O(state=node), what an earlier O(state=back) had done and was undone (C(operands), C(deleted)).
+  returned: when I(state) is C(back), or C(node) on a node taken back
+  type: dict
 restarted:
   description: With O(state=node), the operand pods deleted (operand, pod, revision, image).
   returned: when I(state=node)
@@ -184,8 +221,8 @@ gpu_operator:
 import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
-    OPERATOR_ARG_SPEC, GpuOperatorError, node_paused, node_restarts, node_settled, plan_cluster, plan_pause,
-    plan_restore, plan_resume, read_objects, rendered, state_of, untolerated)
+    OPERATOR_ARG_SPEC, GpuOperatorError, node_back_settled, node_paused, node_restarts, node_settled, plan_back,
+    plan_cluster, plan_forward, plan_pause, plan_restore, plan_resume, read_objects, rendered, state_of, untolerated)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
@@ -201,10 +238,12 @@ def _wait(fn, timeout, interval):
 
 def main() -> None:
     module = K8sModule('gpu_operator_update', dict(
-        state=dict(type='str', choices=['cluster', 'node', 'restore', 'pause', 'resume'], required=True),
+        state=dict(type='str', choices=['cluster', 'node', 'restore', 'pause', 'resume', 'back'], required=True),
         **OPERATOR_ARG_SPEC,
         version=dict(type='str'),
         dcgm_exporter_version=dict(type='str'),
+        driver_version=dict(type='str'),
+        revisions=dict(type='dict'),
         values=dict(type='dict'),
         replace_values=dict(type='bool', default=False),
         tolerations=dict(type='list', elements='dict'),
@@ -214,7 +253,8 @@ def main() -> None:
         wait=dict(type='bool', default=True),
         timeout=dict(type='int', default=600),
         interval=dict(type='float', default=2.0),
-    ), required_if=[('state', 'node', ('node',)), ('state', 'pause', ('node',)), ('state', 'resume', ('node',))])
+    ), required_if=[('state', 'node', ('node',)), ('state', 'pause', ('node',)), ('state', 'resume', ('node',)),
+                    ('state', 'back', ('node', 'revisions'))])
     p = module.params
     if p['timeout'] <= 0 or p['interval'] <= 0:
         module.fail_json(msg='timeout (%r) and interval (%r) must be positive' % (p['timeout'], p['interval']))
@@ -233,6 +273,7 @@ def main() -> None:
             if p['state'] == 'cluster':
                 plan = plan_cluster(objs, {'version': p['version'], 'values': p['values'],
                                            'dcgm_exporter_version': p['dcgm_exporter_version'],
+                                           'driver_version': p['driver_version'],
                                            'replace_values': p['replace_values'], 'tolerations': p['tolerations']})
             else:
                 plan = plan_restore(objs)
@@ -261,8 +302,43 @@ def main() -> None:
 
         node = p['node']
         state = state_of(objs)
+        node_path = '/api/v1/nodes/%s' % node
+        if p['state'] == 'back':
+            node_obj = client.get(node_path)
+            plan = plan_back(node_obj, objs, p['revisions'])
+            out = dict(changed=plan['changed'], back={'operands': plan['operands'],
+                                                      'created': [x['metadata']['name'] for x in plan['pods']]})
+            if module.check_mode:
+                module.exit_json(operands=state['nodes'].get(node, []), **out)
+            if plan['patch']:
+                client.patch(node_path, plan['patch'])
+            if plan['pods']:
+                # The DaemonSets' pods leave first: never two of a device holder on the node at once.
+                polled, out['waited'] = _wait(lambda: node_paused(state_of(read()), node, sorted(plan['operands'])),
+                                              p['timeout'], p['interval'])
+                if not polled.done:
+                    module.fail_json(msg='gpu_operator_update: the operands of %s did not leave it within %d s: %s' % (
+                        node, p['timeout'], '; '.join(polled.value[1])), **out)
+                for pod in plan['pods']:
+                    client.post('/api/v1/namespaces/%s/pods' % p['namespace'], pod)
+            if waiting:
+                polled, out['waited'] = _wait(lambda: node_back_settled(state_of(read()), node, plan['operands']),
+                                              p['timeout'], p['interval'])
+                if not polled.done:
+                    module.fail_json(msg='gpu_operator_update: the operands of %s did not come back at their earlier '
+                                     'revisions within %d s: %s' % (node, p['timeout'], '; '.join(polled.value[1])),
+                                     **out)
+            module.exit_json(operands=state_of(read())['nodes'].get(node, []), **out)
+        forward = plan_forward(client.get(node_path), state) if p['state'] == 'node' else None
+        if forward and forward['changed']:
+            if not module.check_mode:
+                if forward['patch']:
+                    client.patch(node_path, forward['patch'])
+                for name in forward['delete']:
+                    client.delete('/api/v1/namespaces/%s/pods/%s' % (p['namespace'], name))
+                objs = read()
+                state = state_of(objs)
         if p['state'] in ('pause', 'resume'):
-            node_path = '/api/v1/nodes/%s' % node
             node_obj = client.get(node_path)
             present = sorted({x['operand'] for x in state['nodes'].get(node, [])})
             plan = plan_pause(node_obj, present, p['operands']) if p['state'] == 'pause' else plan_resume(node_obj)
@@ -297,13 +373,15 @@ def main() -> None:
                 module.fail_json(msg='gpu_operator_update: %s; its pod would not come back after the restart, nothing '
                                  'was deleted (add the toleration with tolerations at the cluster step)'
                                  % '; '.join(blocked))
-        out = dict(changed=bool(restart), restarted=restart)
+        out = dict(changed=bool(restart) or bool(forward and forward['changed']), restarted=restart)
+        if forward and forward['changed']:
+            out['back'] = {'operands': forward['operands'], 'deleted': forward['delete']}
         if restart and not module.check_mode:
             for pod in restart:
                 client.delete('/api/v1/namespaces/%s/pods/%s' % (p['namespace'], pod['pod']))
         if waiting:
             # What must be back: the pods deleted, and those already current (the validator among them).
-            names = sorted({x['operand'] for x in restart}
+            names = sorted({x['operand'] for x in restart} | set(forward['operands'] if forward else [])
                            | {x['operand'] for x in state['nodes'].get(node, []) if x['current']})
             polled, out['waited'] = _wait(lambda: node_settled(state_of(read()), node, names),
                                           p['timeout'], p['interval'])

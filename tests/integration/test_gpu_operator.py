@@ -57,6 +57,41 @@ def fleet(cluster, operator):
     yield cluster
 
 
+# What Node Feature Discovery labels and the operator needs to render its driver DaemonSet (the image's OS tag,
+# and the kernel its driver container builds for).
+NFD_HOST = {'feature.node.kubernetes.io/kernel-version.full': '6.8.0-134-generic',
+            'feature.node.kubernetes.io/system-os_release.ID': 'ubuntu',
+            'feature.node.kubernetes.io/system-os_release.VERSION_ID': '22.04'}
+OLD_DRIVER = '580.126.20'
+NEW_DRIVER = '580.159.03'
+DRIVER = 'nvidia-driver-daemonset'
+
+
+@pytest.fixture
+def driver_fleet(cluster, operator):
+    """As `fleet`, with the operator's driver container as the driver (driver.enabled: install_method operator)."""
+    nodes = []
+    for name in NODES:
+        node = f.gpu_node(name)
+        labels = {k: v for k, v in node['metadata']['labels'].items() if not k.startswith('nvidia.com/gpu.deploy.')}
+        node['metadata']['labels'] = dict(labels, **NFD_HOST)
+        nodes.append(node)
+    cluster.apply(nodes + [f.namespace(NS), deployment(f.OPERATOR_VERSION)], settle=False)
+    cluster.apply([f.operator_cluster_policy(driver_enabled=True, driver_version=OLD_DRIVER)], settle=False)
+    operator.wait_ready()
+    cluster.wait_for(lambda: len(operator.operand_pods()) >= 6 * len(NODES), timeout=60,
+                     message='the operands and the driver on every node')
+    cluster.info_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')
+    cluster.update_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-gpu-operator')
+    yield cluster
+
+
+def _driver_images(cluster):
+    """node -> the image of the driver pod running there (the DaemonSet's or a rollback's)."""
+    return {p['spec']['nodeName']: p['spec']['containers'][0]['image'] for p in cluster.list('v1', 'Pod', namespace=NS)
+            if p['metadata']['labels'].get('app') == DRIVER and not p['metadata'].get('deletionTimestamp')}
+
+
 def _play(kubeconfig, module, args, check=False, diff=False, name='step'):
     return [{'name': module, 'hosts': 'localhost', 'gather_facts': False, 'check_mode': check, 'diff': diff,
              'tasks': [{'name': name, 'gpufleet.upgrade.%s' % module: dict(args, kubeconfig=kubeconfig),
@@ -189,6 +224,118 @@ def test_cluster_step_restarts_nothing_then_each_node_moves_in_its_own_window(fl
     assert set(_exporter_images(operator).values()) == {'nvcr.io/nvidia/k8s/dcgm-exporter:' + NEW_DCGM}
 
 
+def _info(cluster, run_playbook):
+    run = run_playbook(_play(cluster.info_kubeconfig, 'gpu_operator_info', {}))
+    return run.result('step')['gpu_operator']
+
+
+def test_a_failed_nodes_operands_go_back_to_the_snapshots_revision_and_its_next_window_moves_them_again(
+        fleet, operator, run_playbook):
+    """state=back (the rollback role's step, past the canary): under OnDelete the DaemonSet can only recreate
+    gpu-1's exporter at the new revision, so the node's deploy label takes the DaemonSet's pod off it and a pod
+    from the DaemonSet's own ControllerRevision of the snapshot's revision runs there; every other node keeps
+    its pods. state=node (the node's next window) undoes it."""
+    snapshot = _info(fleet, run_playbook)                 # what canary.yml keeps before the cluster step
+    old_rev = next(p['revision'] for p in snapshot['nodes']['gpu-1'] if p['operand'] == EXPORTER)
+    revisions = {p['operand']: p['revision'] for p in snapshot['nodes']['gpu-1']}
+    assert _update(fleet, run_playbook, {'state': 'cluster', 'dcgm_exporter_version': NEW_DCGM})['changed'] is True
+    assert _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})['waited']['done'] is True
+    assert _exporter_images(operator)['gpu-1'].endswith(':' + NEW_DCGM)
+    others = {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'}
+
+    # Check mode: predicted, nothing written.
+    mark = fleet.audit_mark()
+    res = _update(fleet, run_playbook, {'state': 'back', 'node': 'gpu-1', 'revisions': revisions}, check=True)
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True, res
+    assert res['back']['operands'] == {EXPORTER: old_rev}, res          # only the operand that moved
+    assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
+
+    res = _update(fleet, run_playbook, {'state': 'back', 'node': 'gpu-1', 'revisions': revisions})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    node = fleet.get('v1', 'Node', 'gpu-1')
+    assert node['metadata']['labels']['nvidia.com/gpu.deploy.dcgm-exporter'] == 'rolled-back-by-gpufleet'
+    assert json.loads(node['metadata']['annotations']['gpufleet.io/operands-back']) == {
+        'labels': {'nvidia.com/gpu.deploy.dcgm-exporter': 'true'}, 'operands': {EXPORTER: old_rev}}
+    back = [p for p in fleet.list('v1', 'Pod', namespace=NS) if p['metadata']['labels'].get('gpufleet.io/operand-back')]
+    assert len(back) == 1, back
+    (pod,) = back
+    assert pod['spec']['nodeName'] == 'gpu-1' and pod['metadata']['labels']['controller-revision-hash'] == old_rev
+    assert pod['spec']['containers'][0]['image'] == 'nvcr.io/nvidia/k8s/dcgm-exporter:' + OLD_DCGM
+    assert pod['metadata']['ownerReferences'][0]['kind'] == 'Node'
+    fleet.settle(horizon=3)
+    # No DaemonSet adopted the pod or put its own back on gpu-1; no other node's pod changed.
+    assert not any(v[0] == 'gpu-1' and v[1] == EXPORTER for v in _pods(operator).values())
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+    assert fleet.get('v1', 'Pod', pod['metadata']['name'], NS)['metadata']['uid'] == pod['metadata']['uid']
+    # The node gate measures the old exporter on gpu-1 (its pod carries the DaemonSet's labels).
+    run = run_playbook([{'name': 'gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [
+        {'name': 'gpu-1', 'gpufleet.upgrade.node_gate': {'kubeconfig': fleet.info_kubeconfig, 'node': 'gpu-1',
+                                                         'expected_gpus': {'nvidia.com/gpu': 8}},
+         'ignore_errors': True}]}])
+    assert run.result('gpu-1')['measured']['dcgm_exporter'] == OLD_DCGM, run.result('gpu-1')
+
+    # A rerun changes nothing; a revision the DaemonSet does not keep is refused, nothing changed.
+    res = _update(fleet, run_playbook, {'state': 'back', 'node': 'gpu-1', 'revisions': revisions})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is False, res
+    mark = fleet.audit_mark()
+    res = _update(fleet, run_playbook, {'state': 'back', 'node': 'gpu-2', 'revisions': {EXPORTER: 'deadbeef'}})
+    assert res['_event'] == 'runner_on_failed' and 'no longer keeps revision deadbeef' in res['msg'], res
+    assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
+
+    # The node's next window: the label set back, the pod deleted, the DaemonSet's current pod back.
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    assert res['back']['deleted'] == [pod['metadata']['name']], res
+    node = fleet.get('v1', 'Node', 'gpu-1')
+    assert node['metadata']['labels']['nvidia.com/gpu.deploy.dcgm-exporter'] == 'true'
+    assert 'gpufleet.io/operands-back' not in (node['metadata'].get('annotations') or {})
+    assert _exporter_images(operator)['gpu-1'].endswith(':' + NEW_DCGM)
+    assert not [p for p in fleet.list('v1', 'Pod', namespace=NS) if p['metadata']['labels'].get('gpufleet.io/operand-back')]
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+
+
+def test_operator_managed_driver_moves_in_its_nodes_window_and_goes_back_with_its_rollback(
+        driver_fleet, operator, run_playbook):
+    """install_method operator on the real operator: the cluster step sets driver.version (the driver DaemonSet is
+    OnDelete: no driver pod restarts anywhere), gpu-1's window moves its driver pod to the new driver, its rollback
+    takes it back to the snapshot's revision (the old driver), its next window moves it again; every other node's
+    driver pod is the same pod throughout."""
+    fleet = driver_fleet
+    old_image = 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % OLD_DRIVER
+    new_image = 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % NEW_DRIVER
+    assert _driver_images(fleet) == {n: old_image for n in NODES}
+    snapshot = _info(fleet, run_playbook)
+    revisions = {p['operand']: p['revision'] for p in snapshot['nodes']['gpu-1']}
+    assert DRIVER in revisions
+    start = _pods(operator)
+
+    res = _update(fleet, run_playbook, {'state': 'cluster', 'driver_version': NEW_DRIVER})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    driver_ds = next(o for o in res['gpu_operator']['operands'] if o['name'] == DRIVER)
+    assert driver_ds['image'] == new_image and driver_ds['update_strategy'] == 'OnDelete', driver_ds
+    fleet.settle(horizon=3)
+    assert _pods(operator) == start and _driver_images(fleet) == {n: old_image for n in NODES}
+
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['waited']['done'] is True, res
+    assert DRIVER in [p['operand'] for p in res['restarted']], res
+    assert _driver_images(fleet) == {'gpu-1': new_image, 'gpu-2': old_image, 'gpu-3': old_image}
+    others = {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'}
+    assert others == {uid: v for uid, v in start.items() if v[0] != 'gpu-1'}
+
+    res = _update(fleet, run_playbook, {'state': 'back', 'node': 'gpu-1', 'revisions': revisions})
+    assert res['_event'] == 'runner_on_ok' and res['waited']['done'] is True, res
+    assert res['back']['operands'][DRIVER] == revisions[DRIVER], res
+    assert _driver_images(fleet) == {n: old_image for n in NODES}
+    fleet.settle(horizon=3)
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['waited']['done'] is True, res
+    assert _driver_images(fleet) == {'gpu-1': new_image, 'gpu-2': old_image, 'gpu-3': old_image}
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+
+
 def test_helm_chart_step_moves_the_operator_version_and_a_missing_chart_is_put_back(fleet, operator, run_playbook):
     values = f.operator_values()
     fleet.apply([f.helm_chart(values=values)], settle=False)
@@ -236,6 +383,9 @@ def test_bad_input_changes_nothing(fleet, operator, run_playbook):
         ({'state': 'cluster', 'cluster_policy': 'nope'}, "ClusterPolicy 'nope' does not exist"),
         ({'state': 'node'}, 'state is node but all of the following are missing: node'),
         ({'state': 'cluster', 'timeout': 0}, 'must be positive'),
+        ({'state': 'cluster', 'driver_version': '580.126.20'}, "driver_version: '580.126.20', but ClusterPolicy"),
+        ({'state': 'back', 'node': 'gpu-1'}, 'state is back but all of the following are missing: revisions'),
+        ({'state': 'back', 'node': 'gpu-1', 'revisions': {'nope': 'abc'}}, "revisions: 'nope' is not an operand"),
     ]
     for args, message in cases:
         res = _update(fleet, run_playbook, args)

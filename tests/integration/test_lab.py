@@ -277,8 +277,9 @@ def test_lab_with_the_real_gpu_operator_moves_every_component_of_the_tuple(tmp_p
 @needs_prometheus
 def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_back(tmp_path):
     """FAULT_KIND=operand: the faulty node's new DCGM exporter never starts (admission refuses it); its operands
-    step fails, the node stays cordoned and its host side is rolled back; the later batch keeps the old operands
-    and the update strategy stays OnDelete (Lab.operand_problems)."""
+    step fails, the node stays cordoned and its host side is rolled back, its operands with it (state=back: the
+    lab's verdict fails unless its validator runs the source operator's revision again); the later batch keeps the
+    old operands and the update strategy stays OnDelete (Lab.operand_problems)."""
     out = run_lab(tmp_path, '--nodes', '4', '--gpu-operator', '--fault-kind', 'operand')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     table = rows(out.stdout)
@@ -286,6 +287,43 @@ def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_b
     assert len(faulty) == 1, table
     assert measured(table[faulty[0]]) == [K0, D0, R1, 'yes', 'rolled-back'], table
     assert 'operands failed' in out.stdout and 'nvidia-dcgm-exporter: no pod on %s yet' % faulty[0] in out.stdout
+    assert 'its rollback restored kernel %s with driver %s' % (K0, D0) in out.stdout
+
+
+@needs_prometheus
+def test_lab_operator_managed_driver_moves_every_node_with_the_operator(tmp_path):
+    """install_method operator (issue 15): the operator's driver container is the driver. The cluster step sets
+    driver.version with the rest; each node's activation moves its driver pod (the lab's hook loads the module of
+    the version the pod runs, as a driver container does); no host package is installed; the canaries' rollback
+    exercise takes the driver pod back and forward again; every node ends measured at the target."""
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--gpu-operator', '--install-method', 'operator',
+                  '--change', 'driver')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert 'the whole rollout completed' in out.stdout
+    table = rows(out.stdout)
+    assert all(measured(r) == [K0, D1, R0, 'no', 'done'] for r in table.values()), table
+    lab = tmp_path / 'lab'
+    for name in table:     # the host's driver packages did not move: the driver container is the driver
+        assert lab_node.installed_driver(lab / 'nodes' / name / 'root') == D0, name
+    (snapshot,) = (lab / 'qualification').glob('gpu-operator--*.json')
+    driver = next(o for o in json.loads(snapshot.read_text())['gpu_operator']['operands']
+                  if o['name'] == 'nvidia-driver-daemonset')
+    assert driver['image'].endswith(':%s-ubuntu22.04' % D0), driver
+
+
+@needs_prometheus
+def test_lab_operator_managed_driver_of_a_failed_node_goes_back_with_its_operands(tmp_path):
+    """install_method operator with FAULT_KIND=operand: the faulty node's operands step fails after its driver pod
+    moved; its rollback takes every operand back, the driver container included, to the revisions of the
+    snapshot (state=back), and the node's gates pass on the old driver; the later batch is untouched."""
+    out = run_lab(tmp_path, '--nodes', '4', '--gpu-operator', '--install-method', 'operator', '--change', 'driver',
+                  '--fault-kind', 'operand')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    table = rows(out.stdout)
+    faulty = [n for n, r in table.items() if 'INJECTED' in ' '.join(r)]
+    assert len(faulty) == 1, table
+    assert measured(table[faulty[0]]) == [K0, D0, R0, 'yes', 'rolled-back'], table
+    assert table[faulty[0]][GATES] == 'rollback-gpu:ok', table
     assert 'its rollback restored kernel %s with driver %s' % (K0, D0) in out.stdout
 
 

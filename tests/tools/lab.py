@@ -99,14 +99,18 @@ class Lab:
                  lab_vars: dict[str, Any] | None = None, fault_kind: str = 'xid', metrics: str = 'auto',
                  account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
                  misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False,
-                 pause_before: list[int] | None = None, workload_suite: bool = False) -> None:
+                 pause_before: list[int] | None = None, workload_suite: bool = False,
+                 install_method: str = 'apt') -> None:
         """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
         stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
         {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
         of the truth (a test of the measured tuple); `gpu_operator`: NVIDIA's real GPU Operator
         (tests/cluster/gpuoperator.py, as root) runs the operands from an RKE2 HelmChart, the target moves
-        it to labenv.TARGET_GPU_OPERATOR and the playbooks run with gpufleet_gpu_operator_managed."""
+        it to labenv.TARGET_GPU_OPERATOR and the playbooks run with gpufleet_gpu_operator_managed;
+        `install_method` operator (with gpu_operator): the operator's driver container is the driver (the lab's
+        hook plays it loading its module: tests/tools/lab_node.py container)."""
         self.dir = lab
+        self.install_method = install_method
         self.change = change
         self.target = labenv.CHANGES[change]
         self.gpu_operator = gpu_operator
@@ -193,7 +197,8 @@ class Lab:
             self.operator = GpuOperator(self.cluster, log=log).start()
             self.helm = HelmChartStandIn(self.cluster).__enter__()
             log('NVIDIA GPU Operator (built from its Go module) running; RKE2 helm-controller stand-in for its HelmChart')
-        labenv.apply_pool(self.cluster, self.names, operator=self.operator)
+        labenv.apply_pool(self.cluster, self.names, operator=self.operator,
+                          operator_driver=self.install_method == 'operator')
         self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig', gpu_operator=self.gpu_operator)
         log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
         if self.suc_enabled:
@@ -316,6 +321,8 @@ class Lab:
             # FAULT_KIND=operand: the faulty node's exporter never starts; its operands step fails at this bound.
             v.update({'gpufleet_gpu_operator_managed': True,
                       'gpufleet_gpu_operator_timeout': 20 if self.fault_kind == 'operand' else 120})
+        if self.install_method != 'apt':
+            v['gpufleet_install_method'] = self.install_method
         v.update(self.lab_vars)
         return v
 
@@ -493,13 +500,16 @@ class Lab:
                          'canary': (node['metadata']['labels'] or {}).get('gpufleet.io/canary') == 'true'})
         return rows
 
-    @staticmethod
-    def off(r: dict, tup: dict, rke2: bool = True) -> list[str]:
-        """How node row `r` differs from tuple `tup` as measured (empty: it runs `tup`)."""
+    def off(self, r: dict, tup: dict, rke2: bool = True) -> list[str]:
+        """How node row `r` differs from tuple `tup` as measured (empty: it runs `tup`). With the operator's
+        driver container (install method operator) no host driver package is the driver: the loaded module
+        and NVML are measured, the installed package is not."""
         got = [('kernel (proc osrelease)', r['kernel'], tup['kernel']),
                ('kernel (nodeInfo.kernelVersion)', r['node_kernel'], tup['kernel']),
                ('driver (proc/driver/nvidia/version)', r['loaded'], tup['driver']),
-               ('driver (NVML)', r['nvml'], tup['driver']), ('driver (installed)', r['driver'], tup['driver'])]
+               ('driver (NVML)', r['nvml'], tup['driver'])]
+        if self.install_method != 'operator':
+            got.append(('driver (installed)', r['driver'], tup['driver']))
         if rke2:
             got.append(('RKE2 (nodeInfo.kubeletVersion)', r['kubelet'], tup['rke2']))
         return ['%s %s' % (what, have) for what, have, want in got if have != want]
@@ -537,7 +547,9 @@ class Lab:
                 problems.append('%s (never in a window) runs operator %s operands, not %s' % (
                     name, n['validator'], labenv.CURRENT['gpu_operator']))
         want = 'RollingUpdate' if finished else 'OnDelete'
-        wrong = sorted(k for k, v in view['strategies'].items() if v != want)
+        # The operator renders its driver DaemonSet OnDelete whatever daemonsets.updateStrategy says (its driver
+        # manager or upgrade controller restarts driver pods, never the DaemonSet controller).
+        wrong = sorted(k for k, v in view['strategies'].items() if v != want and k != 'nvidia-driver-daemonset')
         if wrong:
             problems.append('operand DaemonSets not %s %s: %s' % (
                 want, 'after the restore' if finished else 'while the rollout is unfinished', ', '.join(wrong)))
@@ -586,6 +598,12 @@ class Lab:
             before = sorted(set(plan['canaries']) | {n for i, b in enumerate(plan['batches']) if i < fb for n in b})
             after = [n for i, b in enumerate(plan['batches']) if i > fb for n in b]
             problems += self.operand_problems(before, after, False)
+            # Its rollback took its operands back with the host (gpu_operator_update state=back): the source
+            # operator's revisions, from the DaemonSets' own ControllerRevisions.
+            back = self.operand_view()['nodes'][self.fault]['validator']
+            if back != labenv.CURRENT['gpu_operator']:
+                problems.append('%s (the faulty node): its operands were not rolled back (validator %s, not %s)'
+                                % (self.fault, back, labenv.CURRENT['gpu_operator']))
         return problems
 
     def release(self) -> list[str]:
@@ -839,7 +857,7 @@ def run(args: argparse.Namespace) -> int:
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
               gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes),
-              workload_suite=True)
+              workload_suite=True, install_method=args.install_method)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -850,6 +868,9 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault != 'none' and lab.fault_kind == 'kernel' and lab.target['kernel'] == labenv.KERNEL:
             raise LabError('--fault-kind kernel needs a change of the kernel (--change %s keeps %s)'
                            % (lab.change, labenv.KERNEL))
+        if lab.install_method == 'operator' and (not lab.gpu_operator or lab.target['kernel'] != labenv.KERNEL):
+            raise LabError('--install-method operator needs the real GPU Operator (--gpu-operator) and a change that '
+                           'keeps the kernel (--change driver)')
         if lab.fault != 'none' and lab.fault_kind == 'operand' and not lab.gpu_operator:
             raise LabError('--fault-kind operand needs the real GPU Operator (--gpu-operator, GPU_OPERATOR=1)')
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
@@ -915,6 +936,9 @@ def main(argv: list[str] | None = None) -> int:
                              '(FIELD dcgm_exporter: the image tag of the node\'s dcgm-exporter pod after its activation)')
     parser.add_argument('--metrics', choices=('auto', 'off'), default=os.environ.get('METRICS', 'auto'),
                         help='auto: run the metric gate when Prometheus is available; off: without it')
+    parser.add_argument('--install-method', choices=('apt', 'operator'), default=os.environ.get('INSTALL_METHOD', 'apt'),
+                        help='apt: host driver packages (the default); operator: the GPU Operator\'s driver container '
+                             '(needs --gpu-operator and --change driver)')
     parser.add_argument('--gpu-operator', action='store_true', default=os.environ.get('GPU_OPERATOR', '') == '1',
                         help='NVIDIA\'s real GPU Operator runs the operands (built from its Go module; as root): the '
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '

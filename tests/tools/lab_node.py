@@ -1,6 +1,6 @@
 """The lab reboot path: what a reboot (or a driver reload) does to an emulated lab node.
 
-    python lab_node.py <lab dir> reboot|reload <node>
+    python lab_node.py <lab dir> reboot|reload|container <node>
 
 Used by the node_upgrade and rollback roles when `*_activation: lab` (never on real hosts):
 
@@ -15,7 +15,9 @@ Used by the node_upgrade and rollback roles when `*_activation: lab` (never on r
    `nvidia-kernel-common-580-server (>= <driver>)`; a DKMS root: the installed `nvidia-dkms`
    version, which DKMS autoinstall builds for every kernel). No module package for the booted
    kernel: no NVIDIA module loads (no /proc/driver/nvidia, NVML fails with DRIVER_NOT_LOADED).
-   `reload` (no reboot) loads the module installed for the running kernel;
+   `reload` (no reboot) loads the module installed for the running kernel; `container` (install method
+   operator) loads the module of the driver the GPU Operator's driver pod on the node runs (its image tag),
+   what a real driver container does once it is up;
 2. the NVML stand-in state follows the LOADED module (nvml.json / nvml.state driver_version);
 3. the Node's driver labels follow, as GPU Feature Discovery relabels a real node;
 4. `reboot` is what a reboot does to the Node on the real control plane (tests/cluster): the
@@ -236,7 +238,11 @@ def load_module(node_dir: pathlib.Path, kernel: str | None) -> str | None:
     driver's /proc/driver/nvidia/version (removed when there is none), the NVML stand-in's driver
     (nvml.json, and nvml.state's driver_version line; no module: NVML fails DRIVER_NOT_LOADED).
     Returns the loaded driver version or None."""
-    driver = module_driver(node_dir / 'root', kernel)
+    return load_driver(node_dir, module_driver(node_dir / 'root', kernel))
+
+
+def load_driver(node_dir: pathlib.Path, driver: str | None) -> str | None:
+    """The node's files once the NVIDIA module of `driver` is loaded (None: no module)."""
     nv = node_dir / 'proc' / 'driver' / 'nvidia' / 'version'
     if driver:
         nv.parent.mkdir(parents=True, exist_ok=True)
@@ -275,9 +281,26 @@ def boot_host(node_dir: pathlib.Path, fails: set[str]) -> dict:
     return {'kernel': res.kernel, 'driver': driver, 'boots': [list(b) for b in res.boots]}
 
 
+DRIVER_POD = 'nvidia-driver-daemonset'
+
+
+def container_driver(api, name: str) -> str | None:  # type: ignore[no-untyped-def]
+    """The driver version the GPU Operator's driver pod on node `name` runs (its image tag without the OS the
+    operator appends: `580.126.20-ubuntu22.04` -> 580.126.20), None when no such pod runs there. What a real
+    driver container does once it is up: the module of its version is loaded on the host."""
+    pods = api.request('GET', '/api/v1/namespaces/gpu-operator/pods',
+                       query={'labelSelector': 'app=' + DRIVER_POD, 'fieldSelector': 'spec.nodeName=' + name})['items']
+    running = [p for p in pods if (p.get('status') or {}).get('phase') == 'Running'
+               and not p['metadata'].get('deletionTimestamp')]
+    if len(running) != 1:
+        return None
+    tag = running[0]['spec']['containers'][0]['image'].rsplit(':', 1)[-1]
+    return tag.split('-', 1)[0]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ('reboot', 'reload'):
-        print(json.dumps({'failed': True, 'msg': 'usage: lab_node.py <lab dir> reboot|reload <node>'}))
+    if len(argv) != 3 or argv[1] not in ('reboot', 'reload', 'container'):
+        print(json.dumps({'failed': True, 'msg': 'usage: lab_node.py <lab dir> reboot|reload|container <node>'}))
         return 2
     lab, mode, name = pathlib.Path(argv[0]), argv[1], argv[2]
     conf = json.loads((lab / 'lab.json').read_text())
@@ -292,6 +315,9 @@ def main(argv: list[str]) -> int:
         fails = {conf['target_kernel']} if fault_node and kind == 'kernel' and conf.get('target_kernel') else set()
         host = boot_host(node_dir, fails)
         kernel, driver, boots = host['kernel'], host['driver'], host['boots']
+    elif mode == 'container':    # the operator's driver container: the module of its pod's version
+        kernel = running_kernel(node_dir)
+        driver = load_driver(node_dir, container_driver(api, name))
     else:
         kernel = running_kernel(node_dir)
         driver = load_module(node_dir, kernel)

@@ -168,19 +168,28 @@ def _container(name: str, image: str, gpus: int = 0) -> dict:
     return c
 
 
-def operator_objects() -> list[dict]:
+# What Node Feature Discovery labels on a node and the GPU Operator reads to render its driver DaemonSet (the
+# image's OS tag, the kernel the driver container builds for).
+NFD_HOST = {'feature.node.kubernetes.io/kernel-version.full': KERNEL,
+            'feature.node.kubernetes.io/system-os_release.ID': 'ubuntu',
+            'feature.node.kubernetes.io/system-os_release.VERSION_ID': '22.04'}
+
+
+def operator_objects(driver: bool = False) -> list[dict]:
     """With NVIDIA's real GPU Operator (Lab(gpu_operator=True)): its Deployment at the source version, the RKE2
     HelmChart the operator is installed from (values: host drivers, RollingUpdate, the source DCGM exporter) and
     the ClusterPolicy that chart renders; the operator (tests/cluster/gpuoperator.py) creates the operand
     DaemonSets from it."""
     from cluster import fixtures
     from cluster.gpuoperator import deployment
-    values = fixtures.operator_values(dcgm_exporter=DCGM_EXPORTER)
+    # driver: the operator's driver container is the driver (install method operator), at the source driver.
+    values = fixtures.operator_values(dcgm_exporter=DCGM_EXPORTER, driver_enabled=driver, driver_version=SOURCE_DRIVER)
     return [deployment(GPU_OPERATOR), fixtures.helm_chart(version=GPU_OPERATOR, values=values),
-            fixtures.operator_cluster_policy(version=GPU_OPERATOR, dcgm_exporter=DCGM_EXPORTER)]
+            fixtures.operator_cluster_policy(version=GPU_OPERATOR, dcgm_exporter=DCGM_EXPORTER, driver_enabled=driver,
+                                             driver_version=SOURCE_DRIVER)]
 
 
-def kubernetes_objects(names: list[str], operator: bool = False) -> list[dict]:
+def kubernetes_objects(names: list[str], operator: bool = False, operator_driver: bool = False) -> list[dict]:
     """The pool and its workloads, run by the control plane's real controllers: the GPU Operator's
     Deployment, the device plugin's and the DCGM exporter's DaemonSets (one pod per GPU node, made by
     the DaemonSet controller), and per GPU model a training ReplicaSet with one pod per node of the
@@ -190,7 +199,7 @@ def kubernetes_objects(names: list[str], operator: bool = False) -> list[dict]:
     objs: list[dict] = [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': ns}}
                         for ns in ('gpu-operator', 'ml')]
     if operator:
-        objs += operator_objects()
+        objs += operator_objects(driver=operator_driver)
     else:
         objs.append(_workload('Deployment', 'gpu-operator', 'gpu-operator', {'app': 'gpu-operator'},
                               {'containers': [_container('gpu-operator', 'nvcr.io/nvidia/gpu-operator:' + GPU_OPERATOR)]},
@@ -221,16 +230,18 @@ def kubernetes_objects(names: list[str], operator: bool = False) -> list[dict]:
         for node in nodes:
             node['metadata']['labels'] = {k: v for k, v in node['metadata']['labels'].items()
                                           if not k.startswith('nvidia.com/gpu.deploy.')}
+            node['metadata']['labels'].update(NFD_HOST)
     return nodes + objs
 
 
-def apply_pool(cluster: Any, names: list[str], timeout: float = 180, operator: Any = None) -> None:
+def apply_pool(cluster: Any, names: list[str], timeout: float = 180, operator: Any = None,
+               operator_driver: bool = False) -> None:
     """The pool on the control plane: the nodes first, until each is Ready and free of taints (the
     node lifecycle controller lifts its not-ready taint), then the workloads, until they run
     (wait_workloads). In that order the scheduler spreads the training pods one per node, as on a
     fleet whose nodes were up before its jobs; created together, the pods would pile on the first
     node that came up."""
-    objs = kubernetes_objects(names, operator=operator is not None)
+    objs = kubernetes_objects(names, operator=operator is not None, operator_driver=operator_driver)
     nodes = [o for o in objs if o['kind'] == 'Node']
     cluster.apply(nodes, settle=False)
 

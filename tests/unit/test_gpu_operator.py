@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 import yaml
@@ -571,3 +572,400 @@ def test_plan_change_appends_tolerations_to_the_values_or_to_the_charts_default(
     assert default['daemonsets']['tolerations'] == list(G.CHART_TOLERATIONS) + [CANARY_TOLERATION]
     with pytest.raises(G.GpuOperatorError, match='tolerations: .* is not a toleration with a key'):
         G.plan_change({}, {'tolerations': [{'operator': 'Exists'}]})
+
+
+# -- a node's operands back at a snapshot's revisions (plan_back / plan_forward) -----------------
+
+DS_DCGM = 'nvidia-dcgm-exporter'
+DS_VAL = 'nvidia-operator-validator'
+DEPLOY_DCGM = 'nvidia.com/gpu.deploy.dcgm-exporter'
+DEPLOY_VAL = 'nvidia.com/gpu.deploy.operator-validator'
+DEPLOY_GFD = 'nvidia.com/gpu.deploy.gpu-feature-discovery'
+NODE_UID = 'uid-node-gpu-1'
+GPU_TOLERATION = {'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'}
+
+
+def revision_with_data(ds_name, number, hash_, image='img', selector=None, tolerations=None, owner_uid=None):
+    """A ControllerRevision with the `data` the DaemonSet controller writes (the template, '$patch': replace)."""
+    rev = revision(ds_name, number, hash_, owner_uid=owner_uid)
+    deploy = 'nvidia.com/gpu.deploy.%s' % G.OPERANDS[ds_name][1]
+    rev['data'] = {'spec': {'template': {
+        'metadata': {'labels': {'app': ds_name}, 'annotations': {'kubectl.kubernetes.io/default-container': 'main'}},
+        'spec': {'nodeSelector': dict(selector) if selector is not None else {deploy: 'true',
+                                                                              'kubernetes.io/os': 'linux'},
+                 'containers': [{'name': 'main', 'image': image}],
+                 'tolerations': copy.deepcopy(tolerations) if tolerations is not None else [
+                     dict(GPU_TOLERATION), dict(G.DAEMONSET_TOLERATIONS[0])]},
+        '$patch': 'replace'}}}
+    return rev
+
+
+def back_node(labels, annotations=None):
+    node = node_obj(labels, annotations)
+    node['metadata']['uid'] = NODE_UID
+    return node
+
+
+def as_running(p, ready=True, phase='Running'):
+    """A created back pod as the API shows it once the kubelet runs it."""
+    p = copy.deepcopy(p)
+    p['status'] = {'phase': phase, 'conditions': [{'type': 'Ready', 'status': 'True' if ready else 'False'}]}
+    return p
+
+
+def back_objs(pods=None):
+    """dcgm-exporter's current revision is ccc (aaa and bbb still kept); the validator's is vvv; gpu-1
+    runs dcgm-exporter at ccc (after the upgrade) and the validator at vvv."""
+    dss = [daemonset(DS_DCGM, DCGM_IMAGE), daemonset(DS_VAL, 'validator:v1')]
+    revs = [revision_with_data(DS_DCGM, 1, 'aaa', image='dcgm:old'), revision_with_data(DS_DCGM, 3, 'ccc'),
+            revision_with_data(DS_DCGM, 2, 'bbb'), revision_with_data(DS_VAL, 1, 'vvv'),
+            revision_with_data(DS_DCGM, 9, 'zzz', owner_uid='uid-an-older-incarnation')]
+    if pods is None:
+        pods = [pod(DS_DCGM, 'gpu-1', 'ccc'), pod(DS_VAL, 'gpu-1', 'vvv'), pod(DS_DCGM, 'gpu-2', 'ccc')]
+    return objs(dss=dss, revs=revs, pods=pods)
+
+
+def _rev(o, ds_name, hash_):
+    return next(r for r in o['revisions'] if r['metadata']['name'] == '%s-%s' % (ds_name, hash_)
+                and r['metadata']['ownerReferences'][0]['uid'] == 'uid-' + ds_name)
+
+
+def _dcgm_back_pod(o, node=None, hash_='aaa', ready=True):
+    node = node if node is not None else back_node({DEPLOY_DCGM: G.BACK_VALUE})
+    return as_running(G.back_pod(o['daemonsets'][0], _rev(o, DS_DCGM, hash_), node, hash_), ready=ready)
+
+
+def test_snapshot_revisions_per_node_skips_back_pods_and_unknown_nodes():
+    snap = state(scenario())
+    assert G.snapshot_revisions(snap, 'gpu-1') == {DS_DCGM: 'aaa', DS_VAL: 'vvv'}
+    assert G.snapshot_revisions(snap, 'gpu-2') == {DS_DCGM: 'ccc'}
+    assert G.snapshot_revisions(snap, 'gpu-9') == {}
+    assert G.snapshot_revisions(None, 'gpu-1') == {}
+    assert G.snapshot_revisions({}, 'gpu-1') == {}
+    # a rollback's pod listed first is not what the node ran
+    manual = {'nodes': {'gpu-1': [{'operand': DS_DCGM, 'pod': 'x', 'revision': 'old', 'back': True},
+                                  {'operand': DS_DCGM, 'pod': 'y', 'revision': 'ccc', 'back': False},
+                                  {'operand': DS_VAL, 'pod': 'z', 'revision': None}]}}
+    assert G.snapshot_revisions(manual, 'gpu-1') == {DS_DCGM: 'ccc'}
+    # from read_state: a node running only a back pod has nothing to go back to
+    o = back_objs(pods=[])
+    o['pods'] = [_dcgm_back_pod(o)]
+    assert G.snapshot_revisions(state(o), 'gpu-1') == {}
+
+
+def test_read_state_marks_back_pods_and_node_restarts_and_node_paused_ignore_them():
+    o = back_objs()
+    bp = _dcgm_back_pod(o, hash_='ccc')                                   # even at the current revision
+    bp_aaa = _dcgm_back_pod(o)
+    bp_aaa['metadata']['name'] = 'other-back'
+    with_ds_owner = pod(DS_DCGM, 'gpu-1', 'aaa')                          # label but a DaemonSet's pod
+    with_ds_owner['metadata']['labels'][G.BACK_LABEL] = DS_DCGM
+    stray = copy.deepcopy(bp_aaa)                                         # label naming no operand DaemonSet
+    stray['metadata']['name'] = 'stray'
+    stray['metadata']['labels'][G.BACK_LABEL] = 'not-an-operand'
+    o['pods'] = [bp, bp_aaa, with_ds_owner, stray, pod(DS_VAL, 'gpu-1', 'vvv')]
+    s = state(o)
+    by_pod = {p['pod']: p for p in s['nodes']['gpu-1']}
+    assert set(by_pod) == {bp['metadata']['name'], 'other-back', with_ds_owner['metadata']['name'],
+                           'nvidia-operator-validator-vvv-gpu-1'}
+    assert by_pod[bp['metadata']['name']]['back'] is True and by_pod['other-back']['back'] is True
+    assert by_pod[bp['metadata']['name']]['operand'] == DS_DCGM
+    assert by_pod[bp['metadata']['name']]['current'] is False             # a back pod is never current
+    assert by_pod[bp['metadata']['name']]['ready'] is True
+    assert by_pod[with_ds_owner['metadata']['name']]['back'] is False
+    assert by_pod['nvidia-operator-validator-vvv-gpu-1']['back'] is False
+    # node_restarts: only the DaemonSet's own old pod, never the back pods
+    assert [p['pod'] for p in G.node_restarts(s, 'gpu-1')] == [with_ds_owner['metadata']['name']]
+    # node_paused: back pods do not keep a pause waiting
+    only_back = back_objs(pods=[bp])
+    assert G.node_paused(state(only_back), 'gpu-1', [DS_DCGM]) == (True, [])
+    assert G.node_restarts(state(only_back), 'gpu-1') == []
+    done, waiting = G.node_paused(s, 'gpu-1', [DS_DCGM])
+    assert not done and waiting == ['%s: pod %s still on gpu-1 (Running)' % (DS_DCGM, with_ds_owner['metadata']['name'])]
+
+
+def test_back_pod_is_the_revisions_template_bound_to_the_node_and_controlled_by_it():
+    o = back_objs()
+    cr = _rev(o, DS_DCGM, 'aaa')
+    before = copy.deepcopy(cr)
+    node = back_node({DEPLOY_DCGM: 'true'})
+    p = G.back_pod(o['daemonsets'][0], cr, node, 'aaa')
+    assert cr == before                                                   # the revision is not changed
+    assert p['apiVersion'] == 'v1' and p['kind'] == 'Pod'
+    assert p['metadata']['name'] == G.back_pod_name(DS_DCGM, 'gpu-1') == 'nvidia-dcgm-exporter-back-gpu-1'
+    assert p['metadata']['namespace'] == NS
+    assert p['metadata']['labels'] == {'app': DS_DCGM, 'controller-revision-hash': 'aaa', G.BACK_LABEL: DS_DCGM}
+    assert p['metadata']['annotations'] == {'kubectl.kubernetes.io/default-container': 'main'}
+    assert p['metadata']['ownerReferences'] == [{'apiVersion': 'v1', 'kind': 'Node', 'name': 'gpu-1',
+                                                 'uid': NODE_UID, 'controller': True}]
+    spec = p['spec']
+    assert spec['nodeName'] == 'gpu-1'
+    assert spec['nodeSelector'] == {'kubernetes.io/os': 'linux'}          # the deploy label no longer selects it
+    assert spec['containers'] == [{'name': 'main', 'image': 'dcgm:old'}]
+    assert '$patch' not in spec and '$patch' not in p and '$patch' not in p['metadata']
+    assert spec['tolerations'][:2] == [GPU_TOLERATION, G.DAEMONSET_TOLERATIONS[0]]
+    for tol in G.DAEMONSET_TOLERATIONS:
+        assert spec['tolerations'].count(tol) == 1
+    assert len(spec['tolerations']) == 1 + len(G.DAEMONSET_TOLERATIONS)
+    # only deploy labels in the selector: no selector at all; no tolerations: the DaemonSet's
+    deploy_only = {DEPLOY_DCGM: 'true', 'nvidia.com/gpu.deploy.driver': 'true'}
+    only_deploy = revision_with_data(DS_DCGM, 1, 'aaa', selector=deploy_only, tolerations=[])
+    p2 = G.back_pod(o['daemonsets'][0], only_deploy, node, 'aaa')
+    assert 'nodeSelector' not in p2['spec']
+    assert p2['spec']['tolerations'] == [dict(t) for t in G.DAEMONSET_TOLERATIONS]
+    # the labels the caller's revision wins over a stale hash in the template
+    stale = revision_with_data(DS_DCGM, 1, 'aaa')
+    stale['data']['spec']['template']['metadata']['labels']['controller-revision-hash'] = 'other'
+    assert G.back_pod(o['daemonsets'][0], stale, node, 'aaa')['metadata']['labels']['controller-revision-hash'] == 'aaa'
+
+
+@pytest.mark.parametrize('data', [None, {}, {'spec': {}}, {'spec': {'template': {'$patch': 'replace'}}},
+                                  {'spec': {'template': {'metadata': {'labels': {'a': 'b'}}, 'spec': {}}}}])
+def test_back_pod_refuses_a_revision_without_a_template(data):
+    cr = revision(DS_DCGM, 1, 'aaa')
+    if data is not None:
+        cr['data'] = data
+    with pytest.raises(G.GpuOperatorError, match='ControllerRevision nvidia-dcgm-exporter-aaa holds no pod template'):
+        G.back_pod(daemonset(DS_DCGM, DCGM_IMAGE), cr, back_node({}), 'aaa')
+
+
+def test_back_pod_name_is_bounded():
+    assert G.back_pod_name('a', 'n') == 'a-back-n'
+    long_name = G.back_pod_name('x' * 200, 'y' * 200)
+    assert len(long_name) <= 253 and long_name.startswith('x' * 200 + '-back-')
+    assert not G.back_pod_name('x' * 247, 'node').endswith('-')
+
+
+def test_plan_back_takes_one_operand_back_and_records_the_labels_and_revisions():
+    o = back_objs()
+    node = back_node({DEPLOY_DCGM: 'true', DEPLOY_VAL: 'true', 'other': 'x'})
+    plan = G.plan_back(node, o, {DS_DCGM: 'aaa', DS_VAL: 'vvv'})           # vvv is the validator's current
+    assert plan['changed'] is True
+    assert plan['patch']['metadata']['labels'] == {DEPLOY_DCGM: G.BACK_VALUE}
+    record = json.loads(plan['patch']['metadata']['annotations'][G.BACK_ANNOTATION])
+    assert record == {'labels': {DEPLOY_DCGM: 'true'}, 'operands': {DS_DCGM: 'aaa'}}
+    assert plan['operands'] == {DS_DCGM: 'aaa'} and plan['labels'] == [DEPLOY_DCGM]
+    assert len(plan['pods']) == 1
+    created = plan['pods'][0]
+    assert created == G.back_pod(o['daemonsets'][0], _rev(o, DS_DCGM, 'aaa'), node, 'aaa')
+    assert created['metadata']['labels']['controller-revision-hash'] == 'aaa'
+    assert created['spec']['containers'][0]['image'] == 'dcgm:old'
+    assert node['metadata']['labels'][DEPLOY_DCGM] == 'true'                # input untouched
+    # the revision found by the revision's name when it carries no hash label
+    del _rev(o, DS_DCGM, 'aaa')['metadata']['labels']['controller-revision-hash']
+    assert len(G.plan_back(node, o, {DS_DCGM: 'aaa'})['pods']) == 1
+
+
+def test_plan_back_leaves_alone_what_already_runs_the_revision():
+    # the node's DaemonSet pod still at aaa (the node never moved): nothing to take back
+    o = back_objs(pods=[pod(DS_DCGM, 'gpu-1', 'aaa'), pod(DS_VAL, 'gpu-1', 'vvv')])
+    node = back_node({DEPLOY_DCGM: 'true', DEPLOY_VAL: 'true'})
+    plan = G.plan_back(node, o, {DS_DCGM: 'aaa'})
+    assert plan == {'patch': None, 'pods': [], 'operands': {}, 'labels': [], 'changed': False}
+    # the requested revision is the DaemonSet's current one (even with no pod on the node)
+    o = back_objs(pods=[])
+    plan = G.plan_back(node, o, {DS_DCGM: 'ccc', DS_VAL: 'vvv'})
+    assert plan['changed'] is False and plan['pods'] == [] and plan['patch'] is None
+    assert G.plan_back(node, o, {})['changed'] is False
+
+
+@pytest.mark.parametrize('revisions, labels, msg', [
+    ({'nope': 'aaa'}, {}, "revisions: 'nope' is not an operand DaemonSet"),
+    ({'gpu-feature-discovery': 'g1'}, {}, "revisions: 'gpu-feature-discovery' is not an operand DaemonSet"),
+    ({DS_DCGM: 'ddd'}, {}, 'DaemonSet nvidia-dcgm-exporter no longer keeps revision ddd'),
+    ({DS_DCGM: 'zzz'}, {}, 'DaemonSet nvidia-dcgm-exporter no longer keeps revision zzz'),   # another uid's
+    ({DS_DCGM: 'aaa'}, {DEPLOY_DCGM: 'false'}, "label nvidia.com/gpu.deploy.dcgm-exporter is 'false'"),
+    ({DS_DCGM: 'aaa'}, {DEPLOY_DCGM: None}, "label nvidia.com/gpu.deploy.dcgm-exporter is None"),
+    ({DS_DCGM: 'aaa'}, {DEPLOY_DCGM: G.PAUSE_VALUE}, 'label nvidia.com/gpu.deploy.dcgm-exporter is'),
+    ({DS_DCGM: 'aaa', DS_VAL: 'gone'}, {}, 'DaemonSet nvidia-operator-validator no longer keeps revision gone'),
+    ({DS_DCGM: ''}, {}, 'revisions.nvidia-dcgm-exporter'),
+])
+def test_plan_back_refuses_before_planning_anything(revisions, labels, msg):
+    o = back_objs()
+    node_labels = {DEPLOY_DCGM: 'true', DEPLOY_VAL: 'true'}
+    for k, v in labels.items():
+        if v is None:
+            node_labels.pop(k)
+        else:
+            node_labels[k] = v
+    node = back_node(node_labels)
+    before = copy.deepcopy((o, node))
+    with pytest.raises(G.GpuOperatorError, match=re.escape(msg)) as err:
+        G.plan_back(node, o, revisions)
+    if 'not an operand' not in msg and 'revisions.' not in msg:
+        assert 'nothing was changed' in str(err.value)
+    assert (o, node) == before
+
+
+def test_plan_back_refuses_a_non_mapping():
+    with pytest.raises(G.GpuOperatorError, match='revisions: expected a mapping'):
+        G.plan_back(back_node({}), back_objs(), [DS_DCGM])
+
+
+def test_plan_back_rerun_after_the_back_pod_runs_plans_nothing():
+    o = back_objs()
+    node = back_node({DEPLOY_DCGM: 'true', DEPLOY_VAL: 'true'})
+    first = G.plan_back(node, o, {DS_DCGM: 'aaa'})
+    applied = back_node({DEPLOY_DCGM: G.BACK_VALUE, DEPLOY_VAL: 'true'},
+                        first['patch']['metadata']['annotations'])
+    # the DaemonSet's pod has left, the back pod runs Ready
+    o['pods'] = [as_running(first['pods'][0]), pod(DS_VAL, 'gpu-1', 'vvv')]
+    again = G.plan_back(applied, o, {DS_DCGM: 'aaa'})
+    assert again['changed'] is False and again['pods'] == [] and again['patch'] is None
+    assert again['operands'] == {DS_DCGM: 'aaa'} and again['labels'] == [DEPLOY_DCGM]
+    # while the DaemonSet's pod still leaves: no second back pod either
+    o['pods'].append(pod(DS_DCGM, 'gpu-1', 'ccc', deleting=True))
+    assert G.plan_back(applied, o, {DS_DCGM: 'aaa'})['pods'] == []
+    # the label set, the record written, but the back pod not created yet (a failed create): it is planned
+    o['pods'] = [pod(DS_VAL, 'gpu-1', 'vvv')]
+    retry = G.plan_back(applied, o, {DS_DCGM: 'aaa'})
+    assert [p['metadata']['name'] for p in retry['pods']] == [G.back_pod_name(DS_DCGM, 'gpu-1')]
+    assert retry['changed'] is True and retry['patch'] is None          # the record is already there
+
+
+def test_node_back_settled_waits_for_the_daemonsets_pod_to_leave_and_the_back_pod_to_be_ready():
+    o = back_objs()
+    bp = _dcgm_back_pod(o)
+    revs = {DS_DCGM: 'aaa'}
+    o['pods'] = [pod(DS_DCGM, 'gpu-1', 'ccc'), bp]
+    done, waiting = G.node_back_settled(state(o), 'gpu-1', revs)
+    assert not done and waiting == ["nvidia-dcgm-exporter: 2 pods on gpu-1 (the DaemonSet's is still leaving)"]
+    o['pods'] = [bp]
+    assert G.node_back_settled(state(o), 'gpu-1', revs) == (True, [])
+    o['pods'] = [_dcgm_back_pod(o, ready=False)]
+    done, waiting = G.node_back_settled(state(o), 'gpu-1', revs)
+    assert not done and waiting == ['nvidia-dcgm-exporter: no Ready pod at revision aaa on gpu-1 yet']
+    o['pods'] = [pod(DS_DCGM, 'gpu-1', 'ccc')]                              # only the DaemonSet's (new) pod
+    assert G.node_back_settled(state(o), 'gpu-1', revs)[0] is False
+    o['pods'] = []
+    assert G.node_back_settled(state(o), 'gpu-1', revs)[0] is False
+    assert G.node_back_settled(state(o), 'gpu-1', {}) == (True, [])
+
+
+def test_plan_forward_nothing_without_a_record_or_back_pods():
+    o = back_objs()
+    plan = G.plan_forward(back_node({DEPLOY_DCGM: 'true'}), state(o))
+    assert plan == {'patch': None, 'delete': [], 'operands': [], 'changed': False}
+    assert G.plan_forward(back_node({}), state(back_objs(pods=[])))['changed'] is False
+
+
+def test_plan_forward_sets_back_only_what_is_still_ours_and_deletes_the_back_pods():
+    record = {'labels': {DEPLOY_DCGM: 'true', DEPLOY_GFD: 'true'},
+              'operands': {DS_DCGM: 'aaa', 'gpu-feature-discovery': 'g1'}}
+    node = back_node({DEPLOY_DCGM: G.BACK_VALUE, DEPLOY_GFD: 'false'},          # gfd changed by someone since
+                     {G.BACK_ANNOTATION: json.dumps(record)})
+    o = back_objs()
+    bp = _dcgm_back_pod(o)
+    o['pods'] = [bp, pod(DS_VAL, 'gpu-1', 'vvv'), pod(DS_DCGM, 'gpu-2', 'ccc')]
+    plan = G.plan_forward(node, state(o))
+    assert plan['changed'] is True
+    assert plan['patch'] == {'metadata': {'labels': {DEPLOY_DCGM: 'true'}, 'annotations': {G.BACK_ANNOTATION: None}}}
+    assert plan['delete'] == [bp['metadata']['name']] == [G.back_pod_name(DS_DCGM, 'gpu-1')]
+    assert plan['operands'] == sorted([DS_DCGM, 'gpu-feature-discovery'])
+    # back pods left without a record (the annotation removed by hand): still deleted, nothing to patch
+    plan = G.plan_forward(back_node({DEPLOY_DCGM: 'true'}), state(o))
+    assert plan == {'patch': None, 'delete': [bp['metadata']['name']], 'operands': [DS_DCGM], 'changed': True}
+    # the record without pods (the pods already deleted): the labels and the record still go
+    o['pods'] = []
+    plan = G.plan_forward(node, state(o))
+    assert plan['delete'] == [] and plan['changed'] is True
+    assert plan['patch']['metadata']['annotations'] == {G.BACK_ANNOTATION: None}
+
+
+def test_plan_back_then_plan_forward_round_trip():
+    o = back_objs()
+    node = back_node({DEPLOY_DCGM: 'true', DEPLOY_VAL: 'true'})
+    back = G.plan_back(node, o, {DS_DCGM: 'aaa'})
+    applied = back_node({DEPLOY_DCGM: G.BACK_VALUE, DEPLOY_VAL: 'true'}, back['patch']['metadata']['annotations'])
+    o['pods'] = [as_running(back['pods'][0]), pod(DS_VAL, 'gpu-1', 'vvv')]
+    forward = G.plan_forward(applied, state(o))
+    assert forward['patch']['metadata']['labels'] == {DEPLOY_DCGM: 'true'}
+    assert forward['delete'] == [back['pods'][0]['metadata']['name']]
+    assert forward['operands'] == [DS_DCGM]
+
+
+@pytest.mark.parametrize('raw', ['{not json', '["x"]', '{"labels": {}}', '{"operands": {}}',
+                                 '{"labels": [], "operands": {}}', '{"labels": {}, "operands": ["a"]}'])
+def test_a_malformed_back_record_is_refused(raw):
+    node = back_node({DEPLOY_DCGM: G.BACK_VALUE}, {G.BACK_ANNOTATION: raw})
+    o = back_objs()
+    with pytest.raises(G.GpuOperatorError, match=re.escape('annotation %s of node gpu-1' % G.BACK_ANNOTATION)):
+        G.plan_forward(node, state(o))
+    with pytest.raises(G.GpuOperatorError, match=re.escape(G.BACK_ANNOTATION)):
+        G.plan_back(node, o, {DS_DCGM: 'aaa'})
+
+
+# -- driver_version ------------------------------------------------------------------------------
+def test_plan_change_sets_the_driver_version():
+    values = cluster_policy()['spec']
+    after, _restore = G.plan_change(values, {'driver_version': '570.124.06'})
+    assert after['driver']['version'] == '570.124.06' and after['driver']['enabled'] is True
+    assert 'version' not in values['driver']                              # input untouched
+    after, _restore = G.plan_change({}, {'driver_version': 570})
+    assert after['driver']['version'] == '570'
+    assert 'version' not in G.plan_change(values, {'driver_version': ''})[0]['driver']
+
+
+@pytest.mark.parametrize('driver', [{'enabled': False}, {}, None])
+def test_plan_cluster_refuses_a_driver_version_the_operator_does_not_manage(driver):
+    spec = cluster_policy()['spec']
+    if driver is None:
+        spec.pop('driver')
+    else:
+        spec['driver'] = driver
+    cp = cluster_policy(spec=spec)
+    for chart in (None, helm_chart({'driver': {'enabled': True}})):
+        with pytest.raises(G.GpuOperatorError) as err:
+            G.plan_cluster(objs(cp=cp, chart=chart), {'driver_version': '570.124.06'})
+        assert str(err.value).startswith('driver_version:')
+        assert "'570.124.06'" in str(err.value) and 'nothing was changed' in str(err.value)
+    # without a driver_version the same ClusterPolicy is changed
+    assert G.plan_cluster(objs(cp=cp), {'dcgm_exporter_version': NEW_DCGM})['changed'] is True
+
+
+def test_plan_cluster_with_an_operator_managed_driver_carries_the_version():
+    plan = G.plan_cluster(objs(), {'driver_version': '570.124.06'})
+    assert plan['kind'] == 'ClusterPolicy'
+    assert plan['values']['driver']['version'] == '570.124.06'
+    assert plan['patch']['spec']['driver']['version'] == '570.124.06'
+    assert plan['values']['driver']['upgradePolicy']['autoUpgrade'] is False
+    chart = helm_chart({'driver': {'enabled': True}})
+    plan = G.plan_cluster(objs(chart=chart), {'driver_version': '570.124.06'})
+    assert plan['kind'] == 'HelmChart'
+    assert yaml.safe_load(plan['patch']['spec']['valuesContent'])['driver']['version'] == '570.124.06'
+    assert plan['values']['driver']['version'] == '570.124.06'
+
+
+def test_plan_back_refuses_a_second_rollback_to_another_revision_and_records_a_label_left_at_back_value():
+    """A node already taken back to `aaa` is not taken to `bbb` (or the current revision) over it: the pod name
+    would clash and the first record would be lost; and a BACK_VALUE label with no record is still recorded,
+    so the next window sets it back."""
+    o = back_objs()
+    node = back_node({DEPLOY_DCGM: 'true'})
+    first = G.plan_back(node, o, {DS_DCGM: 'aaa'})
+    node['metadata']['labels'].update(first['patch']['metadata']['labels'])
+    node['metadata'].setdefault('annotations', {}).update(first['patch']['metadata']['annotations'])
+    o['pods'] = [p for p in o['pods'] if not (p['spec'].get('nodeName') == 'gpu-1'
+                                              and p['metadata']['name'].startswith(DS_DCGM))]
+    o['pods'].append(as_running(first['pods'][0]))
+    for rev in ('bbb', 'ccc'):
+        with pytest.raises(G.GpuOperatorError, match='from an earlier rollback'):
+            G.plan_back(node, o, {DS_DCGM: rev})
+    del node['metadata']['annotations'][G.BACK_ANNOTATION]
+    again = G.plan_back(node, o, {DS_DCGM: 'aaa'})
+    record = json.loads(again['patch']['metadata']['annotations'][G.BACK_ANNOTATION])
+    assert record['labels'] == {DEPLOY_DCGM: 'true'}, record
+    assert again['pods'] == []
+
+
+def test_reconciled_takes_the_driver_image_with_the_os_tag_the_operator_appends():
+    values = {'driver': {'repository': 'nvcr.io/nvidia', 'image': 'driver', 'version': '580.159.03'}}
+    state = {'cluster_policy': {'name': 'cluster-policy', 'error': None}, 'operands': [
+        {'name': 'nvidia-driver-daemonset', 'component': 'driver', 'image': 'nvcr.io/nvidia/driver:580.159.03-ubuntu22.04',
+         'generation': 2, 'observed_generation': 2, 'update_strategy': 'OnDelete'}]}
+    assert G.reconciled(state, values) == (True, [])
+    state['operands'][0]['image'] = 'nvcr.io/nvidia/driver:580.126.20-ubuntu22.04'
+    done, waiting = G.reconciled(state, values)
+    assert not done and 'not nvcr.io/nvidia/driver:580.159.03' in waiting[0]
+    state['operands'][0]['image'] = 'nvcr.io/nvidia/driver:580.159.031-ubuntu22.04'
+    assert G.reconciled(state, values)[0] is False

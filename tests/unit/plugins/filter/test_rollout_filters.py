@@ -21,7 +21,8 @@ PLAN = {
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
-         'observation_settings', 'observation_hosts', 'plan_workflow_digest', 'observation_cases']
+         'observation_settings', 'observation_hosts', 'plan_workflow_digest', 'observation_cases',
+         'operator_revisions']
 
 
 def fleet():

@@ -626,10 +626,22 @@ def test_activation(mode, kernel_change, booted, expected):
     assert _rollout.activation(mode, kernel_change, booted) == expected
 
 
+@pytest.mark.parametrize('mode', ['auto', 'reboot', 'reload', 'lab'])
+def test_activation_with_the_operators_driver_is_the_operator_whatever_the_mode(mode):
+    # the driver container is the driver: nothing on the host reboots or unloads for it, even on a resumed run
+    assert _rollout.activation(mode, False, False, 'operator') == 'operator'
+    assert _rollout.activation(mode, False, True, 'operator') == 'operator'
+    assert _rollout.activation(mode, False, False, 'apt') == _rollout.activation(mode, False, False)
+
+
 @pytest.mark.parametrize('args,message', [
     (('sometimes', True), "activation: 'sometimes' is not one of auto, reboot, reload, lab"),
     (('auto', 'yes'), "kernel_change: 'yes' is not a boolean"),
     (('auto', True, None), 'booted: None is not a boolean'),
+    (('auto', False, False, ''), "install_method: '' is not a name"),
+    (('auto', True, False, 'operator'), "install_method: 'operator' with a kernel change is not built (the operator's "
+     "driver container builds its module for the running kernel; change the kernel in its own target first); "
+     "nothing was changed"),
 ])
 def test_activation_bad_input(args, message):
     with pytest.raises(_rollout.RolloutError) as err:
