@@ -152,12 +152,14 @@ test: collection system-deps controlplane
 FAULT ?= auto
 FAULT_KIND ?= xid
 CHANGE ?= seed
-# 1: NVIDIA's real GPU Operator runs the lab's operands and the target moves it too (needs root).
-GPU_OPERATOR ?= 0
-# operator (with GPU_OPERATOR=1 CHANGE=driver): the operator's driver container is the driver.
+# NVIDIA's real GPU Operator runs the lab's operands and the target moves it too: auto (the default) when run as
+# root (the operator runs in a chroot of its own), 1 always (fails without root), 0 never (plain DaemonSets).
+GPU_OPERATOR ?= auto
+LAB_GPU_OPERATOR = $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator,$(if $(filter auto,$(GPU_OPERATOR)),$(if $(filter 0,$(shell id -u)),--gpu-operator)))
+# operator (with the real GPU Operator and CHANGE=driver): the operator's driver container is the driver.
 INSTALL_METHOD ?= apt
 lab: collection controlplane
-	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) --install-method $(INSTALL_METHOD) $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator)
+	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) --install-method $(INSTALL_METHOD) $(LAB_GPU_OPERATOR)
 
 # Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
 # .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).

@@ -710,18 +710,22 @@ def plan_resume(node: Obj) -> Obj:
             'labels': sorted(back), 'operands': sorted(recorded.get('operands') or []), 'changed': True}
 
 
-def _paused_record(node: Obj) -> Optional[Obj]:
-    raw = (((node.get('metadata') or {}).get('annotations')) or {}).get(PAUSED_ANNOTATION)
+def _node_record(node: Obj, annotation: str, what: str, keys: Tuple[str, ...]) -> Optional[Obj]:
+    """The JSON record `annotation` of `node` (None without one); refused unless each of `keys` is a mapping."""
+    raw = (((node.get('metadata') or {}).get('annotations')) or {}).get(annotation)
     if not raw:
         return None
     try:
         data = json.loads(raw)
     except ValueError:
         data = None
-    if not isinstance(data, dict) or not isinstance(data.get('labels'), dict):
-        raise GpuOperatorError('annotation %s of node %s is not what a pause records: %r'
-                               % (PAUSED_ANNOTATION, _name(node), raw))
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), dict) for k in keys):
+        raise GpuOperatorError('annotation %s of node %s is not what %s records: %r' % (annotation, _name(node), what, raw))
     return data
+
+
+def _paused_record(node: Obj) -> Optional[Obj]:
+    return _node_record(node, PAUSED_ANNOTATION, 'a pause', ('labels',))
 
 
 def node_paused(state: Obj, node: str, operands: Sequence[str]) -> Tuple[bool, List[str]]:
@@ -757,18 +761,7 @@ def snapshot_revisions(snapshot: Optional[Mapping[str, Any]], node: str) -> Dict
 
 
 def _back_record(node: Obj) -> Optional[Obj]:
-    raw = (((node.get('metadata') or {}).get('annotations')) or {}).get(BACK_ANNOTATION)
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or not isinstance(data.get('labels'), dict) \
-            or not isinstance(data.get('operands'), dict):
-        raise GpuOperatorError('annotation %s of node %s is not what a rollback of its operands records: %r'
-                               % (BACK_ANNOTATION, _name(node), raw))
-    return data
+    return _node_record(node, BACK_ANNOTATION, 'a rollback of its operands', ('labels', 'operands'))
 
 
 def back_pod_name(operand: str, node: str) -> str:

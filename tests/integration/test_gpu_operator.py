@@ -37,24 +37,30 @@ def operator(control_plane):
         yield op
 
 
-@pytest.fixture
-def fleet(cluster, operator):
-    """Three GPU nodes (labelled as NFD labels them), the operator's Deployment and the ClusterPolicy the
-    chart renders (RollingUpdate, driver auto-upgrade on: the chart's defaults), reconciled to ready."""
+def _deploy(cluster, operator, extra_labels=None, operands=5, **policy):
+    """Three GPU nodes (labelled as NFD labels them, plus `extra_labels`), the operator's Deployment and the
+    ClusterPolicy the chart renders (`policy`: operator_values' keywords), reconciled to ready with `operands`
+    pods per node; the reader's and the updater's kubeconfigs on `cluster`."""
     nodes = []
     for name in NODES:
         node = f.gpu_node(name)
-        node['metadata']['labels'] = {k: v for k, v in node['metadata']['labels'].items()
-                                      if not k.startswith('nvidia.com/gpu.deploy.')}
+        labels = {k: v for k, v in node['metadata']['labels'].items() if not k.startswith('nvidia.com/gpu.deploy.')}
+        node['metadata']['labels'] = dict(labels, **(extra_labels or {}))
         nodes.append(node)
     cluster.apply(nodes + [f.namespace(NS), deployment(f.OPERATOR_VERSION)], settle=False)
-    cluster.apply([f.operator_cluster_policy()], settle=False)
+    cluster.apply([f.operator_cluster_policy(**policy)], settle=False)
     operator.wait_ready()
-    cluster.wait_for(lambda: len(operator.operand_pods()) >= 5 * len(NODES), timeout=60,
-                     message='the operands on every node')
+    cluster.wait_for(lambda: len(operator.operand_pods()) >= operands * len(NODES), timeout=60,
+                     message='%d operand pods on every node' % operands)
     cluster.info_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')
     cluster.update_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-gpu-operator')
-    yield cluster
+    return cluster
+
+
+@pytest.fixture
+def fleet(cluster, operator):
+    """The chart's defaults: RollingUpdate, driver auto-upgrade on, host drivers."""
+    yield _deploy(cluster, operator)
 
 
 # What Node Feature Discovery labels and the operator needs to render its driver DaemonSet (the image's OS tag,
@@ -70,20 +76,7 @@ DRIVER = 'nvidia-driver-daemonset'
 @pytest.fixture
 def driver_fleet(cluster, operator):
     """As `fleet`, with the operator's driver container as the driver (driver.enabled: install_method operator)."""
-    nodes = []
-    for name in NODES:
-        node = f.gpu_node(name)
-        labels = {k: v for k, v in node['metadata']['labels'].items() if not k.startswith('nvidia.com/gpu.deploy.')}
-        node['metadata']['labels'] = dict(labels, **NFD_HOST)
-        nodes.append(node)
-    cluster.apply(nodes + [f.namespace(NS), deployment(f.OPERATOR_VERSION)], settle=False)
-    cluster.apply([f.operator_cluster_policy(driver_enabled=True, driver_version=OLD_DRIVER)], settle=False)
-    operator.wait_ready()
-    cluster.wait_for(lambda: len(operator.operand_pods()) >= 6 * len(NODES), timeout=60,
-                     message='the operands and the driver on every node')
-    cluster.info_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')
-    cluster.update_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-gpu-operator')
-    yield cluster
+    yield _deploy(cluster, operator, NFD_HOST, operands=6, driver_enabled=True, driver_version=OLD_DRIVER)
 
 
 def _driver_images(cluster):
