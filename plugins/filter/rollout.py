@@ -43,6 +43,18 @@ def operator_revisions(snapshot: t.Optional[t.Dict[str, t.Any]], node: str) -> t
     return _call('operator_revisions', _gpu_operator.snapshot_revisions, snapshot, node)
 
 
+def rollback_activation(mode: t.Any, decision: t.Any, kernel_back: t.Any = False) -> str:
+    return _call('rollback_activation', _rollout.rollback_activation, mode, decision, kernel_back)
+
+
+def install_method_verdict(plan: t.Any, install_method: t.Any) -> t.Dict[str, t.Any]:
+    return _call('install_method_verdict', _rollout.install_method_verdict, plan, install_method)
+
+
+def operands_back(managed: t.Any, restore: t.Any, install_method: t.Any = 'apt') -> bool:
+    return _call('operands_back', _rollout.operands_back, managed, restore, install_method)
+
+
 def batch_admission(nodes: t.List[t.Dict[str, t.Any]], batch: t.List[str], plan: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
     return _call('batch_admission', _plan.batch_admission, nodes, batch, plan)
 
@@ -141,4 +153,6 @@ class FilterModule:
                 'observation_window': observation_window, 'observation_verdict': observation_verdict,
                 'observation_cases': observation_cases,
                 'observation_settings': observation_settings, 'observation_hosts': observation_hosts,
-                'operator_revisions': operator_revisions}
+                'operator_revisions': operator_revisions, 'operands_back': operands_back,
+                'rollback_activation': rollback_activation,
+                'install_method_verdict': install_method_verdict}

@@ -868,7 +868,10 @@ def node_back_settled(state: Obj, node: str, revisions: Mapping[str, str]) -> Tu
     for name in sorted(revisions):
         mine = [p for p in pods if p['operand'] == name]
         if not any(p['revision'] == revisions[name] and p['ready'] for p in mine):
-            waiting.append('%s: no Ready pod at revision %s on %s yet' % (name, revisions[name], node))
+            seen = ', '.join('%s at %s%s%s' % (p['pod'], p['revision'], ' (ours)' if p.get('back') else '',
+                                               ' Ready' if p['ready'] else ' %s, not Ready' % p['phase'])
+                             for p in mine) or 'none'
+            waiting.append('%s: no Ready pod at revision %s on %s yet (pods: %s)' % (name, revisions[name], node, seen))
         elif len(mine) > 1:
             waiting.append('%s: %d pods on %s (the DaemonSet\'s is still leaving)' % (name, len(mine), node))
     return not waiting, waiting

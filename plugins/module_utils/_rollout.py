@@ -283,6 +283,68 @@ def activation(mode: Any, kernel_change: Any, booted: Any = False, install_metho
     return 'reload'
 
 
+def rollback_activation(mode: Any, decision: Any, kernel_back: Any = False) -> str:
+    """How a rollback brings the restored driver up (node_upgrade's activation): V(reboot) when `mode`
+    (rollback_activation) is reboot, when the rollback `decision` (rollback_decision's result) has a
+    reboot step, or when `kernel_back` (the node runs another kernel than the snapshot's: the restore made
+    the snapshot's kernel GRUB's default again and removed the newer kernel's module packages, so a reload
+    would keep the other kernel); else V(reload)."""
+    if mode not in ACTIVATIONS:
+        raise RolloutError('rollback_activation: %r is not one of %s' % (mode, ', '.join(ACTIVATIONS)))
+    steps = decision.get('steps') if isinstance(decision, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise RolloutError('decision: %r has no list of steps' % (decision,))
+    if not isinstance(kernel_back, bool):
+        raise RolloutError('kernel_back: %r is not a boolean' % (kernel_back,))
+    if mode == 'reboot' or kernel_back or any(s.get('action') == 'reboot' for s in steps):
+        return 'reboot'
+    return 'reload'
+
+
+def operands_back(managed: Any, restore: Any, install_method: Any = 'apt') -> bool:
+    """Whether a node's rollback takes its GPU Operator operands back to the revisions of the operator's
+    snapshot (gpu_operator_update state=back).
+
+    `managed` is gpufleet_gpu_operator_managed; `restore` the rollback's registered restore result
+    (skipped when the rollback had nothing to restore, changed when it changed the host). The operands go
+    back with the host: when the restore changed it, or, with `install_method: operator`, whenever the
+    restore ran, since then the driver is one of the operands and the restore changes no host package."""
+    if not isinstance(managed, bool):
+        raise RolloutError('gpu_operator_managed: %r is not a boolean' % (managed,))
+    if not isinstance(restore, dict):
+        raise RolloutError('restore: %r is not a task result' % (restore,))
+    if not isinstance(install_method, str) or not install_method:
+        raise RolloutError('install_method: %r is not a name' % (install_method,))
+    if not managed or restore.get('skipped'):
+        return False
+    return bool(restore.get('changed')) or install_method == 'operator'
+
+
+def install_method_verdict(plan: Any, install_method: Any) -> Dict[str, Any]:
+    """Whether the plan's combinations were planned with this run's install method ({'ok', 'msg'}).
+
+    The planner keys each combination by `install_method` (gpufleet_install_method when it ran); the
+    canary proved, and upgrade_check passed, that method. A run whose gpufleet_install_method is another
+    one would pin and install host packages on nodes whose driver the GPU Operator runs, or the
+    reverse. A combination key without `install_method` (combination_keys that leave it out) is not
+    judged."""
+    if not isinstance(install_method, str) or not install_method:
+        raise RolloutError('gpufleet_install_method: %r is not a name' % (install_method,))
+    if not isinstance(plan, dict):
+        raise RolloutError('plan: a %s is not a plan' % type(plan).__name__)
+    combos = plan.get('combinations')
+    if not isinstance(combos, list):
+        raise RolloutError('plan.combinations: %r is not a list' % (combos,))
+    planned = sorted({str((c.get('key') or {}).get('install_method')) for c in combos
+                      if isinstance(c, dict) and 'install_method' in (c.get('key') or {})})
+    other = [m for m in planned if m != install_method]
+    if other:
+        return {'ok': False, 'msg': 'the plan was made with install method %s, this run has gpufleet_install_method '
+                                    '%s: re-plan (and re-qualify) with the same install method' % (
+                                        ', '.join(other), install_method)}
+    return {'ok': True, 'msg': 'install method %s, as planned' % install_method}
+
+
 def forks_verdict(batches: Any, forks: Any) -> Dict[str, Any]:
     """Whether this run's `forks` let each of the plan's `batches` run its nodes at once.
 

@@ -258,6 +258,11 @@ class ControlPlane:
             '--kube-api-qps', '200', '--kube-api-burst', '400', '--concurrent-gc-syncs', '10',
             # Node lifecycle as a real cluster runs it, with eviction of NotReady nodes' pods slowed so
             # it does not fight a test: a node a test takes NotReady keeps its pods for 10 minutes.
+            # The controller judges a pod by the node health it recorded at its last pass (every
+            # --node-monitor-period): a pod created or updated before its first pass after the node came
+            # back is marked not Ready, which a real kubelet would correct and KWOK does not; 1 s (not 5 s)
+            # keeps that window short (tests/tools/lab_node.py boot waits it out).
+            '--node-monitor-period', '1s',
             '--node-monitor-grace-period', '60s', '--node-eviction-rate', '0.01',
             '--secondary-node-eviction-rate', '0.001', '--unhealthy-zone-threshold', '1',
             '--profiling=false',

@@ -506,7 +506,7 @@ def test_canary_cluster_step_node_windows_reload_path_and_the_failed_canarys_way
         holders = {uid for uid, v in start.items() if v[0] == 'gpu-2' and v[1] != 'nvidia-container-toolkit-daemonset'}
         run = run_playbook(_wiring_play(kubeconfig, [_role(
             'activate', node_upgrade_node='gpu-2', node_upgrade_activation='lab', node_upgrade_lab_hook=HOOK,
-            __node_upgrade_reboot=False, node_upgrade_gpu_operator_managed=True)], [], qdir, target))
+            __node_upgrade_how='reload', node_upgrade_gpu_operator_managed=True)], [], qdir, target))
         assert run.rc == 0, run.stdout
         order = [e['event_data']['task'] for e in run.events if e.get('event') == 'runner_on_ok']
         pause = "Activate | Take the node's device-holding GPU Operator operands off it before the driver unloads"

@@ -90,6 +90,16 @@ def test_a_plan_edited_after_the_gate_is_refused(lab):
                                              % (plan_file, edited_digest))
         assert 'passed with sha256 %s' % digest in failures[0]['msg']
         assert lab.cluster.mutating_requests() == []
+        # The reviewed plan, with another install method than the one it was planned (and qualified) with.
+        plan_file.write_bytes(reviewed)
+        lab.cluster.clear_requests()
+        assert lab.play('other-method', 'rollout.yml', extravars={'gpufleet_install_method': 'operator'}) == 'failed'
+        failures = lab.runs['other-method']['failures']
+        assert [f['task'] for f in failures] == [
+            "Rollout | The plan was made with this run's install method (filter install_method_verdict)"], failures
+        assert failures[0]['msg'] == ('the plan was made with install method apt, this run has gpufleet_install_method '
+                                      'operator: re-plan (and re-qualify) with the same install method')
+        assert lab.cluster.mutating_requests() == []
     finally:
         plan_file.write_bytes(reviewed)
 

@@ -108,7 +108,7 @@ class Lab:
         (tests/cluster/gpuoperator.py, as root) runs the operands from an RKE2 HelmChart, the target moves
         it to labenv.TARGET_GPU_OPERATOR and the playbooks run with gpufleet_gpu_operator_managed;
         `install_method` operator (with gpu_operator): the operator's driver container is the driver (the lab's
-        hook plays it loading its module: tests/tools/lab_node.py container)."""
+        hook plays it loading its module: tests/tools/lab_node.py operator)."""
         self.dir = lab
         self.install_method = install_method
         self.change = change
@@ -397,6 +397,30 @@ class Lab:
         log('== %s: %s in %.1fs%s' % (name, result.status, time.monotonic() - t0,
                                       ' (killed at %.1fs)' % (killed_at[0] - t0) if killed_at[0] else ''))
         return result.status
+
+    def pods_not_ready(self) -> list[str]:
+        """The pool's pods that are not Ready (what a failed step waited for, to read in CI's output): namespace,
+        name, node, phase, revision, and whether the node lifecycle controller marked it (Ready False while Running)."""
+        if self.cluster is None:
+            return []
+        try:
+            pods = self.cluster.list('v1', 'Pod')
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure it explains
+            return ['(pods not read: %s)' % exc]
+        out = []
+        for pod in pods:
+            meta, status = pod['metadata'], pod.get('status') or {}
+            node = (pod.get('spec') or {}).get('nodeName')
+            conds = {c.get('type'): c for c in status.get('conditions') or []}
+            if node not in self.names or status.get('phase') in ('Succeeded', 'Failed') or \
+                    (conds.get('Ready') or {}).get('status') == 'True':
+                continue
+            out.append('%s/%s on %s: %s%s, revision %s%s' % (
+                meta['namespace'], meta['name'], node, status.get('phase'),
+                ' (deleting)' if meta.get('deletionTimestamp') else '',
+                (meta.get('labels') or {}).get('controller-revision-hash', '-'),
+                ', Ready False since %s' % conds['Ready'].get('lastTransitionTime') if 'Ready' in conds else ''))
+        return sorted(out)
 
     # ------------------------------------------------------------------ steps
     def plan(self) -> dict:
@@ -903,6 +927,8 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             for p in problems:
                 log('NOT AS DESIGNED: ' + p)
+            for line in lab.pods_not_ready()[:40]:
+                log('not Ready: ' + line)
             return 1
         if lab.fault == 'none':
             what = 'the whole rollout completed'
@@ -914,6 +940,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except LabError as exc:
         log('FAILED: %s' % exc)
+        for line in lab.pods_not_ready()[:40]:
+            log('not Ready: ' + line)
         return 1
     finally:
         lab.stop()

@@ -834,10 +834,13 @@ def test_node_back_settled_waits_for_the_daemonsets_pod_to_leave_and_the_back_po
     assert G.node_back_settled(state(o), 'gpu-1', revs) == (True, [])
     o['pods'] = [_dcgm_back_pod(o, ready=False)]
     done, waiting = G.node_back_settled(state(o), 'gpu-1', revs)
-    assert not done and waiting == ['nvidia-dcgm-exporter: no Ready pod at revision aaa on gpu-1 yet']
+    assert not done and waiting == ['nvidia-dcgm-exporter: no Ready pod at revision aaa on gpu-1 yet (pods: '
+                                    'nvidia-dcgm-exporter-back-gpu-1 at aaa (ours) Running, not Ready)']
     o['pods'] = [pod(DS_DCGM, 'gpu-1', 'ccc')]                              # only the DaemonSet's (new) pod
-    assert G.node_back_settled(state(o), 'gpu-1', revs)[0] is False
+    done, waiting = G.node_back_settled(state(o), 'gpu-1', revs)
+    assert not done and waiting[0].endswith('(pods: %s at ccc Ready)' % o['pods'][0]['metadata']['name'])
     o['pods'] = []
+    assert G.node_back_settled(state(o), 'gpu-1', revs)[1][0].endswith('(pods: none)')
     assert G.node_back_settled(state(o), 'gpu-1', revs)[0] is False
     assert G.node_back_settled(state(o), 'gpu-1', {}) == (True, [])
 

@@ -22,7 +22,7 @@ NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_fai
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'plan_workflow_digest', 'observation_cases',
-         'operator_revisions']
+         'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict']
 
 
 def fleet():
@@ -124,6 +124,26 @@ def test_errors_name_the_filter(name, args, kwargs, message):
     with pytest.raises(AnsibleFilterError) as err:
         getattr(F, name)(*args, **kwargs)
     assert err.value.message == 'gpufleet.upgrade.%s: %s' % (name, message)
+
+
+def test_operands_back_filter():
+    assert F.operands_back(True, {'changed': True}) is True
+    assert F.operands_back(True, {'changed': False}, 'operator') is True
+    with pytest.raises(AnsibleFilterError, match="^gpufleet.upgrade.operands_back: gpu_operator_managed: 'true' is not"):
+        F.operands_back('true', {'changed': True})
+
+
+def test_rollback_activation_filter():
+    assert F.rollback_activation('auto', {'steps': [{'action': 'reboot'}]}) == 'reboot'
+    assert F.rollback_activation('lab', {'steps': []}, False) == 'reload'
+    with pytest.raises(AnsibleFilterError, match="^gpufleet.upgrade.rollback_activation: decision: None has no list"):
+        F.rollback_activation('auto', None)
+
+
+def test_install_method_verdict_filter():
+    assert F.install_method_verdict(PLAN, 'apt')['ok'] is True
+    with pytest.raises(AnsibleFilterError, match="^gpufleet.upgrade.install_method_verdict: gpufleet_install_method: None"):
+        F.install_method_verdict(PLAN, None)
 
 
 def test_observation_filters_name_the_bad_input():

@@ -649,6 +649,78 @@ def test_activation_bad_input(args, message):
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize('mode,steps,kernel_back,expected', [
+    ('auto', [{'action': 'restore_driver'}], False, 'reload'),
+    ('lab', [{'action': 'restore_driver'}], False, 'reload'),
+    ('reboot', [], False, 'reboot'),                                       # the operator asked for reboots
+    ('auto', [{'action': 'restore_driver'}, {'action': 'reboot'}], False, 'reboot'),  # the decision's reboot step
+    ('reload', [{'action': 'restore_driver'}], True, 'reboot'),           # another kernel runs: a reload keeps it
+])
+def test_rollback_activation(mode, steps, kernel_back, expected):
+    assert _rollout.rollback_activation(mode, {'steps': steps}, kernel_back) == expected
+
+
+@pytest.mark.parametrize('args,message', [
+    (('often', {'steps': []}), "rollback_activation: 'often' is not one of auto, reboot, reload, lab"),
+    (('auto', {'steps': 'reboot'}), "decision: {'steps': 'reboot'} has no list of steps"),
+    (('auto', {'steps': []}, 'yes'), "kernel_back: 'yes' is not a boolean"),
+])
+def test_rollback_activation_bad_input(args, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.rollback_activation(*args)
+    assert str(err.value) == message
+
+
+def _methods_plan(*methods):
+    return {'combinations': [{'key': {'pci_ids': 'p%d' % i, 'install_method': m}} for i, m in enumerate(methods)]}
+
+
+def test_install_method_verdict():
+    assert _rollout.install_method_verdict(_methods_plan('apt', 'apt'), 'apt') == {
+        'ok': True, 'msg': 'install method apt, as planned'}
+    v = _rollout.install_method_verdict(_methods_plan('apt', 'operator'), 'operator')
+    assert v == {'ok': False, 'msg': 'the plan was made with install method apt, this run has gpufleet_install_method '
+                                     'operator: re-plan (and re-qualify) with the same install method'}
+    assert _rollout.install_method_verdict(_methods_plan('apt'), 'operator')['ok'] is False
+    # combination keys without install_method are not judged
+    assert _rollout.install_method_verdict({'combinations': [{'key': {'pci_ids': 'p'}}]}, 'operator')['ok'] is True
+
+
+@pytest.mark.parametrize('args,message', [
+    (({'combinations': []}, ''), "gpufleet_install_method: '' is not a name"),
+    (([], 'apt'), 'plan: a list is not a plan'),
+    (({'combinations': None}, 'apt'), 'plan.combinations: None is not a list'),
+])
+def test_install_method_verdict_bad_input(args, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.install_method_verdict(*args)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize('managed,restore,method,expected', [
+    (True, {'changed': True}, 'apt', True),                       # the host went back: its operands too
+    (True, {'changed': False}, 'apt', False),                     # nothing on the host changed: the operands stay
+    (True, {'changed': False}, 'operator', True),                 # the driver container is the driver to restore
+    (True, {'changed': False, 'skipped': True}, 'operator', False),  # nothing to restore at all
+    (True, {'skipped': True}, 'apt', False),
+    (False, {'changed': True}, 'apt', False),                     # the operator does not manage the operands
+    (False, {'changed': True}, 'operator', False),
+])
+def test_operands_back(managed, restore, method, expected):
+    assert _rollout.operands_back(managed, restore, method) is expected
+
+
+@pytest.mark.parametrize('args,message', [
+    (('yes', {}), "gpu_operator_managed: 'yes' is not a boolean"),
+    ((True, None), 'restore: None is not a task result'),
+    ((True, {}, ''), "install_method: '' is not a name"),
+])
+def test_operands_back_bad_input(args, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.operands_back(*args)
+    assert str(err.value) == message
+
+
 # ---------------------------------------------------------------------------- observation windows (issue 16)
 
 def test_observation_window_is_anchored_at_the_stage_end_and_says_what_is_left_to_wait():
