@@ -250,6 +250,11 @@ def rollback_result(node: str, decision: Dict[str, Any], restored: bool, gpu_aft
 ACTIVATIONS = ('auto', 'reboot', 'reload', 'lab')
 
 
+def _check_install_method(value: Any, field: str = 'install_method') -> None:
+    if not isinstance(value, str) or not value:
+        raise RolloutError('%s: %r is not a name' % (field, value))
+
+
 def activation(mode: Any, kernel_change: Any, booted: Any = False, install_method: Any = 'apt') -> str:
     """How node_upgrade brings the new driver up: V(reboot), V(reload) (unload; the new modules load on
     first use), V(none), or V(operator): the GPU Operator's driver container is the driver
@@ -268,8 +273,7 @@ def activation(mode: Any, kernel_change: Any, booted: Any = False, install_metho
     for name, value in (('kernel_change', kernel_change), ('booted', booted)):
         if not isinstance(value, bool):
             raise RolloutError('%s: %r is not a boolean' % (name, value))
-    if not isinstance(install_method, str) or not install_method:
-        raise RolloutError('install_method: %r is not a name' % (install_method,))
+    _check_install_method(install_method)
     if install_method == 'operator':
         if kernel_change:
             raise RolloutError("install_method: 'operator' with a kernel change is not built (the operator's driver "
@@ -313,8 +317,7 @@ def operands_back(managed: Any, restore: Any, install_method: Any = 'apt') -> bo
         raise RolloutError('gpu_operator_managed: %r is not a boolean' % (managed,))
     if not isinstance(restore, dict):
         raise RolloutError('restore: %r is not a task result' % (restore,))
-    if not isinstance(install_method, str) or not install_method:
-        raise RolloutError('install_method: %r is not a name' % (install_method,))
+    _check_install_method(install_method)
     if not managed or restore.get('skipped'):
         return False
     return bool(restore.get('changed')) or install_method == 'operator'
@@ -328,8 +331,7 @@ def install_method_verdict(plan: Any, install_method: Any) -> Dict[str, Any]:
     one would pin and install host packages on nodes whose driver the GPU Operator runs, or the
     reverse. A combination key without `install_method` (combination_keys that leave it out) is not
     judged."""
-    if not isinstance(install_method, str) or not install_method:
-        raise RolloutError('gpufleet_install_method: %r is not a name' % (install_method,))
+    _check_install_method(install_method, 'gpufleet_install_method')
     if not isinstance(plan, dict):
         raise RolloutError('plan: a %s is not a plan' % type(plan).__name__)
     combos = plan.get('combinations')
