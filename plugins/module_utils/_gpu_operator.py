@@ -30,12 +30,15 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import merge_patch
+
 __all__ = ['CHART_TOLERATIONS', 'DAEMONSET_TOLERATIONS', 'GpuOperatorError', 'NVIDIADRIVERS_PATH', 'OPERANDS',
            'OPERATOR_ARG_SPEC', 'PAUSED_ANNOTATION', 'BACK_ANNOTATION', 'BACK_LABEL', 'BACK_VALUE', 'back_pod',
            'node_back_settled', 'plan_back', 'plan_forward', 'snapshot_revisions', 'PAUSE_VALUE', 'RESTORE_ANNOTATION', 'drivers_of',
            'image_of', 'merge_values', 'node_paused', 'node_restarts', 'node_settled', 'plan_change',
            'plan_pause', 'plan_resume', 'read_drivers', 'read_state', 'reconciled', 'recorded_restore',
-           'restore_values', 'tolerates', 'untolerated', 'values_of']
+           'restore_values', 'tolerates', 'untolerated', 'values_of', 'plan_drivers', 'drivers_rendered',
+           'uses_driver_crd', 'operand_names']
 
 Obj = Dict[str, Any]
 
@@ -55,6 +58,7 @@ OPERANDS: Dict[str, Tuple[str, str]] = {
     'nvidia-node-status-exporter': ('nodeStatusExporter', 'node-status-exporter'),
 }
 VALIDATOR = 'nvidia-operator-validator'
+_DEPLOY_PREFIX = 'nvidia.com/gpu.deploy.'
 # What the first change recorded: the update strategy and driver auto-upgrade the operator had, so
 # that a rerun never records its own OnDelete as "before" and the end of the rollout can put them back.
 RESTORE_ANNOTATION = 'gpufleet.io/gpu-operator-restore'
@@ -295,6 +299,19 @@ def _current_hash(ds: Obj, revisions: Sequence[Obj]) -> Optional[str]:
     return labels.get('controller-revision-hash') or _name(latest)[len(_name(ds)) + 1:] or None
 
 
+def _driver_owner(ds: Obj) -> Optional[str]:
+    """The NVIDIADriver that renders `ds` (a per-pool driver DaemonSet), or None."""
+    return next((str(r.get('name')) for r in (ds.get('metadata') or {}).get('ownerReferences') or []
+                 if r.get('kind') == 'NVIDIADriver'), None)
+
+
+def _pool_driver_label(ds: Obj) -> str:
+    """The deploy-label suffix a per-pool driver DaemonSet selects (`driver`, or `vgpu-manager` for a vGPU
+    host manager): the `nvidia.com/gpu.deploy.*` key of its pod template's node selector."""
+    selector = ((((ds.get('spec') or {}).get('template') or {}).get('spec') or {}).get('nodeSelector')) or {}
+    return next((k[len(_DEPLOY_PREFIX):] for k in sorted(selector) if k.startswith(_DEPLOY_PREFIX)), 'driver')
+
+
 def _ready(pod: Obj) -> bool:
     conds = {c.get('type'): c.get('status') for c in (pod.get('status') or {}).get('conditions') or []}
     return (pod.get('status') or {}).get('phase') == 'Running' and conds.get('Ready') == 'True' \
@@ -315,14 +332,18 @@ def read_state(cluster_policy: Optional[Obj], daemonsets: Sequence[Obj], revisio
     current: Dict[str, Optional[str]] = {}
     for ds in sorted(daemonsets, key=_name):
         name = _name(ds)
-        if not (_owned_by(ds, 'ClusterPolicy', cp_uid) or name in OPERANDS):
+        pool_driver = _driver_owner(ds)
+        if not (_owned_by(ds, 'ClusterPolicy', cp_uid) or name in OPERANDS or pool_driver):
             continue
         component, label = OPERANDS.get(name, (None, None))
+        if pool_driver:
+            component, label = 'driver', _pool_driver_label(ds)
         status = ds.get('status') or {}
         containers = (((ds.get('spec') or {}).get('template') or {}).get('spec') or {}).get('containers') or []
         current[name] = _current_hash(ds, revisions)
         operands.append({
-            'name': name, 'component': component, 'deploy_label': 'nvidia.com/gpu.deploy.%s' % label if label else None,
+            'name': name, 'component': component, 'deploy_label': _DEPLOY_PREFIX + label if label else None,
+            'nvidia_driver': pool_driver,
             'update_strategy': (((ds.get('spec') or {}).get('updateStrategy') or {}).get('type')) or 'RollingUpdate',
             'image': containers[0].get('image') if containers else None,
             'revision': current[name],
@@ -375,6 +396,8 @@ def read_state(cluster_policy: Optional[Obj], daemonsets: Sequence[Obj], revisio
                 error and error.get('status') == 'True' and error.get('reason') == 'OperandNotReady') else None,
             'update_strategy': _get(spec, 'daemonsets.updateStrategy') or 'RollingUpdate',
             'driver_enabled': bool(_get(spec, 'driver.enabled')),
+            # The driver rendered per node pool from NVIDIADriver objects (driver.useNvidiaDriverCRD).
+            'driver_crd': uses_driver_crd(spec),
             'auto_upgrade': _get(spec, 'driver.upgradePolicy.autoUpgrade'),
             'dcgm_exporter_version': _get(spec, 'dcgmExporter.version'),
             'restore': recorded_restore(helm_chart if helm_chart is not None else cluster_policy),
@@ -406,13 +429,29 @@ def reconciled(state: Obj, values: Mapping[str, Any]) -> Tuple[bool, List[str]]:
     for op in state['operands']:
         if op['observed_generation'] is None or (op['generation'] or 0) > op['observed_generation']:
             waiting.append('DaemonSet %s: generation %s not yet observed' % (op['name'], op['generation']))
-        if op['name'] != 'nvidia-driver-daemonset' and op['update_strategy'] != 'OnDelete':
+        if op['component'] != 'driver' and op['update_strategy'] != 'OnDelete':
             waiting.append('DaemonSet %s: update strategy %s, not OnDelete' % (op['name'], op['update_strategy']))
-        image = want.get(op['component'] or '')
+        # A per-pool driver DaemonSet runs its NVIDIADriver's image, not the values' (rendered checks it).
+        image = None if op.get('nvidia_driver') else want.get(op['component'] or '')
         # The driver's image tag carries the node's OS after the version (`580.126.20-ubuntu22.04`), the operator's own.
         if image and op['image'] != image and not (op['component'] == 'driver' and (op['image'] or '').startswith(image + '-')):
             waiting.append('DaemonSet %s: image %s, not %s' % (op['name'], op['image'], image))
     return not waiting, waiting
+
+
+DRIVER = 'nvidia-driver-daemonset'
+
+
+def operand_names(state: Obj, names: Optional[Sequence[str]]) -> Optional[List[str]]:
+    """`names` (the modules' `operands`) with the ClusterPolicy's driver DaemonSet's name standing for every driver
+    DaemonSet, the ClusterPolicy's or each NVIDIADriver's (per node pool: which one runs on a node is the
+    operator's choice). None (every operand) stays None."""
+    if names is None:
+        return None
+    out = set(names)
+    if DRIVER in out:
+        out |= {op['name'] for op in state['operands'] if op['component'] == 'driver'}
+    return sorted(out)
 
 
 def node_restarts(state: Obj, node: str, operands: Optional[Sequence[str]] = None) -> List[Obj]:
@@ -474,9 +513,12 @@ def read_objects(client: Any, namespace: str, cluster_policy: Optional[str], hel
         if chart is None and manage == 'helm_chart':
             raise GpuOperatorError('helm_chart: HelmChart %s/%s does not exist' % helm_chart)
     ds_path = '/apis/apps/v1/namespaces/%s/daemonsets' % namespace
+    policy = policies[0] if policies else None
     return {
-        'cluster_policy': policies[0] if policies else None,
+        'cluster_policy': policy,
         'helm_chart': chart,
+        # The per-pool drivers, read only where the ClusterPolicy hands the driver to them.
+        'drivers': read_drivers(client) if uses_driver_crd((policy or {}).get('spec') or {}) else [],
         'daemonsets': client.list_all(ds_path),
         'revisions': client.list_all('/apis/apps/v1/namespaces/%s/controllerrevisions' % namespace),
         'pods': client.list_all('/api/v1/namespaces/%s/pods' % namespace),
@@ -499,7 +541,7 @@ def read_drivers(client: Any) -> List[Obj]:
 
 def drivers_of(drivers: Sequence[Obj]) -> List[Obj]:
     """The operator-managed drivers per node pool (NVIDIADriver objects, `driver.nvidiaDriverCRD`):
-    name, driver type, version, image, node selector, precompiled/open modules, state, by name."""
+    name, driver type, version, image, node selector, precompiled/open modules, tolerations, state, by name."""
     out = []
     for drv in sorted(drivers, key=_name):
         spec = drv.get('spec') or {}
@@ -508,8 +550,104 @@ def drivers_of(drivers: Sequence[Obj]) -> List[Obj]:
                     'node_selector': dict(spec.get('nodeSelector') or {}),
                     'use_precompiled': bool(spec.get('usePrecompiled')),
                     'use_open_kernel_modules': bool(spec.get('useOpenKernelModules')),
+                    'tolerations': list(spec.get('tolerations') or []),
                     'state': (drv.get('status') or {}).get('state')})
     return out
+
+
+def uses_driver_crd(values: Mapping[str, Any]) -> bool:
+    """Whether the operator's driver is rendered per node pool from NVIDIADriver objects: the ClusterPolicy's
+    `driver.useNvidiaDriverCRD` (the chart's `driver.nvidiaDriverCRD.enabled`, which renders it)."""
+    return bool(_get(values, 'driver.useNvidiaDriverCRD') or _get(values, 'driver.nvidiaDriverCRD.enabled'))
+
+
+def _driver_path(name: str) -> str:
+    return '%s/%s' % (NVIDIADRIVERS_PATH, name)
+
+
+def _merged_tolerations(current: Any, extra: Sequence[Any]) -> List[Obj]:
+    merged = list(copy.deepcopy(current)) if isinstance(current, list) else []
+    for tol in extra:
+        if not isinstance(tol, dict) or not tol.get('key'):
+            raise GpuOperatorError('tolerations: %r is not a toleration with a key' % (tol,))
+        if tol not in merged:
+            merged.append(dict(tol))
+    return merged
+
+
+def plan_drivers(drivers: Sequence[Obj], target: Mapping[str, Any]) -> List[Obj]:
+    """What the cluster step writes to the per-pool drivers (NVIDIADriver objects): for each one it changes,
+    {'name', 'path', 'patch', 'undo', 'before', 'after'} (before/after: its version and tolerations).
+
+    `target`: `driver_version` for the NVIDIADrivers named in `nvidia_drivers` (default: the only one there is;
+    several and none named is refused), with `tolerations` added to each (their DaemonSet's pods must come back
+    on the canaries); or `restore_drivers` (the way back: the `drivers` of a snapshot, drivers_of): each one's
+    version and tolerations set back to the snapshot's, so its DaemonSet's template is the one the nodes still
+    run. Their DaemonSets are always OnDelete (the operator renders them so): the change restarts no driver
+    pod. Refused, before anything is written: a name that is no NVIDIADriver, a malformed snapshot entry."""
+    by_name = {_name(d): d for d in drivers}
+    wanted: Dict[str, Obj] = {}
+    restore = target.get('restore_drivers')
+    if target.get('nvidia_drivers') and not target.get('driver_version'):
+        raise GpuOperatorError('nvidia_drivers: %r without driver_version: the NVIDIADrivers take the target driver '
+                               '(install method operator); nothing was changed' % (list(target['nvidia_drivers']),))
+    if restore is not None:
+        if target.get('driver_version'):
+            raise GpuOperatorError('restore_nvidia_drivers: the way back sets the snapshot\'s versions; not with '
+                                   'driver_version %r' % (target['driver_version'],))
+        for entry in restore if isinstance(restore, list) else [restore]:
+            if not (isinstance(entry, Mapping) and isinstance(entry.get('name'), str) and entry.get('version')
+                    and isinstance(entry.get('tolerations') or [], list)):
+                raise GpuOperatorError('restore_nvidia_drivers: %r is not a driver of a gpu_operator_info snapshot '
+                                       '(name, version, tolerations); nothing was changed' % (entry,))
+            wanted[entry['name']] = {'version': str(entry['version']),
+                                     'tolerations': list(entry.get('tolerations') or [])}
+    if target.get('driver_version'):
+        names = list(target.get('nvidia_drivers') or [])
+        if not names:
+            if len(by_name) != 1:
+                raise GpuOperatorError(
+                    'nvidia_drivers: the ClusterPolicy renders the driver from NVIDIADriver objects (%s); name the '
+                    'ones that run the target driver; nothing was changed' % (', '.join(sorted(by_name)) or 'none'))
+            names = list(by_name)
+        for name in names:
+            spec = (by_name.get(str(name)) or {}).get('spec') or {}
+            wanted[str(name)] = {'version': str(target['driver_version']),
+                                 'tolerations': _merged_tolerations(spec.get('tolerations'),
+                                                                    target.get('tolerations') or [])}
+    unknown = sorted(n for n in wanted if n not in by_name)
+    if unknown:
+        raise GpuOperatorError('nvidia_drivers: %s not NVIDIADriver objects of the cluster (%s); nothing was changed'
+                               % (', '.join(repr(n) for n in unknown), ', '.join(sorted(by_name)) or 'none'))
+    out = []
+    for name in sorted(wanted):
+        spec = by_name[name].get('spec') or {}
+        before = {'version': spec.get('version'), 'tolerations': list(spec.get('tolerations') or [])}
+        after = wanted[name]
+        if before == after:
+            continue
+        patch: Obj = {'spec': {'version': after['version']}}
+        if after['tolerations'] != before['tolerations']:
+            patch['spec']['tolerations'] = after['tolerations'] or None   # null in a merge patch removes the key
+        out.append({'name': name, 'path': _driver_path(name), 'patch': patch,
+                    'undo': {'spec': {'version': spec.get('version'), 'tolerations': spec.get('tolerations')}},
+                    'before': before, 'after': after})
+    return out
+
+
+def drivers_rendered(state: Obj, driver_plans: Sequence[Obj]) -> List[str]:
+    """What is not yet rendered of `driver_plans`: each changed NVIDIADriver's DaemonSets at its new
+    version (the image tag `<version>-<os>`)."""
+    waiting = []
+    for plan in driver_plans:
+        version = plan['after']['version']
+        mine = [op for op in state['operands'] if op.get('nvidia_driver') == plan['name']]
+        for op in mine:
+            tag = _tag(op['image'] or '')
+            if tag != version and not tag.startswith(version + '-'):
+                waiting.append('DaemonSet %s of NVIDIADriver %s: image %s, not driver %s' % (
+                    op['name'], plan['name'], op['image'], version))
+    return waiting
 
 
 def state_of(objs: Obj) -> Obj:
@@ -567,6 +705,18 @@ def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
                                'not true): the drivers are the hosts\', not the operator\'s (install_method apt); '
                                'nothing was changed' % (target['driver_version'], now['cluster_policy']['name']))
     values = values_of(chart, policy)
+    crd = uses_driver_crd((policy or {}).get('spec') or {}) or uses_driver_crd(values)
+    drivers: List[Obj] = []
+    if crd:
+        # The NVIDIADriver objects run the driver, not driver.version: the target driver goes to them.
+        drivers = plan_drivers(objs.get('drivers') or [], target)
+        target = dict(target, driver_version=None)
+    elif target.get('nvidia_drivers') or target.get('restore_drivers'):
+        raise GpuOperatorError('nvidia_drivers: %r, but ClusterPolicy %s does not render the driver from NVIDIADriver '
+                               'objects (driver.useNvidiaDriverCRD is not true); nothing was changed' % (
+                                   target.get('nvidia_drivers') or sorted(
+                                       str((d or {}).get('name')) for d in target.get('restore_drivers') or []),
+                                   now['cluster_policy']['name']))
     if target.get('replace_values'):
         # The replacement (a snapshot's values) is checked as any target's values; what to restore
         # is what the operator has now (or what an earlier run recorded).
@@ -584,22 +734,37 @@ def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
         patch = {'metadata': {'annotations': ann}, 'spec': {'valuesContent': _dump_values(new_values)}}
         if version:
             patch['spec']['version'] = version
-        return {'kind': 'HelmChart', 'path': helm_chart_path(_ns(chart), _name(chart)), 'patch': patch,
-                'values': new_values, 'restore': restore, 'version': version or None,
-                'changed': before != after or recorded is None, 'before': before, 'after': after,
-                'undo': {'spec': {'valuesContent': spec.get('valuesContent'), 'version': spec.get('version')},
-                         'metadata': {'annotations': {RESTORE_ANNOTATION: (
-                             json.dumps(recorded, sort_keys=True) if recorded else None)}}}}
+        return _with_drivers({
+            'kind': 'HelmChart', 'path': helm_chart_path(_ns(chart), _name(chart)), 'patch': patch,
+            'values': new_values, 'restore': restore, 'version': version or None,
+            'changed': before != after or recorded is None, 'before': before, 'after': after,
+            'undo': {'spec': {'valuesContent': spec.get('valuesContent'), 'version': spec.get('version')},
+                     'metadata': {'annotations': {RESTORE_ANNOTATION: (
+                         json.dumps(recorded, sort_keys=True) if recorded else None)}}}}, drivers)
     if target.get('version'):
         raise GpuOperatorError('version: %r needs the operator\'s HelmChart (the chart version); this operator is '
                                'managed as a ClusterPolicy (change its operator Deployment with its installer)'
                                % target['version'])
     before = {'values': values}
     after = {'values': new_values}
-    return {'kind': 'ClusterPolicy', 'path': '%s/%s' % (CP_PATH, _name(policy)),
-            'patch': {'metadata': {'annotations': ann}, 'spec': new_values}, 'values': new_values,
-            'restore': restore, 'version': None, 'changed': before != after or recorded is None,
-            'before': before, 'after': after, 'undo': None}
+    return _with_drivers({'kind': 'ClusterPolicy', 'path': '%s/%s' % (CP_PATH, _name(policy)),
+                          # A merge patch that also removes what the new values leave out (replace_values: a key
+                          # the cluster step added, such as daemonsets.tolerations, goes with the way back).
+                          'patch': {'metadata': {'annotations': ann}, 'spec': merge_patch(values, new_values) or {}},
+                          'values': new_values,
+                          'restore': restore, 'version': None, 'changed': before != after or recorded is None,
+                          'before': before, 'after': after, 'undo': None}, drivers)
+
+
+def _with_drivers(plan: Obj, drivers: List[Obj]) -> Obj:
+    """`plan` with the per-pool drivers it also changes (`drivers`, from plan_drivers; in the diff as
+    `nvidia_drivers`)."""
+    plan['drivers'] = drivers
+    if drivers:
+        plan['changed'] = True
+        plan['before'] = dict(plan['before'], nvidia_drivers={d['name']: d['before'] for d in drivers})
+        plan['after'] = dict(plan['after'], nvidia_drivers={d['name']: d['after'] for d in drivers})
+    return plan
 
 
 def plan_restore(objs: Obj) -> Obj:
@@ -651,7 +816,8 @@ def rendered(objs: Obj, plan: Obj) -> Tuple[bool, List[str]]:
             waiting.append('ClusterPolicy not yet rendered from the HelmChart\'s values')
     state = state_of(objs)
     done, more = reconciled(state, plan['values'])
-    return done and not waiting, waiting + more
+    more += drivers_rendered(state, plan.get('drivers') or [])
+    return done and not more and not waiting, waiting + more
 
 
 # ---------------------------------------------------------------------- pausing a node's operands (host driver reload)
@@ -747,7 +913,6 @@ def node_paused(state: Obj, node: str, operands: Sequence[str]) -> Tuple[bool, L
 BACK_VALUE = 'rolled-back-by-gpufleet'
 BACK_ANNOTATION = 'gpufleet.io/operands-back'
 BACK_LABEL = 'gpufleet.io/operand-back'
-_DEPLOY_PREFIX = 'nvidia.com/gpu.deploy.'
 
 
 def snapshot_revisions(snapshot: Optional[Mapping[str, Any]], node: str) -> Dict[str, str]:
@@ -812,6 +977,7 @@ def plan_back(node: Obj, objs: Obj, revisions: Mapping[str, str]) -> Obj:
     state = state_of(objs)
     by_name = {_name(ds): ds for ds in objs['daemonsets']}
     current = {op['name']: op['revision'] for op in state['operands']}
+    deploy_labels = {op['name']: op['deploy_label'] for op in state['operands']}
     node_name = _name(node)
     pods = state['nodes'].get(node_name, [])
     labels = (node.get('metadata') or {}).get('labels') or {}
@@ -821,7 +987,7 @@ def plan_back(node: Obj, objs: Obj, revisions: Mapping[str, str]) -> Obj:
     creates: List[Obj] = []
     for name in sorted(revisions):
         rev = revisions[name]
-        if name not in OPERANDS or name not in by_name:
+        if not deploy_labels.get(name) or name not in by_name:
             raise GpuOperatorError('revisions: %r is not an operand DaemonSet of the operator (%s); nothing was '
                                    'changed' % (name, ', '.join(sorted(by_name)) or 'none'))
         if not isinstance(rev, str) or not rev:
@@ -835,7 +1001,7 @@ def plan_back(node: Obj, objs: Obj, revisions: Mapping[str, str]) -> Obj:
         if not any(p.get('back') for p in mine) and (
                 rev == current.get(name) or any(p['revision'] == rev for p in mine)):
             continue   # the DaemonSet runs that revision (or the node never left it): nothing to take back
-        key = _DEPLOY_PREFIX + OPERANDS[name][1]
+        key = deploy_labels[name]
         if labels.get(key) not in ('true', BACK_VALUE):
             raise GpuOperatorError('node %s: label %s is %r (not "true"): someone took %s off the node; nothing '
                                    'was changed' % (node_name, key, labels.get(key), name))

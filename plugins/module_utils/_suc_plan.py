@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, merge_patch, path_for
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
@@ -356,28 +356,6 @@ def complete_mark(version: str) -> str:
 
 def plan_path(namespace: str, name: str) -> str:
     return '/apis/upgrade.cattle.io/v1/namespaces/%s/plans/%s' % (namespace, name)
-
-
-def merge_patch(current: Any, desired: Any) -> Any:
-    """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``; None when equal.
-
-    Mappings are patched key by key (keys absent from ``desired`` are set to null, i.e. removed);
-    anything else is replaced whole.
-    """
-    if isinstance(current, dict) and isinstance(desired, dict):
-        patch: Dict[str, Any] = {}
-        for key in current:
-            if key not in desired:
-                patch[key] = None
-        for key, value in desired.items():
-            if key not in current:
-                patch[key] = value
-            else:
-                sub = merge_patch(current[key], value)
-                if sub is not None:
-                    patch[key] = sub
-        return patch or None
-    return None if current == desired else desired
 
 
 @dataclass

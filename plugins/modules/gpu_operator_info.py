@@ -70,10 +70,13 @@ gpu_operator:
       description:
         - name, state, error, update_strategy, driver_enabled, auto_upgrade, dcgm_exporter_version, and
           restore (what a change recorded to put back, or null).
+        - driver_crd - whether the driver is rendered per node pool from C(NVIDIADriver) objects
+          (C(driver.useNvidiaDriverCRD)).
       type: dict
     operands:
       description: One entry per operand DaemonSet (name, component, deploy_label, update_strategy, image, revision,
-        generation, observed_generation, desired, ready, unavailable).
+        generation, observed_generation, desired, ready, unavailable, and nvidia_driver - the NVIDIADriver that
+        renders a per-pool driver DaemonSet, whose component is C(driver); null for the others).
       type: list
       elements: dict
     nodes:
@@ -120,12 +123,17 @@ drivers:
     use_open_kernel_modules:
       description: The open kernel modules.
       type: bool
+    tolerations:
+      description: Its tolerations (what the way back of a cluster step sets again, with the version).
+      type: list
+      elements: dict
     state:
       description: The operator's state of it (C(ready), C(notReady), C(ignored)), null before its first reconcile.
       type: str
   sample:
     - {name: a100-pool, driver_type: gpu, version: 580.130.00, image: "nvcr.io/nvidia/driver:580.130.00",
-       node_selector: {gpufleet.io/model: a100}, use_precompiled: false, use_open_kernel_modules: false, state: ready}
+       node_selector: {gpufleet.io/model: a100}, use_precompiled: false, use_open_kernel_modules: false,
+       tolerations: [], state: ready}
 chart_values:
   description: The values a change works on (the HelmChart's values, or the ClusterPolicy's spec) - keep them
     to restore the operator after a failed canary.

@@ -79,7 +79,8 @@ attributes:
   diff_mode:
     support: full
     details:
-      - With O(state=cluster) and O(state=restore), the values (and chart version) before and after.
+      - With O(state=cluster) and O(state=restore), the values (and chart version) before and after; with
+        per-pool drivers changed, their versions and tolerations (C(nvidia_drivers)).
   idempotent:
     support: full
     description: A second run with the same input changes nothing (a node whose operands are current restarts none).
@@ -99,7 +100,27 @@ options:
     description:
       - With O(state=cluster), the target version of the operator-managed driver (C(driver.version); the
         install method C(operator)). Refused where the ClusterPolicy does not enable the driver.
+      - Where the ClusterPolicy renders the driver per node pool from C(NVIDIADriver) objects
+        (C(driver.useNvidiaDriverCRD)), the version goes to the C(spec.version) of the NVIDIADrivers in
+        O(nvidia_drivers) instead (their DaemonSets are always C(OnDelete), so no driver pod restarts), together with
+        O(tolerations); C(driver.version) is left as it is.
     type: str
+  nvidia_drivers:
+    description:
+      - With O(state=cluster) and O(driver_version), the C(NVIDIADriver) objects (node pools) that take the target
+        driver. Default - the only one there is; with several, naming them is required (a pool on another driver
+        branch is never changed by accident). Refused where the ClusterPolicy does not use NVIDIADriver objects.
+    type: list
+    elements: str
+  restore_nvidia_drivers:
+    description:
+      - With O(state=cluster), the way back of the per-pool drivers - the C(NVIDIADriver) objects as
+        RV(gpufleet.upgrade.gpu_operator_info#module:drivers) recorded them before the cluster step (C(name),
+        C(version), C(tolerations)). Each one's version and tolerations are set back, so its DaemonSet's template is
+        the one the nodes not yet moved still run. Refused where the ClusterPolicy does not use NVIDIADriver objects,
+        with O(driver_version), and for a name that is no NVIDIADriver.
+    type: list
+    elements: dict
   revisions:
     description:
       - With O(state=back), operand DaemonSet name to the revision (C(controller-revision-hash)) its pod on the
@@ -128,7 +149,8 @@ options:
   operands:
     description:
       - With O(state=node), only these operand DaemonSets (by name, for example C(nvidia-dcgm-exporter)). Default
-        - every operand pod on the node that is not current.
+        - every operand pod on the node that is not current. C(nvidia-driver-daemonset) stands for the node's driver
+        DaemonSet whichever renders it (the ClusterPolicy, or an NVIDIADriver per node pool).
       - With O(state=pause), the operands to pause. Default - those that hold C(/dev/nvidia*).
     type: list
     elements: str
@@ -221,7 +243,8 @@ gpu_operator:
 import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_operator import (
-    OPERATOR_ARG_SPEC, GpuOperatorError, node_back_settled, node_paused, node_restarts, node_settled, plan_back,
+    OPERATOR_ARG_SPEC, GpuOperatorError, node_back_settled, node_paused, node_restarts, node_settled, operand_names,
+    plan_back,
     plan_cluster, plan_forward, plan_pause, plan_restore, plan_resume, read_objects, rendered, state_of, untolerated)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
@@ -243,6 +266,8 @@ def main() -> None:
         version=dict(type='str'),
         dcgm_exporter_version=dict(type='str'),
         driver_version=dict(type='str'),
+        nvidia_drivers=dict(type='list', elements='str'),
+        restore_nvidia_drivers=dict(type='list', elements='dict'),
         revisions=dict(type='dict'),
         values=dict(type='dict'),
         replace_values=dict(type='bool', default=False),
@@ -274,6 +299,8 @@ def main() -> None:
                 plan = plan_cluster(objs, {'version': p['version'], 'values': p['values'],
                                            'dcgm_exporter_version': p['dcgm_exporter_version'],
                                            'driver_version': p['driver_version'],
+                                           'nvidia_drivers': p['nvidia_drivers'],
+                                           'restore_drivers': p['restore_nvidia_drivers'],
                                            'replace_values': p['replace_values'], 'tolerations': p['tolerations']})
             else:
                 plan = plan_restore(objs)
@@ -287,12 +314,16 @@ def main() -> None:
                        **module.diff(plan['before'], plan['after'], '%s' % plan['kind']))
             if plan['changed'] and not module.check_mode:
                 client.patch(plan['path'], plan['patch'])
+                for driver in plan.get('drivers') or []:   # per-pool drivers: OnDelete, nothing restarts
+                    client.patch(driver['path'], driver['patch'])
             if waiting and plan['changed'] and p['state'] == 'cluster':
                 try:
                     polled, out['waited'] = _wait(lambda: rendered(read(), plan), p['timeout'], p['interval'])
                 except GpuOperatorError as exc:
                     if plan.get('undo'):  # the helm-controller refused the chart: put it back as it was
                         client.patch(plan['path'], plan['undo'])
+                        for driver in plan.get('drivers') or []:
+                            client.patch(driver['path'], driver['undo'])
                     raise GpuOperatorError('%s; the HelmChart was put back as it was' % exc)
                 if not polled.done:
                     module.fail_json(msg='gpu_operator_update: the operator did not render the change within %d s: %s'
@@ -365,7 +396,7 @@ def main() -> None:
             out['operands'] = state_of(read())['nodes'].get(node, []) if not module.check_mode else \
                 state['nodes'].get(node, [])
             module.exit_json(**out)
-        restart = node_restarts(state, node, p['operands'])
+        restart = node_restarts(state, node, operand_names(state, p['operands']))
         if restart:
             blocked = untolerated(client.get('/api/v1/nodes/%s' % node), objs['daemonsets'],
                                   sorted({x['operand'] for x in restart}))

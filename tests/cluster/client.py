@@ -620,7 +620,7 @@ class Cluster:
     # Kinds removed from the system namespaces too (a test's, never the control plane's own).
     CLEAN_EVERYWHERE = {'Pod', 'HelmChart'}
     CLEAN_CLUSTER = [('v1', 'Node'), ('resource.k8s.io/v1', 'ResourceSlice'), ('resource.k8s.io/v1', 'DeviceClass'),
-                     ('nvidia.com/v1', 'ClusterPolicy')]
+                     ('nvidia.com/v1', 'ClusterPolicy'), ('nvidia.com/v1alpha1', 'NVIDIADriver')]
     KEEP = {('v1', 'ConfigMap', 'kube-root-ca.crt'), ('v1', 'Service', 'kubernetes')}
 
     def reset(self, timeout: float = 60) -> None:

@@ -37,10 +37,11 @@ def operator(control_plane):
         yield op
 
 
-def _deploy(cluster, operator, extra_labels=None, operands=5, **policy):
+def _deploy(cluster, operator, extra_labels=None, operands=5, driver_crd=False, pools=(), **policy):
     """Three GPU nodes (labelled as NFD labels them, plus `extra_labels`), the operator's Deployment and the
-    ClusterPolicy the chart renders (`policy`: operator_values' keywords), reconciled to ready with `operands`
-    pods per node; the reader's and the updater's kubeconfigs on `cluster`."""
+    ClusterPolicy the chart renders (`policy`: operator_values' keywords; `driver_crd`: the driver rendered per
+    node pool from the NVIDIADriver objects `pools`), reconciled to ready with `operands` pods per node; the
+    reader's and the updater's kubeconfigs on `cluster`."""
     nodes = []
     for name in NODES:
         node = f.gpu_node(name)
@@ -48,7 +49,10 @@ def _deploy(cluster, operator, extra_labels=None, operands=5, **policy):
         node['metadata']['labels'] = dict(labels, **(extra_labels or {}))
         nodes.append(node)
     cluster.apply(nodes + [f.namespace(NS), deployment(f.OPERATOR_VERSION)], settle=False)
-    cluster.apply([f.operator_cluster_policy(**policy)], settle=False)
+    cp = f.operator_cluster_policy(**policy)
+    if driver_crd:
+        cp['spec']['driver']['useNvidiaDriverCRD'] = True
+    cluster.apply([cp] + list(pools), settle=False)
     operator.wait_ready()
     cluster.wait_for(lambda: len(operator.operand_pods()) >= operands * len(NODES), timeout=60,
                      message='%d operand pods on every node' % operands)
@@ -329,6 +333,107 @@ def test_operator_managed_driver_moves_in_its_nodes_window_and_goes_back_with_it
     assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
 
 
+# One node pool's driver from an NVIDIADriver object (driver.useNvidiaDriverCRD): the operator's NVIDIADriver
+# controller renders its DaemonSet (always OnDelete), named after the driver type, the OS and a hash.
+POOL = {'apiVersion': 'nvidia.com/v1alpha1', 'kind': 'NVIDIADriver', 'metadata': {'name': 'gpu-pool'},
+        'spec': {'driverType': 'gpu', 'repository': 'nvcr.io/nvidia', 'image': 'driver', 'version': OLD_DRIVER,
+                 'manager': {'repository': 'nvcr.io/nvidia/cloud-native', 'image': 'k8s-driver-manager',
+                             'version': 'v0.8.1'}}}
+
+
+@pytest.fixture
+def pool_fleet(cluster, operator):
+    """As `driver_fleet`, with the driver rendered from the NVIDIADriver `POOL` instead of driver.version."""
+    yield _deploy(cluster, operator, NFD_HOST, operands=6, driver_crd=True, pools=[POOL], driver_enabled=True,
+                  driver_version='570.0.0')
+
+
+def _pool_driver_images(cluster):
+    """node -> the image of the per-pool driver pod running there (the DaemonSet's or a rollback's)."""
+    return {p['spec']['nodeName']: p['spec']['containers'][0]['image'] for p in cluster.list('v1', 'Pod', namespace=NS)
+            if p['metadata']['labels'].get('app.kubernetes.io/component') == 'nvidia-driver'
+            and not p['metadata'].get('deletionTimestamp')}
+
+
+def test_per_pool_driver_moves_in_its_nodes_window_and_the_way_back_restores_the_pools_version(
+        pool_fleet, operator, run_playbook):
+    """install_method operator with the driver per node pool (NVIDIADriver) on the real operator: the cluster step
+    sets the NVIDIADriver's version, not driver.version (its DaemonSet is OnDelete: no driver pod restarts
+    anywhere); gpu-1's window moves its driver pod (named as the ClusterPolicy's driver DaemonSet, as the role
+    does); its rollback takes it back to the snapshot's revision; the way back of a failed canary sets the pool's
+    version back from the snapshot."""
+    fleet = pool_fleet
+    old_image = 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % OLD_DRIVER
+    new_image = 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % NEW_DRIVER
+    assert _pool_driver_images(fleet) == {n: old_image for n in NODES}
+    run = run_playbook(_play(fleet.info_kubeconfig, 'gpu_operator_info', {}))
+    info = run.result('step')
+    snapshot = info['gpu_operator']
+    assert snapshot['cluster_policy']['driver_crd'] is True
+    assert [(d['name'], d['version']) for d in info['drivers']] == [('gpu-pool', OLD_DRIVER)]
+    (pool_ds,) = [o for o in snapshot['operands'] if o['nvidia_driver'] == 'gpu-pool']
+    assert pool_ds['component'] == 'driver' and pool_ds['update_strategy'] == 'OnDelete', pool_ds
+    assert not any(o['name'] == DRIVER for o in snapshot['operands'])     # the ClusterPolicy renders none
+    revisions = {p['operand']: p['revision'] for p in snapshot['nodes']['gpu-1']}
+    assert pool_ds['name'] in revisions
+    start = _pods(operator)
+
+    # Check mode: the pool's version predicted in the diff, nothing written.
+    mark = fleet.audit_mark()
+    res = _update(fleet, run_playbook, {'state': 'cluster', 'driver_version': NEW_DRIVER}, check=True, diff=True)
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True, res
+    assert res['diff']['after']['nvidia_drivers']['gpu-pool']['version'] == NEW_DRIVER, res['diff']
+    assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
+
+    res = _update(fleet, run_playbook, {'state': 'cluster', 'driver_version': NEW_DRIVER})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    assert fleet.get('nvidia.com/v1alpha1', 'NVIDIADriver', 'gpu-pool')['spec']['version'] == NEW_DRIVER
+    cp = fleet.get('nvidia.com/v1', 'ClusterPolicy', 'cluster-policy')
+    assert cp['spec']['driver']['version'] == '570.0.0'                   # not what runs: left alone
+    moved = next(o for o in res['gpu_operator']['operands'] if o['name'] == pool_ds['name'])
+    assert moved['image'] == new_image, moved
+    fleet.settle(horizon=3)
+    assert _pods(operator) == start and _pool_driver_images(fleet) == {n: old_image for n in NODES}
+
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1', 'operands': [DRIVER]})
+    assert res['_event'] == 'runner_on_ok' and res['waited']['done'] is True, res
+    assert [p['operand'] for p in res['restarted']] == [pool_ds['name']], res
+    assert _pool_driver_images(fleet) == {'gpu-1': new_image, 'gpu-2': old_image, 'gpu-3': old_image}
+    others = {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'}
+    assert others == {uid: v for uid, v in start.items() if v[0] != 'gpu-1'}
+
+    res = _update(fleet, run_playbook, {'state': 'back', 'node': 'gpu-1', 'revisions': revisions})
+    assert res['_event'] == 'runner_on_ok' and res['waited']['done'] is True, res
+    assert res['back']['operands'] == {pool_ds['name']: revisions[pool_ds['name']]}, res
+    assert fleet.get('v1', 'Node', 'gpu-1')['metadata']['labels']['nvidia.com/gpu.deploy.driver'] == \
+        'rolled-back-by-gpufleet'
+    assert _pool_driver_images(fleet) == {n: old_image for n in NODES}
+    fleet.settle(horizon=3)
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+
+    # A failed canary's way back (gpu_operator_back.yml): the snapshot's values and the pool's version, then the
+    # node's window runs the restored revision.
+    res = _update(fleet, run_playbook, {'state': 'cluster', 'values': info['chart_values'],
+                                        'replace_values': True,
+                                        'restore_nvidia_drivers': info['drivers']})
+    assert res['_event'] == 'runner_on_ok' and res['changed'] is True and res['waited']['done'] is True, res
+    assert fleet.get('nvidia.com/v1alpha1', 'NVIDIADriver', 'gpu-pool')['spec']['version'] == OLD_DRIVER
+    res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})
+    assert res['_event'] == 'runner_on_ok' and res['waited']['done'] is True, res
+    assert _pool_driver_images(fleet) == {n: old_image for n in NODES}
+    node = fleet.get('v1', 'Node', 'gpu-1')
+    assert node['metadata']['labels']['nvidia.com/gpu.deploy.driver'] == 'true'
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == others
+
+    # Bad input changes nothing: a pool that does not exist; pool versions where the driver is not per pool.
+    mark = fleet.audit_mark()
+    res = _update(fleet, run_playbook, {'state': 'cluster', 'driver_version': NEW_DRIVER, 'nvidia_drivers': ['b200']})
+    assert res['_event'] == 'runner_on_failed', res
+    assert res['msg'] == ("gpu_operator_update: nvidia_drivers: 'b200' not NVIDIADriver objects of the cluster "
+                          "(gpu-pool); nothing was changed"), res
+    assert rbac.non_reads(fleet.audit_events(since=mark, user=rbac.user('gpu-operator'))) == []
+
+
 def test_helm_chart_step_moves_the_operator_version_and_a_missing_chart_is_put_back(fleet, operator, run_playbook):
     values = f.operator_values()
     fleet.apply([f.helm_chart(values=values)], settle=False)
@@ -536,3 +641,55 @@ def test_canary_cluster_step_node_windows_reload_path_and_the_failed_canarys_way
         assert images['gpu-1'].endswith(':' + OLD_DCGM) and images['gpu-2'].endswith(':' + OLD_DCGM), images
         fleet.settle(horizon=3)
         assert {uid: v for uid, v in _pods(operator).items() if v[0] == 'gpu-3'} == gpu3
+
+
+def test_canary_cluster_step_and_way_back_with_per_pool_drivers(pool_fleet, operator, run_playbook, tmp_path):
+    """install_method operator with the driver per node pool, through the playbooks' task files: the cluster step
+    (gpu_operator_cluster.yml) sets the NVIDIADriver's version and its snapshot keeps the pool's; node_upgrade's
+    activation (tasks/activate.yml, `operator`) moves gpu-1's driver pod; the failed canary's way back
+    (gpu_operator_back.yml) puts the pool's version back and gpu-1 runs the old driver again. gpu-2 and gpu-3 keep
+    every pod they had."""
+    fleet = pool_fleet
+    kubeconfig = rbac.kubeconfig_for(fleet, 'gpufleet-upgrade-gpu-operator')
+    qdir = tmp_path / 'qualification'
+    qdir.mkdir()
+    target = {'gpu_operator': f.OPERATOR_VERSION, 'dcgm_exporter': OLD_DCGM, 'driver': NEW_DRIVER}
+    old_image = 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % OLD_DRIVER
+    new_image = 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % NEW_DRIVER
+    start = _pods(operator)
+    rest = {uid: v for uid, v in start.items() if v[0] != 'gpu-1'}
+
+    def play(tasks, canaries):
+        p = _wiring_play(kubeconfig, tasks, canaries, qdir, target)
+        p[0]['vars']['gpufleet_install_method'] = 'operator'
+        return p
+
+    run = run_playbook(play([_include('gpu_operator_cluster.yml')], ['gpu-1']))
+    assert run.rc == 0, run.stdout
+    assert fleet.get('nvidia.com/v1alpha1', 'NVIDIADriver', 'gpu-pool')['spec']['version'] == NEW_DRIVER
+    (snap_path,) = qdir.glob('gpu-operator--*.json')
+    snap = json.loads(snap_path.read_text())
+    assert [(d['name'], d['version']) for d in snap['drivers']] == [('gpu-pool', OLD_DRIVER)], snap['drivers']
+    assert snap['gpu_operator']['cluster_policy']['driver_crd'] is True
+    fleet.settle(horizon=3)
+    assert _pods(operator) == start
+
+    run = run_playbook(play([_role('activate', node_upgrade_node='gpu-1', node_upgrade_activation='lab',
+                                   node_upgrade_lab_hook=HOOK, __node_upgrade_how='operator',
+                                   node_upgrade_gpu_operator_managed=True)], []))
+    assert run.rc == 0, run.stdout
+    moved = run.result("Activate | The operator's driver container on the node at its DaemonSet's current revision")
+    assert moved['waited']['done'] is True and len(moved['restarted']) == 1, moved
+    assert _pool_driver_images(fleet) == {'gpu-1': new_image, 'gpu-2': old_image, 'gpu-3': old_image}
+
+    run = run_playbook(play([_snapshot_back(qdir), _include('gpu_operator_back.yml')], ['gpu-1']))
+    assert run.rc == 0, run.stdout
+    pool = fleet.get('nvidia.com/v1alpha1', 'NVIDIADriver', 'gpu-pool')['spec']
+    assert pool['version'] == OLD_DRIVER and 'tolerations' not in pool, pool
+    # The ClusterPolicy without the canary toleration the step added (a merge patch names it null), so every
+    # node not in a window runs its DaemonSets' current revision and the update strategy was restored.
+    cp = fleet.get('nvidia.com/v1', 'ClusterPolicy', 'cluster-policy')['spec']
+    assert 'tolerations' not in cp['daemonsets'] and cp['daemonsets']['updateStrategy'] == 'RollingUpdate', cp
+    assert _pool_driver_images(fleet) == {n: old_image for n in NODES}
+    fleet.settle(horizon=3)
+    assert {uid: v for uid, v in _pods(operator).items() if v[0] != 'gpu-1'} == rest

@@ -217,6 +217,23 @@ def test_plan_cluster_replace_values_takes_a_snapshot_with_the_settings_the_chan
         G.plan_cluster(objs(cp=cp), {'replace_values': True, 'values': snapshot})
 
 
+def test_plan_cluster_replace_values_of_a_cluster_policy_removes_what_the_cluster_step_added():
+    """A ClusterPolicy is merge-patched: the way back names with null what the snapshot does not have (the
+    canary toleration the cluster step added), else every operand's template would keep it and the nodes never
+    moved would no longer run their DaemonSets' current revision."""
+    snapshot = cluster_policy()['spec']
+    canary = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
+    first = G.plan_cluster(objs(), {'dcgm_exporter_version': NEW_DCGM, 'tolerations': [canary]})
+    assert first['patch']['spec']['daemonsets']['tolerations'] == [GPU_TOLERATION, canary]
+    assert first['patch']['spec']['dcgmExporter'] == {'version': NEW_DCGM}            # only what changes
+    cp = cluster_policy(state='notReady', annotations=first['patch']['metadata']['annotations'], spec=first['values'])
+    back = G.plan_cluster(objs(cp=cp), {'replace_values': True, 'values': snapshot})
+    assert back['patch']['spec']['daemonsets'] == {'tolerations': None}
+    assert back['patch']['spec']['dcgmExporter'] == {'version': DCGM['version']}
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import apply_merge_patch
+    assert apply_merge_patch(first['values'], back['patch']['spec']) == back['values']
+
+
 def test_recorded_restore_reads_json_and_refuses_bad_json():
     assert G.recorded_restore(cluster_policy()) is None
     assert G.recorded_restore(None) is None
@@ -493,7 +510,8 @@ def test_drivers_of_reads_each_pool_and_sorts_by_name():
     drivers = [
         {'metadata': {'name': 'h100-pool'}, 'spec': {
             'driverType': 'gpu', 'repository': 'nvcr.io/nvidia', 'image': 'driver', 'version': '580.130.00',
-            'nodeSelector': {'gpufleet.io/model': 'h100'}, 'usePrecompiled': False, 'useOpenKernelModules': True},
+            'nodeSelector': {'gpufleet.io/model': 'h100'}, 'usePrecompiled': False, 'useOpenKernelModules': True,
+            'tolerations': [{'key': 'gpufleet.io/canary', 'operator': 'Exists'}]},
          'status': {'state': 'ready'}},
         {'metadata': {'name': 'a100-pool'}, 'spec': {'driverType': 'gpu', 'image': 'driver', 'version': '580'}},
     ]
@@ -501,7 +519,9 @@ def test_drivers_of_reads_each_pool_and_sorts_by_name():
     assert [d['name'] for d in out] == ['a100-pool', 'h100-pool']
     assert out[1] == {'name': 'h100-pool', 'driver_type': 'gpu', 'version': '580.130.00',
                       'image': 'nvcr.io/nvidia/driver:580.130.00', 'node_selector': {'gpufleet.io/model': 'h100'},
-                      'use_precompiled': False, 'use_open_kernel_modules': True, 'state': 'ready'}
+                      'use_precompiled': False, 'use_open_kernel_modules': True, 'state': 'ready',
+                      'tolerations': [{'key': 'gpufleet.io/canary', 'operator': 'Exists'}]}
+    assert out[0]['tolerations'] == []
     assert out[0]['state'] is None and out[0]['image'] == 'driver:580' and out[0]['node_selector'] == {}
     assert G.drivers_of([]) == []
 
@@ -588,7 +608,7 @@ GPU_TOLERATION = {'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSc
 def revision_with_data(ds_name, number, hash_, image='img', selector=None, tolerations=None, owner_uid=None):
     """A ControllerRevision with the `data` the DaemonSet controller writes (the template, '$patch': replace)."""
     rev = revision(ds_name, number, hash_, owner_uid=owner_uid)
-    deploy = 'nvidia.com/gpu.deploy.%s' % G.OPERANDS[ds_name][1]
+    deploy = 'nvidia.com/gpu.deploy.%s' % G.OPERANDS.get(ds_name, ('driver', 'driver'))[1]
     rev['data'] = {'spec': {'template': {
         'metadata': {'labels': {'app': ds_name}, 'annotations': {'kubectl.kubernetes.io/default-container': 'main'}},
         'spec': {'nodeSelector': dict(selector) if selector is not None else {deploy: 'true',
@@ -972,3 +992,132 @@ def test_reconciled_takes_the_driver_image_with_the_os_tag_the_operator_appends(
     assert not done and 'not nvcr.io/nvidia/driver:580.159.03' in waiting[0]
     state['operands'][0]['image'] = 'nvcr.io/nvidia/driver:580.159.031-ubuntu22.04'
     assert G.reconciled(state, values)[0] is False
+
+
+# -- per-pool drivers (NVIDIADriver objects, driver.useNvidiaDriverCRD) ---------------------------
+POOL_DS = 'nvidia-gpu-driver-ubuntu22.04-7c9d5b6f8'
+
+
+def nvidia_driver(name='h100-pool', version='580.126.20', tolerations=None):
+    spec = {'driverType': 'gpu', 'repository': 'nvcr.io/nvidia', 'image': 'driver', 'version': version,
+            'nodeSelector': {'gpufleet.io/pool': name}}
+    if tolerations is not None:
+        spec['tolerations'] = tolerations
+    return {'apiVersion': 'nvidia.com/v1alpha1', 'kind': 'NVIDIADriver', 'metadata': {'name': name, 'uid': 'uid-nvd-' + name},
+            'spec': spec}
+
+
+def pool_daemonset(name=POOL_DS, driver='h100-pool', version='580.126.20', label='driver'):
+    """What the operator's NVIDIADriver controller renders: owned by the NVIDIADriver, always OnDelete."""
+    ds = daemonset(name, 'nvcr.io/nvidia/driver:%s-ubuntu22.04' % version, owned=False)
+    ds['metadata']['ownerReferences'] = [{'apiVersion': 'nvidia.com/v1alpha1', 'kind': 'NVIDIADriver', 'name': driver,
+                                          'uid': 'uid-nvd-' + driver, 'controller': True}]
+    ds['spec']['template']['spec']['nodeSelector'] = {'nvidia.com/gpu.deploy.%s' % label: 'true',
+                                                      'nvidia.com/gpu.present': 'true'}
+    return ds
+
+
+def crd_objs(drivers=None, cp_driver=None, pods=(), revs=None, dss=None):
+    spec = cluster_policy()['spec']
+    spec['driver'] = dict(spec['driver'], useNvidiaDriverCRD=True, version='570.0.0', **(cp_driver or {}))
+    o = objs(cp=cluster_policy(spec=spec),
+             dss=dss if dss is not None else [daemonset('nvidia-dcgm-exporter', DCGM_IMAGE), pool_daemonset()],
+             revs=revs if revs is not None else [revision(POOL_DS, 1, 'd01')], pods=pods)
+    o['drivers'] = drivers if drivers is not None else [nvidia_driver()]
+    return o
+
+
+def test_read_state_takes_a_per_pool_driver_daemonset_as_the_driver_operand():
+    st = state(crd_objs(pods=[pod(POOL_DS, 'gpu-1', 'd01')]))
+    op = next(o for o in st['operands'] if o['name'] == POOL_DS)
+    assert (op['component'], op['deploy_label'], op['nvidia_driver']) == (
+        'driver', 'nvidia.com/gpu.deploy.driver', 'h100-pool')
+    assert next(o for o in st['operands'] if o['name'] == 'nvidia-dcgm-exporter')['nvidia_driver'] is None
+    assert st['nodes']['gpu-1'] == [{'operand': POOL_DS, 'pod': '%s-d01-gpu-1' % POOL_DS, 'revision': 'd01',
+                                     'image': 'img', 'phase': 'Running', 'ready': True, 'current': True, 'back': False}]
+    assert st['cluster_policy']['driver_crd'] is True and state(objs())['cluster_policy']['driver_crd'] is False
+    vgpu = pool_daemonset('nvidia-vgpu-manager-ubuntu22.04-1', label='vgpu-manager')
+    st = state(crd_objs(dss=[vgpu]))
+    assert st['operands'][0]['deploy_label'] == 'nvidia.com/gpu.deploy.vgpu-manager'
+
+
+def test_operand_names_lets_the_driver_daemonset_name_stand_for_every_driver_daemonset():
+    st = state(crd_objs())
+    assert G.operand_names(st, None) is None
+    assert G.operand_names(st, ['nvidia-driver-daemonset']) == ['nvidia-driver-daemonset', POOL_DS]
+    assert G.operand_names(st, ['nvidia-dcgm-exporter']) == ['nvidia-dcgm-exporter']
+
+
+def test_plan_cluster_sends_the_driver_version_to_the_one_nvidiadriver_and_leaves_driver_version_alone():
+    o = crd_objs(drivers=[nvidia_driver(tolerations=[dict(GPU_TOLERATION)])])
+    canary = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
+    plan = G.plan_cluster(o, {'driver_version': '580.159.03', 'tolerations': [canary]})
+    assert plan['values']['driver']['version'] == '570.0.0'            # not what runs: untouched
+    (drv,) = plan['drivers']
+    assert drv['path'] == G.NVIDIADRIVERS_PATH + '/h100-pool'
+    assert drv['patch'] == {'spec': {'version': '580.159.03', 'tolerations': [GPU_TOLERATION, canary]}}
+    assert drv['undo'] == {'spec': {'version': '580.126.20', 'tolerations': [GPU_TOLERATION]}}
+    assert plan['before']['nvidia_drivers'] == {'h100-pool': {'version': '580.126.20', 'tolerations': [GPU_TOLERATION]}}
+    assert plan['after']['nvidia_drivers']['h100-pool']['version'] == '580.159.03'
+    assert plan['changed'] is True
+    # Already there: nothing to write to it; a ClusterPolicy without the CRD gets no driver plans.
+    o['drivers'] = [nvidia_driver(version='580.159.03', tolerations=[dict(GPU_TOLERATION), canary])]
+    assert G.plan_cluster(o, {'driver_version': '580.159.03', 'tolerations': [canary]})['drivers'] == []
+    assert G.plan_cluster(objs(), {'driver_version': '580.159.03'})['drivers'] == []
+
+
+def test_plan_drivers_needs_the_pools_named_when_there_are_several_and_refuses_unknown_names():
+    two = [nvidia_driver('a100-pool', '570.124.06'), nvidia_driver('h100-pool')]
+    with pytest.raises(G.GpuOperatorError, match=r"^nvidia_drivers: .*\(a100-pool, h100-pool\); name the ones"):
+        G.plan_drivers(two, {'driver_version': '580.159.03'})
+    plans = G.plan_drivers(two, {'driver_version': '580.159.03', 'nvidia_drivers': ['h100-pool']})
+    assert [(p['name'], p['after']['version']) for p in plans] == [('h100-pool', '580.159.03')]
+    with pytest.raises(G.GpuOperatorError, match=r"^nvidia_drivers: 'b200-pool' not NVIDIADriver objects .*nothing"):
+        G.plan_drivers(two, {'driver_version': '580.159.03', 'nvidia_drivers': ['b200-pool']})
+    with pytest.raises(G.GpuOperatorError, match=r"^nvidia_drivers: \['h100-pool'\] without driver_version"):
+        G.plan_drivers(two, {'nvidia_drivers': ['h100-pool']})
+    for bad in (['h100-pool'], [{'name': 'h100-pool'}], [{'name': 'h100-pool', 'version': '1', 'tolerations': 'x'}]):
+        with pytest.raises(G.GpuOperatorError, match=r'^restore_nvidia_drivers: .* is not a driver of a gpu_operator'):
+            G.plan_drivers(two, {'restore_drivers': bad})
+    with pytest.raises(G.GpuOperatorError, match=r'^restore_nvidia_drivers: .*not with driver_version'):
+        G.plan_drivers(two, {'restore_drivers': [], 'driver_version': '580.159.03'})
+
+
+def test_plan_drivers_way_back_sets_the_snapshots_version_and_tolerations():
+    canary = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
+    snapshot = G.drivers_of([nvidia_driver('a100-pool', '570.124.06'), nvidia_driver('h100-pool')])
+    assert snapshot[1]['tolerations'] == [] and snapshot[1]['version'] == '580.126.20'
+    now = [nvidia_driver('a100-pool', '570.124.06'), nvidia_driver('h100-pool', '580.159.03', tolerations=[canary])]
+    back = G.plan_drivers(now, {'restore_drivers': snapshot, 'tolerations': [canary]})
+    # The toleration the cluster step added goes too (null removes the key): the template is the nodes' again.
+    assert [(p['name'], p['patch']) for p in back] == [
+        ('h100-pool', {'spec': {'version': '580.126.20', 'tolerations': None}})]
+    assert G.plan_drivers(now[:1], {'restore_drivers': snapshot[:1]}) == []
+
+
+def test_plan_cluster_refuses_pool_drivers_where_the_cluster_policy_does_not_use_them():
+    with pytest.raises(G.GpuOperatorError, match=r"^nvidia_drivers: \['h100-pool'\], but ClusterPolicy cluster-policy "
+                                                 r"does not render the driver from NVIDIADriver"):
+        G.plan_cluster(objs(), {'restore_drivers': [{'name': 'h100-pool', 'version': '580.126.20'}]})
+
+
+def test_rendered_waits_for_each_changed_pools_daemonset_at_its_new_driver():
+    o = crd_objs()
+    plan = G.plan_cluster(o, {'driver_version': '580.159.03'})
+    o['cluster_policy']['spec'] = plan['values']
+    done, waiting = G.rendered(o, plan)
+    assert not done and waiting == ['DaemonSet %s of NVIDIADriver h100-pool: image nvcr.io/nvidia/driver:580.126.20-'
+                                    'ubuntu22.04, not driver 580.159.03' % POOL_DS], waiting
+    o['daemonsets'][1] = pool_daemonset(version='580.159.03')
+    assert G.rendered(o, plan) == (True, [])
+
+
+def test_plan_back_takes_a_per_pool_driver_back_by_its_deploy_label():
+    dss = [pool_daemonset()]
+    revs = [revision_with_data(POOL_DS, 1, 'd01', selector={'nvidia.com/gpu.deploy.driver': 'true'}),
+            revision_with_data(POOL_DS, 2, 'd02', selector={'nvidia.com/gpu.deploy.driver': 'true'})]
+    o = crd_objs(dss=dss, revs=revs, pods=[pod(POOL_DS, 'gpu-1', 'd02')])
+    plan = G.plan_back(back_node({'nvidia.com/gpu.deploy.driver': 'true'}), o, {POOL_DS: 'd01'})
+    assert plan['patch']['metadata']['labels'] == {'nvidia.com/gpu.deploy.driver': G.BACK_VALUE}
+    assert plan['operands'] == {POOL_DS: 'd01'} and len(plan['pods']) == 1
+    assert plan['pods'][0]['spec']['nodeName'] == 'gpu-1'
