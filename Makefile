@@ -152,10 +152,12 @@ test: collection system-deps controlplane
 FAULT ?= auto
 FAULT_KIND ?= xid
 CHANGE ?= seed
-# NVIDIA's real GPU Operator runs the lab's operands and the target moves it too: auto (the default) when run as
-# root (the operator runs in a chroot of its own), 1 always (fails without root), 0 never (plain DaemonSets).
+# NVIDIA's real GPU Operator runs the lab's operands and the target moves it too: auto (the default) where it can
+# run in a chroot of its own (as root, or without root where unprivileged user namespaces are allowed: unshare -r),
+# 1 always (fails where it cannot), 0 never (plain DaemonSets).
 GPU_OPERATOR ?= auto
-LAB_GPU_OPERATOR = $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator,$(if $(filter auto,$(GPU_OPERATOR)),$(if $(filter 0,$(shell id -u)),--gpu-operator)))
+OPERATOR_CAN_RUN = $(shell [ "$$(id -u)" = 0 ] && echo y || { unshare --user --map-root-user -- chroot / true >/dev/null 2>&1 && echo y; })
+LAB_GPU_OPERATOR = $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator,$(if $(filter auto,$(GPU_OPERATOR)),$(if $(OPERATOR_CAN_RUN),--gpu-operator)))
 # operator (with the real GPU Operator and CHANGE=driver): the operator's driver container is the driver.
 INSTALL_METHOD ?= apt
 lab: collection controlplane

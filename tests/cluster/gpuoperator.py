@@ -43,6 +43,25 @@ NAMESPACE = 'gpu-operator'
 STAND_IN_CRDS = pathlib.Path(__file__).resolve().parent / 'crds' / 'nvidia-clusterpolicy.yaml'
 
 
+def chroot_method() -> str | None:
+    """How this process can run the operator in its own root: 'chroot' as root (unless
+    GPUFLEET_OPERATOR_USERNS=1 asks for the other way, to test it), 'userns' where an unprivileged user
+    namespace may chroot (`unshare --user --map-root-user`), None where neither works."""
+    if os.geteuid() == 0 and os.environ.get('GPUFLEET_OPERATOR_USERNS') != '1':
+        return 'chroot'
+    unshare, chroot = shutil.which('unshare'), shutil.which('chroot') or ('/usr/sbin/chroot' if os.path.exists(
+        '/usr/sbin/chroot') else None)
+    if not unshare or not chroot:
+        return None
+    try:
+        ok = subprocess.run([unshare, '--user', '--map-root-user', '--', chroot, '/', 'true'], env={'PATH': '/usr/bin:/bin'},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return 'userns' if ok else None
+
+
 class GpuOperator:
     def __init__(self, cluster: Any, namespace: str = NAMESPACE, log=None) -> None:
         self.cluster = cluster
@@ -70,19 +89,27 @@ class GpuOperator:
         logf = open(self.log_path, 'ab')  # noqa: SIM115 - owned by the process
         root = str(self.root)
 
-        def enter_root() -> None:  # in the child, before exec (needs root, as the lab and CI run)
+        def enter_root() -> None:  # in the child, before exec (as root)
             _die_with_parent()
             os.chroot(root)
             os.chdir('/')
 
-        if os.geteuid() != 0:
-            raise RuntimeError('the GPU Operator runs in a chroot of its own (its paths are fixed): run as root')
+        argv = ['/usr/bin/gpu-operator', '--kubeconfig=/kubeconfig',
+                '--metrics-bind-address=127.0.0.1:0', '--health-probe-bind-address=127.0.0.1:0']
+        how = chroot_method()
+        if how is None:
+            raise RuntimeError('the GPU Operator runs in a chroot of its own (its paths are fixed): run as root, or where '
+                               'unprivileged user namespaces are allowed (unshare --user --map-root-user)')
+        if how == 'userns':
+            # Without root: a user namespace in which this user is root may chroot (util-linux unshare, coreutils
+            # chroot; both exec in place, so the pid is the operator's). stop() ends it; the parent-death signal
+            # set before does not survive the namespace's new credentials.
+            argv = [shutil.which('unshare') or 'unshare', '--user', '--map-root-user', '--',
+                    shutil.which('chroot') or '/usr/sbin/chroot', root] + argv
         self.proc = subprocess.Popen(
-            ['/usr/bin/gpu-operator', '--kubeconfig=/kubeconfig',
-             '--metrics-bind-address=127.0.0.1:0', '--health-probe-bind-address=127.0.0.1:0'],
-            env={'OPERATOR_NAMESPACE': self.namespace, 'PATH': '/usr/bin'}, stdout=logf,
+            argv, env={'OPERATOR_NAMESPACE': self.namespace, 'PATH': '/usr/bin'}, stdout=logf,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=enter_root)
+            preexec_fn=enter_root if how == 'chroot' else _die_with_parent)
         logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
