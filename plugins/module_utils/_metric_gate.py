@@ -38,7 +38,7 @@ from urllib.parse import urlencode
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _duration
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._kube_time import parse_time as rfc3339_time
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls, text_field
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import DNS_SUBDOMAIN, redact_urls, text_field
 
 COMPARES = ('baseline', 'control', 'limit')
 DIRECTIONS = ('higher_is_worse', 'lower_is_worse', 'any')
@@ -54,8 +54,6 @@ DCGM_ROW_REMAP_FAILURE = 'DCGM_FI_DEV_ROW_REMAP_FAILURE'
 DCGM_GPU_TEMP = 'DCGM_FI_DEV_GPU_TEMP'
 
 _LABEL_NAME = re.compile(r'^[a-zA-Z_][a-zA-Z0-9_]*$')
-# A Kubernetes node name: a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters).
-_NODE_NAME = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
 
 
 class MetricGateError(ValueError):
@@ -307,7 +305,7 @@ def parse_nodes(nodes: Any, field: str = 'nodes') -> List[str]:
         raise MetricGateError('%s: give at least one node name' % field)
     out = []  # type: List[str]
     for index, name in enumerate(nodes):
-        if not isinstance(name, str) or len(name) > 253 or not _NODE_NAME.match(name):
+        if not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
             raise MetricGateError("%s[%d]: %r is not a Kubernetes node name (a DNS-1123 subdomain: lowercase "
                                   "alphanumerics, '-' and '.', at most 253 characters)" % (field, index, name))
         if name not in out:

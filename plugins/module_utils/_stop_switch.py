@@ -22,15 +22,12 @@ Pure: `judge` decides from the object read (None when the API answered 404).
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, NamedTuple, Optional
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import check_namespace, folded
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import DNS_SUBDOMAIN, check_namespace, folded
 
 DEFAULT_NAMESPACE = 'gpufleet-system'
 DEFAULT_NAME = 'gpufleet-stop'
-# A ConfigMap's name is a DNS subdomain; its namespace a DNS label.
-_SUBDOMAIN = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
 
 
 class StopSwitchError(ValueError):
@@ -55,7 +52,7 @@ class Verdict(NamedTuple):
 def check_names(namespace: Any, name: Any) -> None:
     """StopSwitchError unless `namespace` is a DNS label and `name` a DNS subdomain."""
     check_namespace(namespace, StopSwitchError)
-    if not isinstance(name, str) or len(name) > 253 or not _SUBDOMAIN.match(name):
+    if not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
         raise StopSwitchError('name: %r is not a ConfigMap name (a DNS subdomain)' % (name,))
 
 

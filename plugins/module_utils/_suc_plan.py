@@ -29,6 +29,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, merge_patch, path_for
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import DNS_LABEL
 
 PLAN_API_VERSION = 'upgrade.cattle.io/v1'
 PLAN_KIND = 'Plan'
@@ -42,8 +43,6 @@ MANAGED_BY = 'gpufleet.upgrade'
 ROLES = ('server', 'agent')
 # Plan names become label keys (plan.upgrade.cattle.io/<name>) on the nodes: at most 63 characters.
 MAX_NAME = 63
-
-_DNS_LABEL_RE = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
 
 
 class SucPlanError(Exception):
@@ -212,9 +211,9 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
     control_plane = _optional_version(control_plane_rke2, 'control_plane_rke2', problems)
 
     for fname, value in (('namespace', namespace), ('name_prefix', name_prefix)):
-        if not isinstance(value, str) or not _DNS_LABEL_RE.match(value) or len(value) > 40:
+        if not isinstance(value, str) or not DNS_LABEL.match(value) or len(value) > 40:
             problems.append('%s: %r is not a DNS-1123 label of at most 40 characters' % (fname, value))
-    if server_plan is not None and (not isinstance(server_plan, str) or not _DNS_LABEL_RE.match(server_plan)):
+    if server_plan is not None and (not isinstance(server_plan, str) or not DNS_LABEL.match(server_plan)):
         problems.append('server_plan: %r is not a DNS-1123 label' % (server_plan,))
     if not isinstance(image, str) or not image or ':' in image.rsplit('/', 1)[-1] or '@' in image:
         problems.append('image: %r must be an image name without a tag (the Plan version is the tag)' % (image,))

@@ -65,8 +65,9 @@ def named_entry(raw: t.Any, where: str, error: t.Type[Exception] = ValueError,
     return name
 
 
-# A namespace name is a DNS label.
+# A namespace name is a DNS label; most other object names (a node's, a ConfigMap's) are DNS subdomains.
 DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
+DNS_SUBDOMAIN = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
 
 
 def check_namespace(value: t.Any, error: t.Type[Exception] = ValueError, field: str = 'namespace') -> str:

@@ -140,13 +140,13 @@ msg:
 
 import json
 import socket
-from urllib.error import HTTPError, URLError
+from urllib.error import URLError
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
-from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._awx_approval import (
     AwxApprovalError, check_timeout, check_token, check_url, http_error, read_approval)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._http import http_get
 
 
 def _detail(body):
@@ -190,17 +190,15 @@ def _read(p, requests):
         url = base + path
         requests.append(path)
         try:
-            resp = open_url(url, method='GET', headers=headers, timeout=timeout, validate_certs=p['validate_certs'],
-                            follow_redirects='none')
-            body = resp.read()
-        except HTTPError as exc:
-            raise AwxApprovalError(http_error(exc.code, url, _detail(exc.read() or b''))) from None
+            status, body = http_get(url, headers, timeout, validate_certs=p['validate_certs'], follow_redirects='none')
         except (socket.timeout, TimeoutError):
             raise AwxApprovalError('GET %s did not answer within %gs' % (url, timeout)) from None
         except URLError as exc:
             raise AwxApprovalError('GET %s failed: %s' % (url, exc.reason)) from None
         except (OSError, ValueError) as exc:
             raise AwxApprovalError('GET %s failed: %s' % (url, exc)) from None
+        if not 200 <= status < 300:   # an error, or a redirect (not followed: the token stays with this host)
+            raise AwxApprovalError(http_error(status, url, _detail(body)))
         try:
             return json.loads(body.decode('utf-8'))
         except ValueError:

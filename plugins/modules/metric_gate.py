@@ -299,25 +299,16 @@ queries:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import open_url
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._http import http_get
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._metric_gate import (
     MetricGateError, PrometheusClient, parse_nodes, parse_query, preset_queries, resolve_step, resolve_window, run_gate)
-
-try:
-    from urllib.error import HTTPError
-except ImportError:  # pragma: no cover
-    HTTPError = Exception  # type: ignore
 
 
 def _opener(module):
     def fetch(url, headers, timeout):
-        try:
-            resp = open_url(url, headers=headers, timeout=timeout, validate_certs=module.params['validate_certs'],
-                            ca_path=module.params['ca_path'], method='GET')
-            return resp.getcode(), resp.read()
-        except HTTPError as exc:
-            return exc.code, exc.read() or b''
+        return http_get(url, headers, timeout, validate_certs=module.params['validate_certs'],
+                        ca_path=module.params['ca_path'])
     return fetch
 
 
