@@ -153,7 +153,9 @@ def main() -> None:
         objs = read_objects(module.client, p['namespace'], p['cluster_policy'],
                             (p['helm_chart_namespace'], p['helm_chart_name']), p['manage'])
         state = state_of(objs)
-        drivers = drivers_of(read_drivers(module.client))
+        # read_objects lists the NVIDIADrivers only where the ClusterPolicy renders the driver from them.
+        drivers = drivers_of(objs['drivers'] if state['cluster_policy'] and state['cluster_policy']['driver_crd']
+                             else read_drivers(module.client))
         values = values_of(objs['helm_chart'], objs['cluster_policy']) if (
             objs['helm_chart'] is not None or objs['cluster_policy'] is not None) else {}
     if p['nodes'] is not None:
