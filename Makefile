@@ -160,8 +160,10 @@ OPERATOR_CAN_RUN = $(shell [ "$$(id -u)" = 0 ] && echo y || { unshare --user --m
 LAB_GPU_OPERATOR = $(if $(filter 1,$(GPU_OPERATOR)),--gpu-operator,$(if $(filter auto,$(GPU_OPERATOR)),$(if $(OPERATOR_CAN_RUN),--gpu-operator)))
 # operator (with the real GPU Operator and CHANGE=driver): the operator's driver container is the driver.
 INSTALL_METHOD ?= apt
+# DRIVER_POOLS=1 (with INSTALL_METHOD=operator): the driver rendered per node pool from an NVIDIADriver object.
+DRIVER_POOLS ?= 0
 lab: collection controlplane
-	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) --install-method $(INSTALL_METHOD) $(LAB_GPU_OPERATOR)
+	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) --install-method $(INSTALL_METHOD) $(LAB_GPU_OPERATOR) $(if $(filter 1,$(DRIVER_POOLS)),--driver-pools)
 
 # Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
 # .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).

@@ -328,6 +328,29 @@ def test_lab_operator_managed_driver_of_a_failed_node_goes_back_with_its_operand
 
 
 @needs_prometheus
+def test_lab_per_pool_driver_moves_with_each_node_and_a_failed_node_goes_back(tmp_path):
+    """install_method operator with the driver rendered per node pool from an NVIDIADriver (--driver-pools,
+    driver.useNvidiaDriverCRD) and FAULT_KIND=operand: the cluster step moves the NVIDIADriver's version (the
+    ClusterPolicy's driver.version stays), the canaries and the first node move their pool's driver pod through
+    the roles, the faulty node's rollback takes it back to the snapshot's revision and its gates pass on the old
+    driver."""
+    out = run_lab(tmp_path, '--nodes', '4', '--gpu-operator', '--install-method', 'operator', '--change', 'driver',
+                  '--driver-pools', '--fault-kind', 'operand')
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    table = rows(out.stdout)
+    faulty = [n for n, r in table.items() if 'INJECTED' in ' '.join(r)]
+    assert len(faulty) == 1, table
+    assert measured(table[faulty[0]]) == [K0, D0, R0, 'yes', 'rolled-back'], table
+    assert all(measured(r) == [K0, D1, R0, 'no', 'done'] for n, r in table.items()
+               if r[STATE] == 'done'), table
+    (snapshot,) = (tmp_path / 'lab' / 'qualification').glob('gpu-operator--*.json')
+    snap = json.loads(snapshot.read_text())
+    assert [(d['name'], d['version']) for d in snap['drivers']] == [(labenv.DRIVER_POOL, D0)], snap['drivers']
+    (pool,) = [o for o in snap['gpu_operator']['operands'] if o['nvidia_driver'] == labenv.DRIVER_POOL]
+    assert pool['name'].startswith('nvidia-gpu-driver-') and pool['image'].endswith(':%s-ubuntu22.04' % D0), pool
+
+
+@needs_prometheus
 def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # gpu-02 never comes back Ready after its (lab) reboot: the wait is bounded, the node stays
     # cordoned, no rollback is attempted on a node that is not up, and the run fails saying why.

@@ -100,7 +100,7 @@ class Lab:
                  account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
                  misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False,
                  pause_before: list[int] | None = None, workload_suite: bool = False,
-                 install_method: str = 'apt') -> None:
+                 install_method: str = 'apt', driver_pools: bool = False) -> None:
         """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
         stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
         {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
@@ -108,9 +108,11 @@ class Lab:
         (tests/cluster/gpuoperator.py, as root) runs the operands from an RKE2 HelmChart, the target moves
         it to labenv.TARGET_GPU_OPERATOR and the playbooks run with gpufleet_gpu_operator_managed;
         `install_method` operator (with gpu_operator): the operator's driver container is the driver (the lab's
-        hook plays it loading its module: tests/tools/lab_node.py operator)."""
+        hook plays it loading its module: tests/tools/lab_node.py operator); `driver_pools` (with it): the driver
+        rendered per node pool from an NVIDIADriver (labenv.DRIVER_POOL) instead of the ClusterPolicy."""
         self.dir = lab
         self.install_method = install_method
+        self.driver_pools = driver_pools
         self.change = change
         self.target = labenv.CHANGES[change]
         self.gpu_operator = gpu_operator
@@ -198,7 +200,7 @@ class Lab:
             self.helm = HelmChartStandIn(self.cluster).__enter__()
             log('NVIDIA GPU Operator (built from its Go module) running; RKE2 helm-controller stand-in for its HelmChart')
         labenv.apply_pool(self.cluster, self.names, operator=self.operator,
-                          operator_driver=self.install_method == 'operator')
+                          operator_driver=self.install_method == 'operator', driver_pools=self.driver_pools)
         self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig', gpu_operator=self.gpu_operator)
         log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
         if self.suc_enabled:
@@ -553,7 +555,8 @@ class Lab:
             validator = next((x['image'] for x in pods if x['operand'] == 'nvidia-operator-validator'), None)
             nodes[name] = {'stale': [x['operand'] for x in pods if not x['current']],
                            'validator': validator.rsplit(':', 1)[-1] if validator else None}
-        return {'nodes': nodes, 'strategies': {o['name']: o['update_strategy'] for o in state['operands']}}
+        return {'nodes': nodes, 'strategies': {o['name']: o['update_strategy'] for o in state['operands']},
+                'drivers': sorted(o['name'] for o in state['operands'] if o['component'] == 'driver')}
 
     def operand_problems(self, upgraded: list[str], untouched: list[str], finished: bool) -> list[str]:
         """The operator's side of the verdict: upgraded nodes run the target operator's operands at the current
@@ -573,7 +576,7 @@ class Lab:
         want = 'RollingUpdate' if finished else 'OnDelete'
         # The operator renders its driver DaemonSet OnDelete whatever daemonsets.updateStrategy says (its driver
         # manager or upgrade controller restarts driver pods, never the DaemonSet controller).
-        wrong = sorted(k for k, v in view['strategies'].items() if v != want and k != 'nvidia-driver-daemonset')
+        wrong = sorted(k for k, v in view['strategies'].items() if v != want and k not in view['drivers'])
         if wrong:
             problems.append('operand DaemonSets not %s %s: %s' % (
                 want, 'after the restore' if finished else 'while the rollout is unfinished', ', '.join(wrong)))
@@ -881,7 +884,7 @@ def run(args: argparse.Namespace) -> int:
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
               gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes),
-              workload_suite=True, install_method=args.install_method)
+              workload_suite=True, install_method=args.install_method, driver_pools=args.driver_pools)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -895,6 +898,8 @@ def run(args: argparse.Namespace) -> int:
         if lab.install_method == 'operator' and (not lab.gpu_operator or lab.target['kernel'] != labenv.KERNEL):
             raise LabError('--install-method operator needs the real GPU Operator (--gpu-operator) and a change that '
                            'keeps the kernel (--change driver)')
+        if lab.driver_pools and lab.install_method != 'operator':
+            raise LabError('--driver-pools needs --install-method operator (the operator\'s driver container is the driver)')
         if lab.fault != 'none' and lab.fault_kind == 'operand' and not lab.gpu_operator:
             raise LabError('--fault-kind operand needs the real GPU Operator (--gpu-operator, GPU_OPERATOR=1)')
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
@@ -967,6 +972,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--install-method', choices=('apt', 'operator'), default=os.environ.get('INSTALL_METHOD', 'apt'),
                         help='apt: host driver packages (the default); operator: the GPU Operator\'s driver container '
                              '(needs --gpu-operator and --change driver)')
+    parser.add_argument('--driver-pools', action='store_true', default=os.environ.get('DRIVER_POOLS', '') == '1',
+                        help='with --install-method operator: the driver rendered per node pool from an NVIDIADriver '
+                             'object (driver.useNvidiaDriverCRD) instead of the ClusterPolicy\'s driver.version')
     parser.add_argument('--gpu-operator', action='store_true', default=os.environ.get('GPU_OPERATOR', '') == '1',
                         help='NVIDIA\'s real GPU Operator runs the operands (built from its Go module; as root): the '
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '

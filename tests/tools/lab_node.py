@@ -300,7 +300,8 @@ def boot_host(node_dir: pathlib.Path, fails: set[str]) -> dict:
     return {'kernel': res.kernel, 'driver': driver, 'boots': [list(b) for b in res.boots]}
 
 
-DRIVER_POD = 'nvidia-driver-daemonset'
+# Every driver pod of the operator carries this label: the ClusterPolicy's driver DaemonSet's and an NVIDIADriver's.
+DRIVER_POD_SELECTOR = 'app.kubernetes.io/component=nvidia-driver'
 
 
 def container_driver(api, name: str) -> str | None:  # type: ignore[no-untyped-def]
@@ -308,7 +309,7 @@ def container_driver(api, name: str) -> str | None:  # type: ignore[no-untyped-d
     operator appends: `580.126.20-ubuntu22.04` -> 580.126.20), None when no such pod runs there. What a real
     driver container does once it is up: the module of its version is loaded on the host."""
     pods = api.request('GET', '/api/v1/namespaces/gpu-operator/pods',
-                       query={'labelSelector': 'app=' + DRIVER_POD, 'fieldSelector': 'spec.nodeName=' + name})['items']
+                       query={'labelSelector': DRIVER_POD_SELECTOR, 'fieldSelector': 'spec.nodeName=' + name})['items']
     running = [p for p in pods if (p.get('status') or {}).get('phase') == 'Running'
                and not p['metadata'].get('deletionTimestamp')]
     if len(running) != 1:

@@ -175,21 +175,33 @@ NFD_HOST = {'feature.node.kubernetes.io/kernel-version.full': KERNEL,
             'feature.node.kubernetes.io/system-os_release.VERSION_ID': '22.04'}
 
 
-def operator_objects(driver: bool = False) -> list[dict]:
+# The lab's node pool as an NVIDIADriver (Lab(driver_pools=True)): its driver at the source version.
+DRIVER_POOL = 'lab-gpu-pool'
+
+
+def operator_objects(driver: bool = False, pools: bool = False) -> list[dict]:
     """With NVIDIA's real GPU Operator (Lab(gpu_operator=True)): its Deployment at the source version, the RKE2
     HelmChart the operator is installed from (values: host drivers, RollingUpdate, the source DCGM exporter) and
     the ClusterPolicy that chart renders; the operator (tests/cluster/gpuoperator.py) creates the operand
-    DaemonSets from it."""
+    DaemonSets from it. `pools`: the driver rendered per node pool from one NVIDIADriver (DRIVER_POOL,
+    driver.useNvidiaDriverCRD) instead of driver.version."""
     from cluster import fixtures
     from cluster.gpuoperator import deployment
     # driver: the operator's driver container is the driver (install method operator), at the source driver.
     values = fixtures.operator_values(dcgm_exporter=DCGM_EXPORTER, driver_enabled=driver, driver_version=SOURCE_DRIVER)
-    return [deployment(GPU_OPERATOR), fixtures.helm_chart(version=GPU_OPERATOR, values=values),
-            fixtures.operator_cluster_policy(version=GPU_OPERATOR, dcgm_exporter=DCGM_EXPORTER, driver_enabled=driver,
-                                             driver_version=SOURCE_DRIVER)]
+    policy = fixtures.operator_cluster_policy(version=GPU_OPERATOR, dcgm_exporter=DCGM_EXPORTER, driver_enabled=driver,
+                                              driver_version=SOURCE_DRIVER)
+    extra = []
+    if pools:
+        values['driver']['useNvidiaDriverCRD'] = policy['spec']['driver']['useNvidiaDriverCRD'] = True
+        extra.append({'apiVersion': 'nvidia.com/v1alpha1', 'kind': 'NVIDIADriver', 'metadata': {'name': DRIVER_POOL},
+                      'spec': {'driverType': 'gpu', 'repository': 'nvcr.io/nvidia', 'image': 'driver',
+                               'version': SOURCE_DRIVER, 'manager': values['driver']['manager']}})
+    return [deployment(GPU_OPERATOR), fixtures.helm_chart(version=GPU_OPERATOR, values=values), policy] + extra
 
 
-def kubernetes_objects(names: list[str], operator: bool = False, operator_driver: bool = False) -> list[dict]:
+def kubernetes_objects(names: list[str], operator: bool = False, operator_driver: bool = False,
+                       driver_pools: bool = False) -> list[dict]:
     """The pool and its workloads, run by the control plane's real controllers: the GPU Operator's
     Deployment, the device plugin's and the DCGM exporter's DaemonSets (one pod per GPU node, made by
     the DaemonSet controller), and per GPU model a training ReplicaSet with one pod per node of the
@@ -199,7 +211,7 @@ def kubernetes_objects(names: list[str], operator: bool = False, operator_driver
     objs: list[dict] = [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': ns}}
                         for ns in ('gpu-operator', 'ml')]
     if operator:
-        objs += operator_objects(driver=operator_driver)
+        objs += operator_objects(driver=operator_driver, pools=driver_pools)
     else:
         objs.append(_workload('Deployment', 'gpu-operator', 'gpu-operator', {'app': 'gpu-operator'},
                               {'containers': [_container('gpu-operator', 'nvcr.io/nvidia/gpu-operator:' + GPU_OPERATOR)]},
@@ -235,13 +247,14 @@ def kubernetes_objects(names: list[str], operator: bool = False, operator_driver
 
 
 def apply_pool(cluster: Any, names: list[str], timeout: float = 180, operator: Any = None,
-               operator_driver: bool = False) -> None:
+               operator_driver: bool = False, driver_pools: bool = False) -> None:
     """The pool on the control plane: the nodes first, until each is Ready and free of taints (the
     node lifecycle controller lifts its not-ready taint), then the workloads, until they run
     (wait_workloads). In that order the scheduler spreads the training pods one per node, as on a
     fleet whose nodes were up before its jobs; created together, the pods would pile on the first
     node that came up."""
-    objs = kubernetes_objects(names, operator=operator is not None, operator_driver=operator_driver)
+    objs = kubernetes_objects(names, operator=operator is not None, operator_driver=operator_driver,
+                              driver_pools=driver_pools)
     nodes = [o for o in objs if o['kind'] == 'Node']
     cluster.apply(nodes, settle=False)
 
