@@ -215,13 +215,8 @@ def plan_change(values: Obj, target: Mapping[str, Any], recorded: Optional[Obj] 
     extra_tolerations = target.get('tolerations') or []
     if extra_tolerations:
         current = _get(after, 'daemonsets.tolerations')
-        merged = list(copy.deepcopy(current)) if isinstance(current, list) else copy.deepcopy(list(CHART_TOLERATIONS))
-        for tol in extra_tolerations:
-            if not isinstance(tol, dict) or not tol.get('key'):
-                raise GpuOperatorError('tolerations: %r is not a toleration with a key' % (tol,))
-            if tol not in merged:
-                merged.append(dict(tol))
-        _set(after, 'daemonsets.tolerations', merged)
+        _set(after, 'daemonsets.tolerations', _merged_tolerations(
+            current if isinstance(current, list) else list(CHART_TOLERATIONS), extra_tolerations))
     restore = dict(recorded) if recorded else settings_of(values)
     for key, safe in SAFE_SETTINGS:
         _set(after, key, safe)
@@ -566,6 +561,7 @@ def _driver_path(name: str) -> str:
 
 
 def _merged_tolerations(current: Any, extra: Sequence[Any]) -> List[Obj]:
+    """A copy of the tolerations `current` with each of `extra` appended unless there (each needs a key)."""
     merged = list(copy.deepcopy(current)) if isinstance(current, list) else []
     for tol in extra:
         if not isinstance(tol, dict) or not tol.get('key'):

@@ -43,18 +43,21 @@ NAMESPACE = 'gpu-operator'
 STAND_IN_CRDS = pathlib.Path(__file__).resolve().parent / 'crds' / 'nvidia-clusterpolicy.yaml'
 
 
+def _userns_chroot() -> list[str]:
+    """The command that chroots without root: a user namespace in which this user is root (util-linux
+    unshare, coreutils chroot; both exec in place, so the pid is the operator's)."""
+    chroot = shutil.which('chroot') or '/usr/sbin/chroot'
+    return [shutil.which('unshare') or 'unshare', '--user', '--map-root-user', '--', chroot]
+
+
 def chroot_method() -> str | None:
     """How this process can run the operator in its own root: 'chroot' as root (unless
     GPUFLEET_OPERATOR_USERNS=1 asks for the other way, to test it), 'userns' where an unprivileged user
-    namespace may chroot (`unshare --user --map-root-user`), None where neither works."""
+    namespace may chroot (_userns_chroot), None where neither works."""
     if os.geteuid() == 0 and os.environ.get('GPUFLEET_OPERATOR_USERNS') != '1':
         return 'chroot'
-    unshare, chroot = shutil.which('unshare'), shutil.which('chroot') or ('/usr/sbin/chroot' if os.path.exists(
-        '/usr/sbin/chroot') else None)
-    if not unshare or not chroot:
-        return None
     try:
-        ok = subprocess.run([unshare, '--user', '--map-root-user', '--', chroot, '/', 'true'], env={'PATH': '/usr/bin:/bin'},
+        ok = subprocess.run(_userns_chroot() + ['/', 'true'], env={'PATH': '/usr/bin:/bin'},
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             timeout=10, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -101,11 +104,8 @@ class GpuOperator:
             raise RuntimeError('the GPU Operator runs in a chroot of its own (its paths are fixed): run as root, or where '
                                'unprivileged user namespaces are allowed (unshare --user --map-root-user)')
         if how == 'userns':
-            # Without root: a user namespace in which this user is root may chroot (util-linux unshare, coreutils
-            # chroot; both exec in place, so the pid is the operator's). stop() ends it; the parent-death signal
-            # set before does not survive the namespace's new credentials.
-            argv = [shutil.which('unshare') or 'unshare', '--user', '--map-root-user', '--',
-                    shutil.which('chroot') or '/usr/sbin/chroot', root] + argv
+            # stop() ends it; the parent-death signal set before does not survive the namespace's new credentials.
+            argv = _userns_chroot() + [root] + argv
         self.proc = subprocess.Popen(
             argv, env={'OPERATOR_NAMESPACE': self.namespace, 'PATH': '/usr/bin'}, stdout=logf,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
