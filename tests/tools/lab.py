@@ -61,6 +61,7 @@ import ansible_runner  # noqa: E402
 
 from cluster import start_cluster  # noqa: E402
 from cluster.client import Cluster  # noqa: E402
+from cluster.kubelet import PodStatusSync  # noqa: E402
 from cluster.logs import PodLogWriter  # noqa: E402
 from cluster.suc import SucStandIn  # noqa: E402
 from tools import cpu_account, lab_dcgm, labenv, nvml_stub  # noqa: E402
@@ -143,6 +144,7 @@ class Lab:
         # log writer gives each the output a healthy GPU prints: WORKLOAD_OUTPUTS).
         self.workload_suite = workload_suite
         self.log_writer: Any = None
+        self.status_sync: Any = None
         self.cluster: Cluster | None = None
         self._cp: Any = None
         self._proxy: Any = None
@@ -202,6 +204,9 @@ class Lab:
         labenv.apply_pool(self.cluster, self.names, operator=self.operator,
                           operator_driver=self.install_method == 'operator', driver_pools=self.driver_pools)
         self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig', gpu_operator=self.gpu_operator)
+        # KWOK does not play the kubelet's pod status sync: a pod the node lifecycle controller marks not Ready
+        # as a rebooted node comes back would stay so for ever; a real kubelet sets it Ready again.
+        self.status_sync = PodStatusSync(self.cluster).__enter__()
         log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
         if self.suc_enabled:
             # The RKE2 server runs the target already (servers first); the stand-in plays SUC's
@@ -718,6 +723,15 @@ class Lab:
 
     def stop(self) -> None:
         """Everything the lab started, bounded (the control plane: SIGTERM, SIGKILL after 15 s)."""
+        if self.status_sync is not None:
+            sync, self.status_sync = self.status_sync, None
+            try:
+                sync.__exit__(None, None, None)
+            except AssertionError as exc:
+                log(str(exc))
+            if sync.synced:
+                log('kubelet pod status sync (KWOK has none): %d pods the node lifecycle controller had marked not '
+                    'Ready set Ready again: %s' % (len(sync.synced), ', '.join(sync.synced[:8])))
         if self.log_writer is not None:
             writer, self.log_writer = self.log_writer, None
             try:

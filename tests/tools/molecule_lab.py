@@ -152,6 +152,7 @@ def up(lab: pathlib.Path, nodes: int, cordon: list[str]) -> dict:
 def serve(lab: pathlib.Path, nodes: int, cordon: list[str]) -> int:
     """The control plane, owned by this process until SIGTERM (started detached by `up`)."""
     from cluster import start_cluster
+    from cluster.kubelet import PodStatusSync
     names = labenv.node_names(nodes)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
@@ -171,10 +172,12 @@ def serve(lab: pathlib.Path, nodes: int, cordon: list[str]) -> int:
         listed = [n['metadata']['name'] for n in cluster.list('v1', 'Node')]
         (lab / 'cluster.ready').write_text(json.dumps({'api': cp.url, 'nodes': listed}) + '\n')
         print('molecule lab: control plane %s, %d nodes, cordoned: %s' % (cp.url, len(listed), cordon or '-'), flush=True)
-        while not stop.wait(0.5):
-            if any(p.poll() is not None for p in cp.procs.values()):
-                print('molecule lab: a control plane component exited; stopping', flush=True)
-                break
+        # KWOK does not play the kubelet's pod status sync (tests/cluster/kubelet.py); a rebooted node's pods need it.
+        with PodStatusSync(cluster):
+            while not stop.wait(0.5):
+                if any(p.poll() is not None for p in cp.procs.values()):
+                    print('molecule lab: a control plane component exited; stopping', flush=True)
+                    break
     finally:
         proxy.stop()
         cp.stop()
