@@ -30,13 +30,13 @@ import pathlib
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from typing import Any
 
 import yaml
 
 from . import build
+from .background import Background
 from .controlplane import _die_with_parent
 
 NAMESPACE = 'gpu-operator'
@@ -245,7 +245,7 @@ CLUSTER_POLICY_KEYS = ('operator', 'daemonsets', 'validator', 'mig', 'psp', 'cdi
                        'kataManager', 'ccManager', 'hostPaths')
 
 
-class HelmChartStandIn:
+class HelmChartStandIn(Background):
     """RKE2's helm-controller for one `HelmChart` of the GPU Operator (helm.cattle.io/v1, schema-less
     CRD in crds/): when the HelmChart's `spec.version` or `spec.valuesContent` changes, it "upgrades the
     release" as the chart would render it: the ClusterPolicy's spec from the values' keys above (the
@@ -255,31 +255,25 @@ class HelmChartStandIn:
     Failed condition (what helm-controller's job reports) and nothing is rendered. The real
     helm-controller runs `helm upgrade` in a Job; KWOK runs no containers."""
 
+    label = 'helm-controller stand-in'
+    raise_errors = False
+    join_timeout = 10.0
+
     def __init__(self, cluster: Any, name: str = 'gpu-operator', namespace: str = 'kube-system',
                  policy: str = 'cluster-policy', operator_namespace: str = NAMESPACE,
                  missing_versions: tuple[str, ...] = ()) -> None:
+        super().__init__(0.2)
         self.cluster, self.name, self.namespace = cluster, name, namespace
         self.policy, self.operator_namespace = policy, operator_namespace
         self.missing = set(missing_versions)
         self.rendered: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
         self._seen: tuple | None = None
 
-    def __enter__(self) -> 'HelmChartStandIn':
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                self.sync()
-            except Exception:  # noqa: BLE001 - a transient API error: the next pass retries
-                continue
+    def step(self) -> None:
+        try:
+            self.sync()
+        except Exception:  # noqa: BLE001 - a transient API error: the next pass retries
+            pass
 
     def sync(self) -> None:
         chart = self.cluster.get('helm.cattle.io/v1', 'HelmChart', self.name, self.namespace)

@@ -16,10 +16,10 @@ stopped node stay as the controller left them, as they would with the node's kub
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
+from .background import Background
 from .client import FIXED, STOPPED, ApiError
 
 SYNCED = ('Ready', 'ContainersReady')
@@ -49,34 +49,22 @@ def synced_status(pod: dict[str, Any], now: str) -> dict[str, Any]:
     return {'status': {'conditions': conds, 'containerStatuses': containers}}
 
 
-class PodStatusSync:
+class PodStatusSync(Background):
     """A background thread playing every KWOK kubelet's pod status sync. `synced` lists the
     'namespace/pod' it put right, in order; `errors` what went wrong (raised on a clean exit)."""
 
+    label = 'kubelet pod status sync'
+
     def __init__(self, cluster: Any, interval: float = 1.0) -> None:
+        super().__init__(interval)
         self.cluster = cluster
-        self.interval = interval
         self.synced: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name='kubelet-pod-status-sync', daemon=True)
 
-    def __enter__(self) -> 'PodStatusSync':
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        if self.errors and exc_type is None:
-            raise AssertionError('kubelet pod status sync: %s' % '; '.join(self.errors[:5]))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sync()
-            except (ApiError, OSError):     # a transient API error (or the control plane stopping): next pass
-                continue
+    def step(self) -> None:
+        try:
+            self.sync()
+        except (ApiError, OSError):     # a transient API error (or the control plane stopping): next pass
+            pass
 
     def sync(self) -> list[str]:
         """One pass; the pods it put right."""

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import secrets
 import string
-import threading
 from typing import Any
 
+from .background import Background
 from .client import ApiError, Cluster
 
 KUBEVIRT = 'kubevirt.io/v1'
@@ -114,35 +114,28 @@ def device_resources(vmi_spec: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in out.items()}
 
 
-class KubeVirtStandIn:
-    """Plays KubeVirt's VM controller in a thread while the context is open (see the module docstring)."""
+class KubeVirtStandIn(Background):
+    """Plays KubeVirt's VM controller in a thread while the context is open (see the module docstring).
+    `errors` keeps the API errors of races with a test's own writes (the next round sees the new state)."""
+
+    label = 'kubevirt stand-in'
+    raise_errors = False
+    join_timeout = 10.0
 
     def __init__(self, cluster: Cluster, interval: float = 0.2, start_vms: bool = False) -> None:
+        super().__init__(interval)
         self.cluster = cluster
-        self.interval = interval
         self.start_vms = start_vms
         self.halted: list[str] = []
         self.started: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name='kubevirt-stand-in', daemon=True)
         self._vmi = cluster.resource(KUBEVIRT, 'VirtualMachineInstance')
         self._pod = cluster.resource('v1', 'Pod')
 
-    def __enter__(self) -> 'KubeVirtStandIn':
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.reconcile()
-            except ApiError as exc:   # a race with a test's own writes: the next round sees the new state
-                self.errors.append(str(exc))
+    def step(self) -> None:
+        try:
+            self.reconcile()
+        except ApiError as exc:   # a race with a test's own writes: the next round sees the new state
+            self.errors.append(str(exc))
 
     # ------------------------------------------------------------------ one round
     def reconcile(self) -> None:

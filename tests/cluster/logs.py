@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import datetime
 import pathlib
-import threading
 import time
 from typing import Any
 
+from .background import Background
 from .client import ApiError
 
 LOGS_ANNOTATION = 'gpufleet.test/logs'
@@ -80,49 +80,37 @@ def set_logs(cluster: Any, namespace: str, pod: str, text: str, container: str |
                      message='KWOK to serve the logs of pod %s/%s' % (namespace, pod))
 
 
-class PodLogWriter:
+class PodLogWriter(Background):
     """Plays the container runtime's log writer: every Running pod annotated gpufleet.test/logs
     gets that text as its log (set_logs, waiting until it is served), then loses the annotation so
     KWOK lets it finish. `written` lists 'namespace/pod' in order."""
 
+    label = 'pod log writer'
+
     def __init__(self, cluster: Any, interval: float = 0.05) -> None:
+        super().__init__(interval)
         self.cluster = cluster
-        self.interval = interval
         self.written: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name='pod-log-writer', daemon=True)
 
-    def __enter__(self) -> 'PodLogWriter':
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        if self.errors and exc_type is None:
-            raise AssertionError('pod log writer: %s' % '; '.join(self.errors))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                pods = self.cluster.list('v1', 'Pod', field_selector='status.phase=Running')
-            except (ApiError, OSError) as exc:
-                self.errors.append('listing pods: %s' % exc)
-                time.sleep(0.5)
+    def step(self) -> None:
+        try:
+            pods = self.cluster.list('v1', 'Pod', field_selector='status.phase=Running')
+        except (ApiError, OSError) as exc:
+            self.errors.append('listing pods: %s' % exc)
+            time.sleep(0.5)
+            return
+        for pod in pods:
+            meta = pod['metadata']
+            text = (meta.get('annotations') or {}).get(LOGS_ANNOTATION)
+            if text is None or not (pod.get('spec') or {}).get('nodeName') or meta.get('deletionTimestamp'):
                 continue
-            for pod in pods:
-                meta = pod['metadata']
-                text = (meta.get('annotations') or {}).get(LOGS_ANNOTATION)
-                if text is None or not (pod.get('spec') or {}).get('nodeName') or meta.get('deletionTimestamp'):
-                    continue
-                key = '%s/%s' % (meta['namespace'], meta['name'])
-                try:
-                    set_logs(self.cluster, meta['namespace'], meta['name'], text)
-                    self.cluster.patch('v1', 'Pod', meta['name'], {'metadata': {'annotations': {LOGS_ANNOTATION: None}}},
-                                       namespace=meta['namespace'])
-                except (ApiError, AssertionError, OSError) as exc:
-                    if self.cluster.get('v1', 'Pod', meta['name'], meta['namespace']) is not None:
-                        self.errors.append('%s: %s' % (key, exc))
-                    continue
-                self.written.append(key)
+            key = '%s/%s' % (meta['namespace'], meta['name'])
+            try:
+                set_logs(self.cluster, meta['namespace'], meta['name'], text)
+                self.cluster.patch('v1', 'Pod', meta['name'], {'metadata': {'annotations': {LOGS_ANNOTATION: None}}},
+                                   namespace=meta['namespace'])
+            except (ApiError, AssertionError, OSError) as exc:
+                if self.cluster.get('v1', 'Pod', meta['name'], meta['namespace']) is not None:
+                    self.errors.append('%s: %s' % (key, exc))
+                continue
+            self.written.append(key)

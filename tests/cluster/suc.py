@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import threading
 import time
 from typing import Any
 
+from .background import Background
 from .client import ApiError
 
 CONTROLLER = 'system-upgrade-controller'
@@ -122,41 +122,28 @@ def _selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -
     return True
 
 
-class SucStandIn:
+class SucStandIn(Background):
+    label = 'SUC stand-in'
+
     def __init__(self, cluster: Any, delay: float = 0.3, hold: Any = (), fail: Any = (), interval: float = 0.1) -> None:
+        super().__init__(interval)
         self.cluster = cluster
         self.delay = delay
         self.hold: set[str] = set(hold)
         self.fail: set[str] = set(fail)
-        self.interval = interval
         self.log: list[dict[str, Any]] = []
-        self.errors: list[str] = []
         self._started: set[tuple[str, str, str]] = set()   # (plan key, node, hash) with a Job
         self._done: set[str] = set()                        # Job uids whose outcome was handled
         self._sa_seen: set[tuple[str, str]] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name='suc-stand-in', daemon=True)
 
-    # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> 'SucStandIn':
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        if self.errors and exc_type is None:
-            raise AssertionError('SUC stand-in: %s' % '; '.join(self.errors[:5]))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.reconcile()
-            except ApiError as exc:
-                if exc.status not in (404, 409):
-                    self.errors.append(str(exc))
-            except OSError as exc:  # the control plane going away at the end of a session
+    def step(self) -> None:
+        try:
+            self.reconcile()
+        except ApiError as exc:
+            if exc.status not in (404, 409):
                 self.errors.append(str(exc))
+        except OSError as exc:  # the control plane going away at the end of a session
+            self.errors.append(str(exc))
 
     # ------------------------------------------------------------------ one pass
     def reconcile(self) -> None:
