@@ -100,6 +100,7 @@ class ScaleLab(Lab):
         labenv.apply_pool(self.cluster, self.names, timeout=max(180.0, 1.2 * len(self.names)))
         self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig')
         labmod.log('control plane up with the pool in %.1fs' % (time.monotonic() - t0))
+        self.status_sync = labmod.PodStatusSync(self.cluster).__enter__()
         self.cluster.apply([labenv.control_plane_node(labmod.SERVER, self.target['rke2'])], settle=False)
         self.suc = labmod.SucStandIn(self.cluster, delay=labmod.SUC_DELAY, interval=labmod.SUC_INTERVAL).__enter__()
 
@@ -197,21 +198,27 @@ def play_measured(lab: Lab, name: str, playbook: str, forks: int, wrapper_each: 
             'failures': lab.runs[name]['failures']}
 
 
-def tasks_per_host(events: list[dict]) -> collections.Counter:
-    """Tasks that ran (ok or failed; not skipped) per host, from the runner events."""
+def tasks_per_host(events: list[dict], delegated: bool | None = None) -> collections.Counter:
+    """Tasks that ran (ok or failed; not skipped) per host, from the runner events; with `delegated` True only
+    those delegated to another host (the Kubernetes modules run on the controller for a node), False the others."""
     return collections.Counter(e['host'] for e in events
                                if e['event'] in ('runner_on_ok', 'runner_on_failed', 'runner_on_unreachable')
-                               and e['host'])
+                               and e['host'] and (delegated is None or e.get('delegated', False) == delegated))
 
 
-def write_floor(path: pathlib.Path, node_tasks: int, local_tasks: int, serial: list[int], names: list[str]) -> None:
-    """Ping tasks: `local_tasks` on localhost, then `node_tasks` on each node host in the plan's batches."""
-    def ping(prefix: str, count: int) -> list[dict]:
-        return [{'name': '%s %d' % (prefix, i + 1), 'ansible.builtin.ping': None} for i in range(count)]
+def write_floor(path: pathlib.Path, node_tasks: int, local_tasks: int, serial: list[int], names: list[str],
+                delegated_tasks: int = 0) -> None:
+    """Ping tasks: `local_tasks` on localhost, then `node_tasks` on each node host in the plan's batches, of which
+    `delegated_tasks` delegated to localhost (where the rollout's Kubernetes modules run for the node)."""
+    def ping(prefix: str, count: int, start: int = 0, **extra: str) -> list[dict]:
+        return [dict({'name': '%s %d' % (prefix, start + i + 1), 'ansible.builtin.ping': None}, **extra)
+                for i in range(count)]
+    node = ping('Floor | node ping', node_tasks - delegated_tasks)
+    node += ping('Floor | node ping', delegated_tasks, start=len(node), delegate_to='localhost')
     plays = [{'name': 'Floor | ping on localhost', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
               'tasks': ping('Floor | localhost ping', local_tasks)},
              {'name': FLOOR_NODE_PLAY, 'hosts': ':'.join(names), 'gather_facts': False, 'strategy': 'linear',
-              'serial': serial, 'max_fail_percentage': 0, 'tasks': ping('Floor | node ping', node_tasks)}]
+              'serial': serial, 'max_fail_percentage': 0, 'tasks': node}]
     path.write_text(json.dumps(plays, indent=1))     # JSON is YAML
 
 
@@ -287,7 +294,8 @@ def runner_events(pdd: pathlib.Path) -> list[dict]:
         e = json.loads(f.read_text())
         data = e.get('event_data') or {}
         out.append({'event': e.get('event'), 'host': data.get('host'), 'task': data.get('task'),
-                    'created': e.get('created'), 'counter': e.get('counter', 0)})
+                    'created': e.get('created'), 'counter': e.get('counter', 0),
+                    'delegated': bool((data.get('res') or {}).get('_ansible_delegated_vars'))})
     return sorted(out, key=lambda e: e['counter'])
 
 
@@ -350,20 +358,30 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         counts = tasks_per_host(roll['events'])
         node_counts = [counts.get(n, 0) for n in lab.names]
         node_tasks = round(sum(node_counts) / len(node_counts))
+        delegated = tasks_per_host(roll['events'], delegated=True)
+        delegated_tasks = round(sum(delegated.get(n, 0) for n in lab.names) / len(lab.names))
         local_tasks = counts.get('localhost', 0)
-        floor_file = d / 'floor.yml'
         order = [n for b in plan['batches'] for n in b]
-        write_floor(floor_file, node_tasks, local_tasks, [len(b) for b in plan['batches']], order)
-        floor = play_measured(lab, 'floor', str(floor_file), args.forks, wrapper_each)
-        phases['floor'] = floor['wall']
-        if floor['status'] != 'successful':
-            raise LabError('the floor playbook %s: %s' % (floor['status'], floor['failures'][:3]))
+        serial = [len(b) for b in plan['batches']]
+        # Two floors: the pings where the rollout's tasks ran (a node's Kubernetes tasks delegated to the
+        # controller, the rest on the node host: the one the targets use), and all of them on the node hosts
+        # (where a ping's own module process is node-side, so not counted: the figure before 2026-12-04).
+        floors = {}
+        for name, delegate in (('floor', delegated_tasks), ('floor_on_hosts', 0)):
+            floor_file = d / (name + '.yml')
+            write_floor(floor_file, node_tasks, local_tasks, serial, order, delegated_tasks=delegate)
+            floors[name] = play_measured(lab, name, str(floor_file), args.forks, wrapper_each)
+            phases[name] = floors[name]['wall']
+            if floors[name]['status'] != 'successful':
+                raise LabError('the floor playbook %s: %s' % (floors[name]['status'], floors[name]['failures'][:3]))
     finally:
         lab.stop()
     phases['total'] = time.monotonic() - t0
     base = {'size': size, 'phases': phases, 'roll': {k: v for k, v in roll.items() if k not in ('events', 'failures')},
-            'floor': {k: v for k, v in floor.items() if k not in ('events', 'failures')},
-            'floor_node_tasks': node_tasks, 'floor_local_tasks': local_tasks, 'wrapper_each': wrapper_each}
+            'floor_node_tasks': node_tasks, 'floor_delegated_tasks': delegated_tasks, 'floor_local_tasks': local_tasks,
+            'wrapper_each': wrapper_each}
+    for name, floor in floors.items():
+        base[name] = {k: v for k, v in floor.items() if k not in ('events', 'failures')}
     (args.dir / ('n%d.json' % size)).write_text(json.dumps(base, indent=1))
     return base
 
@@ -419,28 +437,33 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     print('controller CPU = ansible tree CPU - node-side modules and reboot hook (logged) - %.3f s per wrapped run '
           '(the accounting wrapper\'s start-up)' % wrapper_each)
     print('floor = ansible.builtin.ping, same hosts, same tasks per host, same forks/serial/connection, same lab, '
-          'right after')
+          'right after; each node\'s pings where its tasks ran (its Kubernetes tasks delegated to the controller, '
+          'the rest on the node host); floor h = all of them on the node hosts (a ping\'s own process then node-side, '
+          'not counted)')
     print()
-    head = ('%6s %6s %5s | %9s %8s %8s | %9s %8s | %9s %8s | %7s %7s %7s | %7s %7s'
-            % ('nodes', 'upgr', 'batch', 'ctl CPU s', 'CPU/node', 'standin', 'floor CPU', 'ratio',
-               'wall/bat', 'floor/b', 'wall x', 'tasks/n', 'floor n', 'RSS MiB', 'flr RSS'))
+    head = ('%6s %6s %5s | %9s %8s %8s | %9s %8s %8s | %9s %8s | %7s %7s %7s %7s | %7s %7s'
+            % ('nodes', 'upgr', 'batch', 'ctl CPU s', 'CPU/node', 'standin', 'floor CPU', 'ratio', 'ratio h',
+               'wall/bat', 'floor/b', 'wall x', 'tasks/n', 'floor n', 'deleg n', 'RSS MiB', 'flr RSS'))
     print(head)
     print('-' * len(head))
     for r in results:
         ro, fl = r['roll'], r['floor']
-        print('%6d %6d %5d | %9.1f %8.2f %8.2f | %9.1f %7.2fx | %8.1fs %7.1fs | %6.2fx %7.1f %7d | %7.0f %7.0f'
+        on_hosts = (r.get('floor_on_hosts') or {}).get('own_cpu')
+        print('%6d %6d %5d | %9.1f %8.2f %8.2f | %9.1f %7.2fx %8s | %8.1fs %7.1fs | %6.2fx %7.1f %7d %7s | %7.0f %7.0f'
               % (r['size'], r['upgraded'], r['batches'], ro['own_cpu'], ro['own_cpu'] / r['upgraded'],
                  ro['node_cpu'] / r['upgraded'], fl['own_cpu'], ro['own_cpu'] / max(fl['own_cpu'], 1e-9),
+                 '%.2fx' % (ro['own_cpu'] / max(on_hosts, 1e-9)) if on_hosts else '-',
                  r['batch_wall'], r['floor_batch_wall'], r['batch_wall'] / max(r['floor_batch_wall'], 1e-9),
-                 r['tasks_per_node'], r['floor_node_tasks'], ro['rss_mib'], fl['rss_mib']))
+                 r['tasks_per_node'], r['floor_node_tasks'], r.get('floor_delegated_tasks', '-'), ro['rss_mib'],
+                 fl['rss_mib']))
     print('  ctl CPU s: the rollout\'s controller CPU; CPU/node: per upgraded node; standin: node-side stand-in CPU '
           'per node (not counted);')
-    print('  floor CPU, ratio: the ping floor\'s controller CPU and ours / it; wall/bat: mean wall of an upgrading '
-          'batch beyond its')
+    print('  floor CPU, ratio: the ping floor\'s controller CPU and ours / it (ratio h: / floor h); wall/bat: mean '
+          'wall of an upgrading batch beyond its')
     print('  simulated work (the lab sleeps none of it, so all of it; it includes the stand-in\'s own time), floor/b: '
           'the floor\'s, wall x: ratio;')
-    print('  tasks/n: tasks run per upgraded node (ok+failed), floor n: pings per node host; RSS: ansible-playbook\'s '
-          'peak (VmHWM)')
+    print('  tasks/n: tasks run per upgraded node (ok+failed), floor n: pings per node host, deleg n: of them '
+          'delegated to the controller; RSS: ansible-playbook\'s peak (VmHWM)')
     print()
     print('API requests of the operator ServiceAccount (audit log), mean per upgraded node and per upgrading batch:')
     for r in results:

@@ -364,7 +364,8 @@ class Lab:
             data = event.get('event_data', {})
             events.append({'event': event.get('event'), 'host': data.get('host'), 'task': data.get('task'),
                            'changed': (data.get('res') or {}).get('changed'), 'created': event.get('created'),
-                           'msg': (data.get('res') or {}).get('msg')})
+                           'msg': (data.get('res') or {}).get('msg'),
+                           'delegated': bool((data.get('res') or {}).get('_ansible_delegated_vars'))})
             if hook is not None:
                 hook(event)
             if cancel_on is not None and not cancelled[0] and cancel_on(event):
