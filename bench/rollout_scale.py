@@ -4,8 +4,8 @@ fleet sizes, next to Ansible's own floor for the same number of hosts and tasks 
     .venv/bin/python bench/rollout_scale.py [--sizes 40,200,1000] [--dir .lab-bench/scale]
                                             [--change seed|driver] [--batch-size 4] [--forks 8] [--reuse]
 
-About 40 minutes for --sizes 10,20 on a shared 2-core machine (the rollout and its floor take about the same
-wall); 40,200,1000 needs a machine with many more cores (about 37 s of CPU per upgraded node here, all told).
+About 16 minutes for --sizes 10,20 and 22 for --sizes 40 on a quiet 2-core machine (2026-12-04; the rollout and
+its two floors); 200,1000 need a machine with many more cores (about 26 s of CPU per upgraded node here, all told).
 --reuse prints the figures again from what a run left under --dir (each size's n<N>.json, plan, runner
 artifacts and audit log).
 
@@ -28,8 +28,11 @@ start-up (measured here) too. The metric gate (Prometheus) is off unless --metri
 
 The floor: right after the rollout, in the same lab (same inventory, connection, interpreter, accounting,
 forks, serial batches), a generated playbook of `ansible.builtin.ping` tasks: per node host as many as the
-rollout ran for a node on average (runner events ok/failed; skipped tasks not counted), and on localhost as
-many as the rollout's localhost plays ran. Our figures are printed as ratios to it.
+rollout ran for a node on average (runner events ok/failed; skipped tasks not counted), of which as many
+delegated to localhost as the rollout delegated for a node (its Kubernetes modules: a module process on the
+controller either way), and on localhost as many as the rollout's localhost plays ran. Our figures are
+printed as ratios to it. A second floor, every node ping on the node host ("ratio h", the floor before
+2026-12-04), leaves the delegated tasks' module start-up out of the floor.
 
 API requests: the API server's audit log (tests/cluster, ResponseComplete events) of the operator
 ServiceAccount during the rollout. A request is a node's when its URI names exactly one node of the pool
@@ -75,6 +78,9 @@ HOST_STANDIN = ('the lab\'s node stand-in: per node a ~4 MB install root with re
                 'apart (cpu_account.py) and not counted as the controller\'s')
 FAILURE_ALLOWANCE = '20%'     # of the pool's GPUs kept in service
 TARGETS = {'cpu_flat': 1.2, 'floor': 1.5, 'pool_lists': 1, 'per_node_growth': 1.1}
+# One request per pod on the node: set by the workload on it, not by the fleet's size (in the lab, pods of the nodes
+# drained earlier are rescheduled onto the later ones, so a later node holds more): shown, not judged for growth.
+PER_POD_KINDS = ('create pods/eviction',)
 
 # HOOK (tests/tools/lab.py): Lab.play runs every playbook under ansible_runner.run(timeout=900), too short for
 # the rollout of a few hundred nodes. Until Lab.play takes a timeout, the bench lifts it for its own runs.
@@ -108,15 +114,20 @@ class ScaleLab(Lab):
 # ---------------------------------------------------------------------------------------------- the canary's result
 def canary_as_done(lab: Lab, plan: dict) -> None:
     """What canary.yml + the approval leave: one approved qualification record per combination for the target,
-    the canaries isolated (label, taint, owner) and recorded done for it."""
+    the canaries isolated (label, taint, owner), recorded done for it, and their kubelets reporting the target's
+    kernel and RKE2 (every observation window re-gates them with the nodes upgraded so far)."""
     target = plan['target']
     records.write_approved(lab.dir / 'qualification', plan, target, 'scale', approver='bench-approver')
     key = us.target_key(target)
+    reported = {k: v for k, v in (('kernelVersion', target.get('kernel')), ('kubeletVersion', target.get('rke2'))) if v}
     for name in plan['canaries']:
         lab.cluster.patch('v1', 'Node', name, {
             'metadata': {'labels': {us.CANARY_KEY: 'true'},
                          'annotations': {us.ANN_ISOLATED_BY: CANARY_OWNER, us.ANN_DONE: key}},
             'spec': {'taints': [{'key': us.CANARY_KEY, 'value': 'true', 'effect': 'NoSchedule'}]}})
+        if reported:
+            lab.cluster.api.request('PATCH', '/api/v1/nodes/%s/status' % name, body={'status': {'nodeInfo': reported}},
+                                    content_type='application/merge-patch+json')
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -481,7 +492,8 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     print('  %-100s %s' % ('', ' '.join('%8d' % r['size'] for r in results)))
     for k in kinds:
         row = [r['window_per_node'].get(k, 0) for r in results]
-        flag = '  GROWS' if row[-1] > TARGETS['per_node_growth'] * row[0] + 0.05 else ''
+        flag = '' if row[-1] <= TARGETS['per_node_growth'] * row[0] + 0.05 else \
+            '  (one per pod on the node: the workload\'s)' if k in PER_POD_KINDS else '  GROWS'
         print('  %-100s %s%s' % (k[:100], ' '.join('%8.2f' % v for v in row), flag))
     print()
     for r in results:
@@ -495,9 +507,12 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     flat = (big['roll']['own_cpu'] / big['upgraded']) / (small['roll']['own_cpu'] / small['upgraded'])
     floor_worst = max(r['roll']['own_cpu'] / max(r['floor']['own_cpu'], 1e-9) for r in results)
     lists = max(max(r['pool_lists_max'].values()) for r in results)
-    growth = big['window_per_node_total'] / max(small['window_per_node_total'], 1e-9)
-    grown = [k for k in big['window_per_node']
-             if big['window_per_node'][k] > TARGETS['per_node_growth'] * small['window_per_node'].get(k, 0) + 0.05]
+
+    def judged(d: dict) -> float:
+        return sum(v for k, v in d.items() if k not in PER_POD_KINDS)
+    growth = judged(big['window_per_node']) / max(judged(small['window_per_node']), 1e-9)
+    grown = [k for k in big['window_per_node'] if k not in PER_POD_KINDS
+             and big['window_per_node'][k] > TARGETS['per_node_growth'] * small['window_per_node'].get(k, 0) + 0.05]
 
     def verdict(ok: bool) -> str:
         return 'met' if ok else 'NOT MET'
@@ -508,9 +523,9 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
           % (TARGETS['floor'], floor_worst, verdict(floor_worst <= TARGETS['floor'])))
     print('  per batch at most one list of the pool\'s nodes and one of its pods beyond per-node requests: max %d  %s'
           % (lists, verdict(lists <= TARGETS['pool_lists'])))
-    print('  no per-node request count grows with the fleet: requests of the batches per node %.1f -> %.1f (%.2fx, '
-          '<= %.1fx)%s  %s'
-          % (small['window_per_node_total'], big['window_per_node_total'], growth, TARGETS['per_node_growth'],
+    print('  no per-node request count grows with the fleet: requests of the batches per node, evictions aside, '
+          '%.1f -> %.1f (%.2fx, <= %.1fx)%s  %s'
+          % (judged(small['window_per_node']), judged(big['window_per_node']), growth, TARGETS['per_node_growth'],
              '; grew: ' + ', '.join(grown) if grown else '', verdict(growth <= TARGETS['per_node_growth'] and not grown)))
     if len(results) > 1 and big['size'] < 200:
         print('  (sizes below 200 only show the method; the issue\'s figures need --sizes 40,200,1000)')
