@@ -724,30 +724,19 @@ class Lab:
 
     def stop(self) -> None:
         """Everything the lab started, bounded (the control plane: SIGTERM, SIGKILL after 15 s)."""
-        if self.status_sync is not None:
-            sync, self.status_sync = self.status_sync, None
-            try:
-                sync.__exit__(None, None, None)
-            except AssertionError as exc:
-                log(str(exc))
-            if sync.synced:
-                log('kubelet pod status sync (KWOK has none): %d pods the node lifecycle controller had marked not '
-                    'Ready set Ready again: %s' % (len(sync.synced), ', '.join(sync.synced[:8])))
-        if self.log_writer is not None:
-            writer, self.log_writer = self.log_writer, None
-            try:
-                writer.__exit__(None, None, None)
-            except AssertionError as exc:
-                log(str(exc))
-        if self.suc is not None:
-            suc, self.suc = self.suc, None
-            try:
-                suc.__exit__(None, None, None)
-            except AssertionError as exc:      # its errors, said (the run's verdict is made already)
-                log(str(exc))
-        if self.helm is not None:
-            helm, self.helm = self.helm, None
-            helm.__exit__(None, None, None)
+        sync = self.status_sync
+        # The stand-ins' threads; their errors are said (the run's verdict is made already).
+        for attr in ('status_sync', 'log_writer', 'suc', 'helm'):
+            stand_in = getattr(self, attr)
+            setattr(self, attr, None)
+            if stand_in is not None:
+                try:
+                    stand_in.__exit__(None, None, None)
+                except AssertionError as exc:
+                    log(str(exc))
+        if sync is not None and sync.synced:
+            log('kubelet pod status sync (KWOK has none): %d pods the node lifecycle controller had marked not '
+                'Ready set Ready again: %s' % (len(sync.synced), ', '.join(sync.synced[:8])))
         if self.operator is not None:
             operator, self.operator = self.operator, None
             try:
