@@ -507,6 +507,7 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     flat = (big['roll']['own_cpu'] / big['upgraded']) / (small['roll']['own_cpu'] / small['upgraded'])
     floor_worst = max(r['roll']['own_cpu'] / max(r['floor']['own_cpu'], 1e-9) for r in results)
     lists = max(max(r['pool_lists_max'].values()) for r in results)
+    lists_by = {kind: max(r['pool_lists_max'][kind] for r in results) for kind in ('nodes', 'pods')}
 
     def judged(d: dict) -> float:
         return sum(v for k, v in d.items() if k not in PER_POD_KINDS)
@@ -521,8 +522,8 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
           % (flat, TARGETS['cpu_flat'], verdict(flat <= TARGETS['cpu_flat'])))
     print('  controller CPU <= %.1fx the ping floor at every size: worst %.2fx  %s'
           % (TARGETS['floor'], floor_worst, verdict(floor_worst <= TARGETS['floor'])))
-    print('  per batch at most one list of the pool\'s nodes and one of its pods beyond per-node requests: max %d  %s'
-          % (lists, verdict(lists <= TARGETS['pool_lists'])))
+    print('  per batch at most one list of the pool\'s nodes and one of its pods beyond per-node requests: max %d '
+          '(nodes %d, pods %d)  %s' % (lists, lists_by['nodes'], lists_by['pods'], verdict(lists <= TARGETS['pool_lists'])))
     print('  no per-node request count grows with the fleet: requests of the batches per node, evictions aside, '
           '%.1f -> %.1f (%.2fx, <= %.1fx)%s  %s'
           % (judged(small['window_per_node']), judged(big['window_per_node']), growth, TARGETS['per_node_growth'],

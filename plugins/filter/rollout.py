@@ -76,6 +76,10 @@ def rollout_node_entry(plan: t.Dict[str, t.Any], host: str, **kwargs: t.Any) -> 
     return _call('rollout_node_entry', _rollout.node_entry, plan, host, **kwargs)
 
 
+def plan_nodes(plan: t.Dict[str, t.Any]) -> t.List[str]:
+    return _call('plan_nodes', _rollout.plan_nodes, plan)
+
+
 def unfinished_nodes(nodes: t.List[t.Dict[str, t.Any]], target: t.Dict[str, t.Any]) -> t.List[str]:
     return _call('unfinished_nodes', _rollout.unfinished_nodes, nodes, target)
 
@@ -146,7 +150,7 @@ class FilterModule:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
                 'tuple_gate': tuple_gate,
-                'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes,
+                'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes, 'plan_nodes': plan_nodes,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
                 'plan_digest': plan_digest, 'plan_workflow_digest': plan_workflow_digest, 'forks_verdict': forks_verdict,
                 'rollback_time': rollback_time, 'activation': activation,

@@ -30,11 +30,12 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import image_version
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import image_version, node_facts
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import is_gpu_resource
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import finished
 
-__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'evaluate_nodes', 'label_selector_matches', 'measure',
-           'parse_label_selector', 'pod_ready', 'validate_nodes']
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'evaluate_nodes', 'gated_nodes', 'label_selector_matches',
+           'measure', 'node_views', 'parse_label_selector', 'pod_list_selectors', 'pod_ready', 'validate_nodes']
 
 DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
 DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
@@ -78,6 +79,23 @@ def label_selector_matches(labels: Dict[str, Any], selector: Sequence[Tuple[str,
         if op == '!exists' and key in labels:
             return False
     return True
+
+
+def pod_list_selectors(*selectors: Optional[str]) -> List[str]:
+    """The label selectors to list the pods of `selectors` with, in as few lists as the API allows (empty or
+    None ones skipped): one list where every selector is the same single equality (k=v) on one key, as the
+    device plugin's and the validator's defaults are (app=...): `k in (v1,v2)`; else one list a selector.
+    Each pod is then matched against its own selector (label_selector_matches), so a wider list changes
+    nothing the gate decides."""
+    given: List[str] = []
+    for selector in selectors:
+        if selector and selector not in given:
+            given.append(selector)
+    parsed = [parse_label_selector(s) for s in given]
+    single = [p[0] for p in parsed if len(p) == 1 and p[0][0] == '=' and p[0][2]]
+    if len(given) > 1 and len(single) == len(given) and len({key for _op, key, _value in single}) == 1:
+        return ['%s in (%s)' % (single[0][1], ','.join(sorted({str(value) for _op, _key, value in single})))]
+    return given
 
 
 def _condition(obj: Dict[str, Any], kind: str) -> Optional[Dict[str, Any]]:
@@ -332,6 +350,27 @@ def evaluate_nodes(nodes: Dict[str, Optional[Dict[str, int]]], objects: Dict[str
     msg = ('node gate: PASS for %d node(s)' % len(results) if not failed
            else 'node gate: FAIL for %d of %d node(s): %s' % (len(failed), len(results), '; '.join(problems)))
     return {'passed': not failed, 'msg': msg, 'problems': problems, 'nodes': results, 'failed_nodes': failed}
+
+
+def gated_nodes(nodes: Dict[str, Optional[Dict[str, int]]], objects: Dict[str, Dict[str, Any]],
+                finished_for: Optional[str] = None) -> Tuple[Dict[str, Optional[Dict[str, int]]], List[str]]:
+    """Which of `nodes` the multi-node gate judges, from the same read: all of them, or with `finished_for`
+    (a target key) only those whose Node records that target finished (_node_record.finished), as an
+    observation window re-gates every node upgraded so far. (gated, not_finished: the others, sorted;
+    a node not read is among them)."""
+    if finished_for is None:
+        return dict(nodes), []
+    if not isinstance(finished_for, str) or not finished_for.strip():
+        raise NodeGateError('finished_for: %r is not a target key' % (finished_for,))
+    gated = {name: expected for name, expected in nodes.items()
+             if name in objects and finished(((objects[name].get('metadata') or {}).get('annotations') or {}), finished_for)}
+    return gated, sorted(name for name in nodes if name not in gated)
+
+
+def node_views(nodes: Sequence[str], objects: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The fleet_info view (_fleet.node_facts) of each of `nodes` that was read, by name: what an observation
+    window judges besides the gate (Ready, the kubelet's kernel and version, the upgrade record)."""
+    return [node_facts(objects[name]) for name in sorted(nodes) if name in objects]
 
 
 def _result(node_name: str, checks: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:

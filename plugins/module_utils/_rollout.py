@@ -399,6 +399,14 @@ def rollback_time(node: str, start: Any, end: Any, window: Any = '') -> Dict[str
                    % (node, seconds, 'within' if passed else 'LONGER THAN', window, window_s)}
 
 
+def plan_nodes(plan: Dict[str, Any]) -> List[str]:
+    """Every node a reviewed plan names, once each: its canaries, then its batches in order."""
+    if not isinstance(plan, dict) or not isinstance(plan.get('batches') or [], list) \
+            or not all(isinstance(b, list) for b in plan.get('batches') or []):
+        raise RolloutError('plan: %r has no list of batches (each a list of node names)' % (plan,))
+    return _plan_nodes(plan)
+
+
 def _plan_nodes(plan: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     for name in list(plan.get('canaries') or []) + [n for b in plan.get('batches') or [] for n in b]:

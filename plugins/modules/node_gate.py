@@ -28,8 +28,10 @@ description:
   - With O(timeout), the gate re-reads every O(interval) seconds until it passes or the time is up, and
     returns the last evaluation. The wait is always bounded.
   - With O(nodes) instead of O(node), the gate judges many nodes from one read of the cluster (one list of the Nodes
-    and one list of the pods of each selector, however many nodes), as the rollout's observation windows do when they
-    re-gate every node upgraded so far. RV(measured) and RV(artifacts) are then not returned.
+    and one list of the operand pods, however many nodes), as the rollout's observation windows do when they
+    re-gate every node upgraded so far. RV(measured) and RV(artifacts) are then not returned; RV(node_views) returns
+    what the same read says of each node. The device plugin and validator pods are listed together when their selectors
+    are each one C(key=value) on the same key (as the defaults are), else one list each.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.info_module
@@ -50,6 +52,18 @@ options:
       - A node mapped to an empty dict or null has no known count - every GPU resource in its capacity must then be
         allocatable in full (the device plugin marked no device unhealthy), and there must be at least one.
     type: dict
+  node_selector:
+    description:
+      - With O(nodes), list only the Nodes this label selector chooses (the pool, for example C(nvidia.com/gpu.present=true))
+        rather than every Node of the cluster. A node of O(nodes) it does not choose counts as missing.
+    type: str
+  finished_for:
+    description:
+      - With O(nodes), judge only the nodes whose Node records this target (a target key, as
+        C(gpufleet.upgrade.target_key) makes it) finished - C(gpufleet.io/upgraded-to) is the key and no upgrade is in
+        progress - as read by this same list, as an observation window re-gates every node upgraded so far. The others
+        are listed in RV(not_finished) and not judged.
+    type: str
   device_plugin_selector:
     description: Label selector (equality-based) of the device plugin pods.
     type: str
@@ -155,6 +169,20 @@ nodes:
   description: With O(nodes), each node's own result (C(node), C(passed), C(msg), C(problems), C(checks)).
   returned: when O(nodes) is given
   type: dict
+node_views:
+  description:
+    - With O(nodes), each of them that the read found, as gpufleet.upgrade.fleet_info returns a node (C(name), C(ready),
+      C(kernel), C(rke2), C(annotations) (the C(gpufleet.io/) ones), C(labels), C(taints), C(gpus), ...), from the same
+      read the gate judged.
+  returned: when O(nodes) is given
+  type: list
+  elements: dict
+not_finished:
+  description: With O(finished_for), the nodes of O(nodes) not judged (not recorded finished for it, or not found).
+  returned: when O(finished_for) is given
+  type: list
+  elements: str
+  sample: [gpu-09]
 failed_nodes:
   description: With O(nodes), the nodes that failed the gate.
   returned: when O(nodes) is given
@@ -196,17 +224,23 @@ def read_and_evaluate(k8s: K8sClient, params: dict) -> dict:
 
 
 def read_and_evaluate_nodes(k8s: K8sClient, params: dict, nodes: dict) -> dict:
-    """The multi-node form: one list of the Nodes, one list of the pods of each selector."""
-    objects = {(n.get('metadata') or {}).get('name'): n for n in k8s.list_all(path_for('v1', 'nodes'))}
+    """The multi-node form: one list of the Nodes (those of node_selector), one list of the operand pods
+    (one a selector where the selectors cannot share one: _node_gate.pod_list_selectors)."""
+    query = {'labelSelector': params['node_selector']} if params['node_selector'] else None
+    objects = {(n.get('metadata') or {}).get('name'): n for n in k8s.list_all(path_for('v1', 'nodes'), query)}
     pods = []
-    for selector in (params['device_plugin_selector'], params['validator_selector']):
-        if selector:
-            pods.extend(k8s.list_all(path_for('v1', 'pods'), {'labelSelector': selector}))
-    return _node_gate.evaluate_nodes(nodes, objects, pods,
-                                     device_plugin_selector=params['device_plugin_selector'],
-                                     validator_selector=params['validator_selector'] or None,
-                                     validator_required=params['validator_required'],
-                                     allowed_taints=params['allowed_taints'])
+    for selector in _node_gate.pod_list_selectors(params['device_plugin_selector'], params['validator_selector']):
+        pods.extend(k8s.list_all(path_for('v1', 'pods'), {'labelSelector': selector}))
+    gated, not_finished = _node_gate.gated_nodes(nodes, objects, params['finished_for'])
+    result = _node_gate.evaluate_nodes(gated, objects, pods,
+                                       device_plugin_selector=params['device_plugin_selector'],
+                                       validator_selector=params['validator_selector'] or None,
+                                       validator_required=params['validator_required'],
+                                       allowed_taints=params['allowed_taints'])
+    result['node_views'] = _node_gate.node_views(list(nodes), objects)
+    if params['finished_for'] is not None:
+        result['not_finished'] = not_finished
+    return result
 
 
 def operator_object(k8s: K8sClient, ref: dict):
@@ -223,6 +257,8 @@ def main() -> None:
         node={'type': 'str'},
         expected_gpus={'type': 'dict'},
         nodes={'type': 'dict'},
+        node_selector={'type': 'str'},
+        finished_for={'type': 'str'},
         device_plugin_selector={'type': 'str', 'default': _node_gate.DEFAULT_DEVICE_PLUGIN_SELECTOR},
         validator_selector={'type': 'str', 'default': _node_gate.DEFAULT_VALIDATOR_SELECTOR},
         validator_required={'type': 'bool', 'default': False},
@@ -233,7 +269,7 @@ def main() -> None:
         gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
                                                   'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
     ), mutually_exclusive=[('node', 'nodes'), ('expected_gpus', 'nodes')], required_one_of=[('node', 'nodes')],
-        required_by={'node': ('expected_gpus',)})
+        required_by={'node': ('expected_gpus',), 'node_selector': ('nodes',), 'finished_for': ('nodes',)})
     params = module.params
     if params['node'] is not None and not params['node'].strip():
         module.fail_json(msg='node: %r is not a node name' % params['node'])
@@ -246,6 +282,7 @@ def main() -> None:
         # Bad options fail before any request.
         if params['nodes'] is not None:
             nodes = _node_gate.validate_nodes(params['nodes'])
+            _node_gate.gated_nodes({}, {}, params['finished_for'])
         else:
             _node_gate.validate_expected(params['expected_gpus'])
         _node_gate.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')

@@ -166,9 +166,14 @@ def test_node_gate_on_many_nodes_reads_the_cluster_once_per_kind(emu, run_playbo
         'gpu-2: device plugin pod gpu-operator/nvidia-device-plugin-daemonset-b2 is not Ready (phase Running)',
         'gpu-3: nvidia.com/gpu: allocatable 7, expected 8']
     assert res['nodes']['gpu-3']['checks']['allocatable']['evidence']['expected_from'] == 'capacity'
-    # one list of the Nodes and one of the pods of each selector, whatever the node count; nothing else
-    reads = sorted((q['verb'], q['path']) for q in emu.requests)
-    assert reads == [('GET', '/api/v1/nodes'), ('GET', '/api/v1/pods'), ('GET', '/api/v1/pods')], reads
+    # one list of the Nodes and one of the operand pods (the two default selectors share the key app), whatever
+    # the node count; nothing else
+    reads = sorted((q['verb'], q['path'], str(q['query'])) for q in emu.requests)
+    assert [r[:2] for r in reads] == [('GET', '/api/v1/nodes'), ('GET', '/api/v1/pods')], reads
+    assert 'app in (nvidia-device-plugin-daemonset,nvidia-operator-validator)' in reads[1][2], reads
+    # the same read's view of each node, as fleet_info gives it (gpus: the allocatable whole GPUs)
+    assert [(v['name'], v['ready'], v['gpus']) for v in res['node_views']] == [
+        ('gpu-1', True, 8), ('gpu-2', True, 8), ('gpu-3', True, 7)]
     events = emu.audit_events(since=mark, user=READER)
     assert events and rbac.non_reads(events) == [] and rbac.refused(events) == []
     # bad input fails before any request
@@ -176,3 +181,44 @@ def test_node_gate_on_many_nodes_reads_the_cluster_once_per_kind(emu, run_playbo
     task['gpufleet.upgrade.node_gate']['nodes'] = {'gpu-1': {'cpu': 1}}
     res = run_playbook([{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]).result('gate')
     assert "nodes.gpu-1.expected_gpus: 'cpu' is not a GPU resource" in res['msg'] and emu.requests == []
+
+
+def test_node_gate_on_the_pools_nodes_recorded_finished(emu, run_playbook):
+    # An observation window: the pool's Nodes only (node_selector), and of the nodes named only those the same read
+    # records finished for the target (finished_for): gpu-1 is; gpu-2 (device plugin not Ready) finished another
+    # target and is not judged; cpu-9 is not in the pool, so not read even if named.
+    healthy(emu, unschedulable=False)
+    emu.apply([node('cpu-9', unschedulable=False)])
+    for name, key in (('gpu-1', 'target-b'), ('gpu-2', 'target-a'), ('cpu-9', 'target-b')):
+        emu.patch('v1', 'Node', name, {'metadata': {'labels': {'pool': 'gpu' if name != 'cpu-9' else 'cpu'},
+                                                    'annotations': {'gpufleet.io/upgraded-to': key}}})
+    emu.clear_requests()
+    mark = emu.audit_mark()
+    task = {'gpufleet.upgrade.node_gate': {
+        'kubeconfig': emu.gate_kubeconfig, 'nodes': {'gpu-1': {'nvidia.com/gpu': 8}, 'gpu-2': None, 'cpu-9': None},
+        'node_selector': 'pool=gpu', 'finished_for': 'target-b', 'validator_selector': 'component=validator'},
+        'name': 'gate', 'ignore_errors': True}
+    res = run_playbook([{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]).result('gate')
+    assert res['_event'] == 'runner_on_ok' and res['passed'] is True, res['msg']
+    assert list(res['nodes']) == ['gpu-1'] and res['not_finished'] == ['cpu-9', 'gpu-2']
+    assert [(v['name'], v['annotations']) for v in res['node_views']] == [
+        ('gpu-1', {'gpufleet.io/upgraded-to': 'target-b'}), ('gpu-2', {'gpufleet.io/upgraded-to': 'target-a'})]
+    # the Nodes listed with the pool's selector; selectors on two keys: one list of pods each
+    reads = [(q['path'], str(q['query'])) for q in emu.requests]
+    assert [path for path, _query in reads] == ['/api/v1/nodes', '/api/v1/pods', '/api/v1/pods'], reads
+    assert 'pool=gpu' in reads[0][1] and 'component=validator' in reads[2][1], reads
+    events = emu.audit_events(since=mark, user=READER)
+    assert events and rbac.non_reads(events) == [] and rbac.refused(events) == []
+    # the read decides: once gpu-2 records target-b finished too, it is judged (and fails: its device plugin)
+    emu.patch('v1', 'Node', 'gpu-2', {'metadata': {'annotations': {'gpufleet.io/upgraded-to': 'target-b'}}})
+    res = run_playbook([{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}]).result('gate')
+    assert res['passed'] is False and res['failed_nodes'] == ['gpu-2'] and res['not_finished'] == ['cpu-9']
+    # bad input fails before any request
+    emu.clear_requests()
+    single = {'node_selector': 'pool=gpu', 'nodes': None, 'node': 'gpu-1', 'expected_gpus': {'nvidia.com/gpu': 8}}
+    for bad, message in (({'finished_for': ' '}, "finished_for: ' ' is not a target key"), (single, 'node_selector')):
+        args = {k: v for k, v in dict(task['gpufleet.upgrade.node_gate'], **bad).items() if v is not None}
+        bad_task = dict(task, **{'gpufleet.upgrade.node_gate': args})
+        res = run_playbook([{'name': 'node gate', 'hosts': 'localhost', 'gather_facts': False, 'tasks': [bad_task]}]).result('gate')
+        assert res['_event'] == 'runner_on_failed' and message in res['msg'], res['msg']
+    assert emu.requests == []

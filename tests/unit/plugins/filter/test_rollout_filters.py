@@ -22,7 +22,7 @@ NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_fai
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'plan_workflow_digest', 'observation_cases',
-         'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict']
+         'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict', 'plan_nodes']
 
 
 def fleet():
@@ -67,6 +67,9 @@ def test_values():
         F.tuple_gate([], booted, {}, node_gate)
     assert F.unfinished_nodes([{'name': 'gpu-01', 'annotations': {ANN_DONE: KEY}}, {'name': 'gpu-02'}],
                               TARGET) == ['gpu-02']
+    # canaries first, then the batches, each node once
+    assert F.plan_nodes(PLAN) == ['gpu-01', 'gpu-02', 'gpu-03']
+    assert F.plan_nodes({'canaries': ['c'], 'batches': [['a', 'c'], ['b']]}) == ['c', 'a', 'b']
 
 
 def test_node_failure_coerces_the_switch():
@@ -114,6 +117,8 @@ def test_in_a_template():
     ('unfinished_nodes', ([{'name': 'gpu-01'}], None), {},
      'target: expected a non-empty mapping of tuple components, got None'),
     ('forks_verdict', ([['gpu-01']], True), {}, 'forks: True is not a positive whole number'),
+    ('plan_nodes', ({'batches': 'gpu-01'},), {}, "plan: {'batches': 'gpu-01'} has no list of batches (each a list of node names)"),
+    ('plan_nodes', ([],), {}, 'plan: [] has no list of batches (each a list of node names)'),
     ('rollback_time', ('gpu-01', 10, 5), {}, 'end: 5 is before start 10'),
     ('forks_verdict', ('gpu-01', 5), {}, "batches: expected the plan's list of node-name lists, got str"),
     ('plan_digest', ({}, 'abc', 'plan.json'), {}, "plan_sha256: 'abc' is not a SHA-256 (64 lowercase hex digits)"),

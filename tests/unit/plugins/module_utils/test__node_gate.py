@@ -6,6 +6,7 @@ import copy
 import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_gate as G
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import ANN_DONE, ANN_STATE
 
 
 def node(name='gpu-1', ready='True', alloc=None, cap=None, taints=None, unschedulable=True):
@@ -223,3 +224,49 @@ def test_bad_nodes(nodes, message):
     with pytest.raises(G.NodeGateError, match=message.replace('[', r'\[').replace(']', r'\]').replace('.', r'\.')):
         G.validate_nodes(nodes)
     assert G.validate_nodes({'gpu-1': {}, 'gpu-2': {'nvidia.com/gpu': '8'}}) == {'gpu-1': None, 'gpu-2': {'nvidia.com/gpu': 8}}
+
+
+@pytest.mark.parametrize('selectors, lists', [
+    # the defaults: one key, two values -> one set-based list
+    ((G.DEFAULT_DEVICE_PLUGIN_SELECTOR, G.DEFAULT_VALIDATOR_SELECTOR),
+     ['app in (nvidia-device-plugin-daemonset,nvidia-operator-validator)']),
+    (('app==a', 'app=b'), ['app in (a,b)']),
+    # the validator skipped (empty), or the same selector twice: one list of it
+    (('app=a', ''), ['app=a']),
+    (('app=a', None), ['app=a']),
+    (('app=a', 'app=a'), ['app=a']),
+    # not one equality on one shared key: one list each
+    (('app=a', 'name=b'), ['app=a', 'name=b']),
+    (('app=a,tier=x', 'app=b'), ['app=a,tier=x', 'app=b']),
+    (('app!=a', 'app=b'), ['app!=a', 'app=b']),
+    (('app', 'app=b'), ['app', 'app=b']),
+    (('app=', 'app=b'), ['app=', 'app=b']),
+])
+def test_pod_list_selectors_fold_one_key_into_one_list(selectors, lists):
+    assert G.pod_list_selectors(*selectors) == lists
+
+
+def test_pod_list_selectors_reject_a_bad_selector():
+    with pytest.raises(G.NodeGateError, match="'app in x' is not an equality-based"):
+        G.pod_list_selectors('app in x', 'app=b')
+
+
+def test_gated_nodes_judges_only_those_the_read_records_finished():
+    done = node('gpu-1')
+    done['metadata']['annotations'] = {ANN_DONE: 'key-1'}
+    busy = node('gpu-2')     # recorded done for the key, but another upgrade is in progress on it
+    busy['metadata']['annotations'] = {ANN_DONE: 'key-1', ANN_STATE: 'drain'}
+    other = node('gpu-3')    # finished another target
+    other['metadata']['annotations'] = {ANN_DONE: 'key-0'}
+    objects = {'gpu-1': done, 'gpu-2': busy, 'gpu-3': other}
+    wanted = {'gpu-1': {'nvidia.com/gpu': 8}, 'gpu-2': None, 'gpu-3': None, 'gpu-4': None}
+    assert G.gated_nodes(wanted, objects, 'key-1') == ({'gpu-1': {'nvidia.com/gpu': 8}}, ['gpu-2', 'gpu-3', 'gpu-4'])
+    # without a key every node is judged (a missing one then fails the gate: evaluate_nodes)
+    assert G.gated_nodes(wanted, objects) == (wanted, [])
+    for bad in ('', '  ', 7):
+        with pytest.raises(G.NodeGateError, match=r'^finished_for: .* is not a target key$'):
+            G.gated_nodes(wanted, objects, bad)
+    # the same read's view of each named node that exists, by name
+    views = G.node_views(['gpu-3', 'gpu-1', 'gpu-4'], objects)
+    assert [(v['name'], v['ready'], v['annotations']) for v in views] == [
+        ('gpu-1', True, {ANN_DONE: 'key-1'}), ('gpu-3', True, {ANN_DONE: 'key-0'})]
