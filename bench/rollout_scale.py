@@ -506,8 +506,8 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     small, big = results[0], results[-1]
     flat = (big['roll']['own_cpu'] / big['upgraded']) / (small['roll']['own_cpu'] / small['upgraded'])
     floor_worst = max(r['roll']['own_cpu'] / max(r['floor']['own_cpu'], 1e-9) for r in results)
-    lists = max(max(r['pool_lists_max'].values()) for r in results)
     lists_by = {kind: max(r['pool_lists_max'][kind] for r in results) for kind in ('nodes', 'pods')}
+    lists = max(lists_by.values())
 
     def judged(d: dict) -> float:
         return sum(v for k, v in d.items() if k not in PER_POD_KINDS)

@@ -35,7 +35,8 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources im
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import finished
 
 __all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'evaluate_nodes', 'gated_nodes', 'label_selector_matches',
-           'measure', 'node_views', 'parse_label_selector', 'pod_list_selectors', 'pod_ready', 'validate_nodes']
+           'measure', 'node_views', 'parse_label_selector', 'pod_list_selectors', 'pod_ready', 'validate_finished_for',
+           'validate_nodes']
 
 DEFAULT_DEVICE_PLUGIN_SELECTOR = 'app=nvidia-device-plugin-daemonset'
 DEFAULT_VALIDATOR_SELECTOR = 'app=nvidia-operator-validator'
@@ -352,16 +353,21 @@ def evaluate_nodes(nodes: Dict[str, Optional[Dict[str, int]]], objects: Dict[str
     return {'passed': not failed, 'msg': msg, 'problems': problems, 'nodes': results, 'failed_nodes': failed}
 
 
+def validate_finished_for(finished_for: Any) -> Optional[str]:
+    """The finished_for option: None (judge every node) or a target key."""
+    if finished_for is not None and (not isinstance(finished_for, str) or not finished_for.strip()):
+        raise NodeGateError('finished_for: %r is not a target key' % (finished_for,))
+    return finished_for
+
+
 def gated_nodes(nodes: Dict[str, Optional[Dict[str, int]]], objects: Dict[str, Dict[str, Any]],
                 finished_for: Optional[str] = None) -> Tuple[Dict[str, Optional[Dict[str, int]]], List[str]]:
     """Which of `nodes` the multi-node gate judges, from the same read: all of them, or with `finished_for`
     (a target key) only those whose Node records that target finished (_node_record.finished), as an
     observation window re-gates every node upgraded so far. (gated, not_finished: the others, sorted;
     a node not read is among them)."""
-    if finished_for is None:
+    if validate_finished_for(finished_for) is None:
         return dict(nodes), []
-    if not isinstance(finished_for, str) or not finished_for.strip():
-        raise NodeGateError('finished_for: %r is not a target key' % (finished_for,))
     gated = {name: expected for name, expected in nodes.items()
              if name in objects and finished(((objects[name].get('metadata') or {}).get('annotations') or {}), finished_for)}
     return gated, sorted(name for name in nodes if name not in gated)

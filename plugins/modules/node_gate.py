@@ -282,7 +282,7 @@ def main() -> None:
         # Bad options fail before any request.
         if params['nodes'] is not None:
             nodes = _node_gate.validate_nodes(params['nodes'])
-            _node_gate.gated_nodes({}, {}, params['finished_for'])
+            _node_gate.validate_finished_for(params['finished_for'])
         else:
             _node_gate.validate_expected(params['expected_gpus'])
         _node_gate.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')
