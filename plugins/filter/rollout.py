@@ -115,6 +115,10 @@ def rollback_time(node: str, start: t.Any, end: t.Any, window: t.Any = '') -> t.
     return _call('rollback_time', _rollout.rollback_time, node, start, end, window)
 
 
+def plan_serial(plan: t.Dict[str, t.Any]) -> t.List[int]:
+    return _call('plan_serial', _rollout.plan_serial, plan)
+
+
 def observation_window(window: t.Any, started: t.Any, now: t.Any) -> t.Dict[str, t.Any]:
     return _call('observation_window', _rollout.observation_window, window, started, now)
 
@@ -151,6 +155,7 @@ class FilterModule:
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
                 'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes, 'plan_nodes': plan_nodes,
+                'plan_serial': plan_serial,
                 'rollback_result': rollback_result, 'plan_gate_entries': plan_gate_entries,
                 'plan_digest': plan_digest, 'plan_workflow_digest': plan_workflow_digest, 'forks_verdict': forks_verdict,
                 'rollback_time': rollback_time, 'activation': activation,

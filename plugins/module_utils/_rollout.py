@@ -407,6 +407,15 @@ def plan_nodes(plan: Dict[str, Any]) -> List[str]:
     return _plan_nodes(plan)
 
 
+def plan_serial(plan: Dict[str, Any]) -> List[int]:
+    """The batch play's `serial`: the size of each of the reviewed plan's batches, in order (each at least 1)."""
+    batches = plan.get('batches') if isinstance(plan, dict) else None
+    if not isinstance(batches, list) or not batches \
+            or not all(isinstance(b, list) and b and all(isinstance(n, str) and n for n in b) for b in batches):
+        raise RolloutError('plan: %r has no batches (each a non-empty list of node names)' % (plan,))
+    return [len(b) for b in batches]
+
+
 def _plan_nodes(plan: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     for name in list(plan.get('canaries') or []) + [n for b in plan.get('batches') or [] for n in b]:

@@ -22,7 +22,8 @@ NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_fai
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'plan_workflow_digest', 'observation_cases',
-         'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict', 'plan_nodes']
+         'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict', 'plan_nodes',
+         'plan_serial']
 
 
 def fleet():
@@ -70,6 +71,9 @@ def test_values():
     # canaries first, then the batches, each node once
     assert F.plan_nodes(PLAN) == ['gpu-01', 'gpu-02', 'gpu-03']
     assert F.plan_nodes({'canaries': ['c'], 'batches': [['a', 'c'], ['b']]}) == ['c', 'a', 'b']
+    # the batch play's serial: each batch's size, in the plan's order
+    assert F.plan_serial(PLAN) == [1, 2]
+    assert F.plan_serial({'batches': [['a', 'b', 'c'], ['d'], ['e', 'f']]}) == [3, 1, 2]
 
 
 def test_node_failure_coerces_the_switch():
@@ -119,6 +123,12 @@ def test_in_a_template():
     ('forks_verdict', ([['gpu-01']], True), {}, 'forks: True is not a positive whole number'),
     ('plan_nodes', ({'batches': 'gpu-01'},), {}, "plan: {'batches': 'gpu-01'} has no list of batches (each a list of node names)"),
     ('plan_nodes', ([],), {}, 'plan: [] has no list of batches (each a list of node names)'),
+    ('plan_serial', ({'batches': []},), {}, "plan: {'batches': []} has no batches (each a non-empty list of node names)"),
+    ('plan_serial', ({'batches': [['a'], []]},), {},
+     "plan: {'batches': [['a'], []]} has no batches (each a non-empty list of node names)"),
+    ('plan_serial', ({'batches': [['a', 3]]},), {},
+     "plan: {'batches': [['a', 3]]} has no batches (each a non-empty list of node names)"),
+    ('plan_serial', (None,), {}, 'plan: None has no batches (each a non-empty list of node names)'),
     ('rollback_time', ('gpu-01', 10, 5), {}, 'end: 5 is before start 10'),
     ('forks_verdict', ('gpu-01', 5), {}, "batches: expected the plan's list of node-name lists, got str"),
     ('plan_digest', ({}, 'abc', 'plan.json'), {}, "plan_sha256: 'abc' is not a SHA-256 (64 lowercase hex digits)"),
