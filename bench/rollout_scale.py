@@ -3,6 +3,7 @@ fleet sizes, next to Ansible's own floor for the same number of hosts and tasks 
 
     .venv/bin/python bench/rollout_scale.py [--sizes 40,200,1000] [--dir .lab-bench/scale]
                                             [--change seed|driver] [--batch-size 4] [--forks 8] [--reuse]
+                                            [--profile]
 
 About 16 minutes for --sizes 10,20 and 22 for --sizes 40 on a quiet 2-core machine (2026-12-04; the rollout and
 its two floors); 200,1000 need a machine with many more cores (about 26 s of CPU per upgraded node here, all told).
@@ -41,6 +42,13 @@ window are the batch's; the rest (before the first batch, the release play) are 
 counts once per page in the totals; "lists of the pool" counts logical lists (first pages) of nodes and
 pods that name no node.
 
+--profile: also where the controller CPU goes, task by task (bench/callback/task_cpu.py, a callback that puts
+ansible-playbook in a cgroup of its own and reads its CPU at each task start; node-side runs subtracted as
+above): the totals by kind (Kubernetes modules delegated to the controller, modules on the node host, what runs
+inside Ansible, tasks skipped on every host) beside the floor's pings, and the tasks with the most CPU. Needs
+root and a cgroup v1 cpuacct (or v2) hierarchy; without them it says so and the rest of the run is unchanged.
+Its reads add a little CPU to the figures of that run.
+
 Figures of one run on one machine; nothing here asserts a timing (docs/development.md).
 """
 from __future__ import annotations
@@ -73,6 +81,10 @@ CANARY_OWNER = 'gpufleet.upgrade.canary'
 BATCH_START = ('Batch | The stop switch, read by every node of the batch before it starts', 'Batch | Re-read the cluster')
 RELEASE_START = 'Release | Read every node of the plan'
 FLOOR_NODE_PLAY = 'Floor | ping on the node hosts, batch by batch'
+CALLBACKS = REPO / 'bench' / 'callback'
+INTERNAL_ACTIONS = {'set_fact', 'assert', 'fail', 'debug', 'meta', 'include_tasks', 'import_tasks', 'include_role',
+                    'validate_argument_spec', 'set_stats', 'add_host', 'pause'}
+PROFILE_TOP = 25
 HOST_STANDIN = ('the lab\'s node stand-in: per node a ~4 MB install root with real dpkg/apt (tiny packages), the NVML '
                 'stand-in, a kernel log, the lab reboot hook (no sleep for drain/install/reboot); its CPU is logged '
                 'apart (cpu_account.py) and not counted as the controller\'s')
@@ -196,10 +208,16 @@ def stamp(text: str) -> float:
     return d.timestamp()
 
 
-def play_measured(lab: Lab, name: str, playbook: str, forks: int, wrapper_each: float) -> dict:
+def play_measured(lab: Lab, name: str, playbook: str, forks: int, wrapper_each: float,
+                  profile: pathlib.Path | None = None) -> dict:
     rss = PeakRss()
     n0 = log_lines(lab.node_cpu_log)
-    status = lab.play(name, playbook, envvars={'ANSIBLE_FORKS': str(forks)}, hook=rss.on_event)
+    env = {'ANSIBLE_FORKS': str(forks)}
+    if profile:   # --profile: the controller CPU of each task (bench/callback/task_cpu.py)
+        env.update({'ANSIBLE_CALLBACK_PLUGINS': str(CALLBACKS), 'ANSIBLE_CALLBACKS_ENABLED': 'task_cpu',
+                    'GPUFLEET_TASK_CPU_OUT': str(profile), 'GPUFLEET_TASK_CPU_NODE_LOG': str(lab.node_cpu_log),
+                    'GPUFLEET_TASK_CPU_WRAPPER': repr(wrapper_each)})
+    status = lab.play(name, playbook, envvars=env, hook=rss.on_event)
     peak = rss.stop()
     t = lab.timings[-1]
     wrapped = log_lines(lab.node_cpu_log) - n0
@@ -357,7 +375,8 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         plan = lab.plan()
         phases['plan.yml'] = time.monotonic() - t1
         canary_as_done(lab, plan)
-        roll = play_measured(lab, 'rollout', 'rollout.yml', args.forks, wrapper_each)
+        roll = play_measured(lab, 'rollout', 'rollout.yml', args.forks, wrapper_each,
+                             profile=d / 'task-cpu-rollout.json' if args.profile else None)
         phases['rollout.yml'] = roll['wall']
         if roll['status'] != 'successful':
             raise LabError('rollout.yml %s: %s' % (roll['status'], roll['failures'][:3]))
@@ -381,7 +400,8 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         for name, delegate in (('floor', delegated_tasks), ('floor_on_hosts', 0)):
             floor_file = d / (name + '.yml')
             write_floor(floor_file, node_tasks, local_tasks, serial, order, delegated_tasks=delegate)
-            floors[name] = play_measured(lab, name, str(floor_file), args.forks, wrapper_each)
+            floors[name] = play_measured(lab, name, str(floor_file), args.forks, wrapper_each,
+                                         profile=d / ('task-cpu-%s.json' % name) if args.profile else None)
             phases[name] = floors[name]['wall']
             if floors[name]['status'] != 'successful':
                 raise LabError('the floor playbook %s: %s' % (floors[name]['status'], floors[name]['failures'][:3]))
@@ -535,6 +555,61 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
                                         for r in results))
 
 
+def profile_kind(task: dict) -> str:
+    """What a profiled task is, for the totals: skipped on every host, an action that runs in Ansible itself
+    (set_fact, assert...), or a module, delegated to the controller or on the node host."""
+    st = task['status']
+    if not st.get('ok') and not st.get('failed') and st.get('skipped'):
+        return 'skipped everywhere'
+    if task['action'].startswith('ansible.builtin.') and task['action'].split('.')[-1] in INTERNAL_ACTIONS:
+        return 'in Ansible (set_fact, assert, include...)'
+    return 'module delegated to the controller' if task.get('delegated') else 'module on the node host'
+
+
+def report_profile(size: int, d: pathlib.Path) -> None:
+    """--profile: where the rollout's controller CPU goes, task by task, beside the floor's pings."""
+    roll_file, floor_file = d / 'task-cpu-rollout.json', d / 'task-cpu-floor.json'
+    if not roll_file.is_file():
+        return
+    roll = json.loads(roll_file.read_text())
+    floor = json.loads(floor_file.read_text()) if floor_file.is_file() else {'tasks': []}
+    print()
+    if 'error' in roll:
+        print('%d nodes: no task profile (%s)' % (size, roll['error']))
+        return
+    print('%d nodes, the controller CPU of each task (--profile: a cgroup around ansible-playbook, node-side runs '
+          'subtracted; "main": Ansible\'s main process; per run: per host that ran or skipped it):' % size)
+    pings = collections.defaultdict(lambda: [0.0, 0])
+    for t in floor.get('tasks', []):
+        kind = ('on localhost' if t['task'].startswith('Floor | localhost ping') else
+                'node host, delegated to the controller' if t['task'].startswith('Floor | node ping') and t['delegated']
+                else 'on the node host' if t['task'].startswith('Floor | node ping') else None)
+        if kind:
+            pings[kind][0] += t['cpu']
+            pings[kind][1] += t['status'].get('ok', 0)
+    tasks = roll['tasks']
+    totals = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    for t in tasks:
+        runs = sum(t['status'].values())
+        k = totals[profile_kind(t)]
+        k[0] += t['cpu']
+        k[1] += t['main']
+        k[2] += runs
+    print('  %-50s %9s %8s %6s %9s' % ('kind', 'CPU s', 'main s', 'runs', 'per run'))
+    for kind, (cpu, main_cpu, runs) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        print('  %-50s %9.1f %8.1f %6d %9.3f' % (kind, cpu, main_cpu, runs, cpu / max(runs, 1)))
+    for kind, (cpu, runs) in sorted(pings.items()):
+        print('  %-50s %9.1f %8s %6d %9.3f' % ('floor ping ' + kind, cpu, '', runs, cpu / max(runs, 1)))
+    print('  the %d tasks with the most CPU:' % PROFILE_TOP)
+    print('  %9s %8s %4s %4s %8s  %-32s %s' % ('CPU s', 'main s', 'ran', 'skip', 'per run', 'action', 'task'))
+    for t in sorted(tasks, key=lambda t: -t['cpu'])[:PROFILE_TOP]:
+        st = t['status']
+        ran = st.get('ok', 0) + st.get('failed', 0)
+        print('  %9.2f %8.2f %4d %4d %8.3f  %-32s %s' % (t['cpu'], t['main'], ran, st.get('skipped', 0),
+                                                         t['cpu'] / max(ran + st.get('skipped', 0), 1),
+                                                         t['action'][-32:], t['task'][:90]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--sizes', default='40,200,1000', help='fleet sizes, comma-separated')
@@ -545,6 +620,9 @@ def main() -> int:
     parser.add_argument('--forks', type=int, default=8)
     parser.add_argument('--reuse', action='store_true',
                         help='no run: the figures again from what an earlier run left under --dir')
+    parser.add_argument('--profile', action='store_true',
+                        help='also the controller CPU of each task of the rollout and of the floor (a cgroup around '
+                             'ansible-playbook: root and cgroup cpuacct; its reads add a little CPU of their own)')
     parser.add_argument('--metrics', choices=('auto', 'off'), default='off',
                         help='auto: the metric gate with Prometheus when installed (its scrapes load the machine)')
     args = parser.parse_args()
@@ -566,6 +644,8 @@ def main() -> int:
             log('%d nodes done in %.0fs' % (size, base['phases']['total']))
         results.append(analyse(base, d))
     report(results, args, wrapper_each if wrapper_each is not None else wrapper_cpu_each())
+    for size in sizes:
+        report_profile(size, (args.dir / ('n%d' % size)).resolve())
     return 0
 
 
