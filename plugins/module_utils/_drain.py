@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ._poll import poll
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
-from ._k8s_module import apply_merge_patch
+from ._merge_patch import apply_merge_patch
 # ANN_CORDON_TAINT: the timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle
 # controller put on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted
 # and set again by someone else since has another taint, and is not ours to lift).

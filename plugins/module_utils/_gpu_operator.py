@@ -30,6 +30,7 @@ import copy
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._merge_patch import merge_patch
 
 __all__ = ['CHART_TOLERATIONS', 'DAEMONSET_TOLERATIONS', 'GpuOperatorError', 'NVIDIADRIVERS_PATH', 'OPERANDS',
            'OPERATOR_ARG_SPEC', 'PAUSED_ANNOTATION', 'BACK_ANNOTATION', 'BACK_LABEL', 'BACK_VALUE', 'back_pod',
@@ -740,8 +741,6 @@ def plan_cluster(objs: Obj, target: Mapping[str, Any]) -> Obj:
         raise GpuOperatorError('version: %r needs the operator\'s HelmChart (the chart version); this operator is '
                                'managed as a ClusterPolicy (change its operator Deployment with its installer)'
                                % target['version'])
-    # Imported here: the filters load this file in every Ansible worker, and _k8s brings the HTTP client.
-    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import merge_patch  # pylint: disable=import-outside-toplevel
     before = {'values': values}
     after = {'values': new_values}
     return _with_drivers({'kind': 'ClusterPolicy', 'path': '%s/%s' % (CP_PATH, _name(policy)),

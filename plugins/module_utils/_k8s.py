@@ -746,28 +746,6 @@ class K8sClient:
                             status=409, method='PATCH', path=path)
 
 
-def merge_patch(current: Any, desired: Any) -> Any:
-    """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``; None when equal.
-
-    Mappings are patched key by key (keys absent from ``desired`` are set to null, i.e. removed);
-    anything else is replaced whole.
-    """
-    if isinstance(current, dict) and isinstance(desired, dict):
-        patch: Dict[str, Any] = {}
-        for key in current:
-            if key not in desired:
-                patch[key] = None
-        for key, value in desired.items():
-            if key not in current:
-                patch[key] = value
-            else:
-                sub = merge_patch(current[key], value)
-                if sub is not None:
-                    patch[key] = sub
-        return patch or None
-    return None if current == desired else desired
-
-
 def path_for(api_version: str, plural: str, name: Optional[str] = None, namespace: Optional[str] = None,
              subresource: Optional[str] = None) -> str:
     """REST path of a resource: path_for('v1', 'pods', 'p', 'ns', 'eviction')."""

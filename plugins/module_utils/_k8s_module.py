@@ -13,8 +13,8 @@
   become `fail_json` with a message that names the field or the object; only the unexpected keep a
   traceback).
 - `k8s_argument_spec(options)`: the merged argument spec.
-- `apply_merge_patch(obj, patch)`: a JSON merge patch (RFC 7386) applied to a copy: what a
-  `PATCH` will leave, the one check-mode prediction.
+- check-mode prediction: `apply_merge_patch` (`_merge_patch`) over the current object, what a `PATCH`
+  will leave.
 - `diff(before, after, header)` and `failure(exc, ...)`: the diff dict and the message of an
   expected error, pure.
 
@@ -34,6 +34,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
     K8sClient, K8sError, NotFoundError, auth_argument_spec)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._merge_patch import apply_merge_patch
 
 Obj = Dict[str, Any]
 Compute = Callable[[Obj], Optional[Obj]]
@@ -50,26 +51,6 @@ def k8s_argument_spec(options: Mapping[str, Dict[str, Any]]) -> Dict[str, Dict[s
         raise ValueError('module options %s clash with the Kubernetes auth options' % ', '.join(clash))
     spec.update(copy.deepcopy(dict(options)))
     return spec
-
-
-def apply_merge_patch(obj: Any, patch: Any) -> Any:
-    """`obj` after the JSON merge patch `patch` (RFC 7386), as a new object; `obj` is not changed.
-
-    A mapping is merged key by key (null removes the key); anything else (a list, a string)
-    replaces the value whole. None as the patch (nothing to change) returns a copy of `obj`."""
-    if patch is None:
-        return copy.deepcopy(obj)
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(obj) if isinstance(obj, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict):
-            out[key] = apply_merge_patch(out.get(key), value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def diff(before: Any, after: Any, header: Optional[str] = None) -> Dict[str, Any]:

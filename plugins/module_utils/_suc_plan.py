@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rke2
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, merge_patch, path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, path_for
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._merge_patch import merge_patch
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import Rke2Version
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import DNS_LABEL

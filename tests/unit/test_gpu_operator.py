@@ -230,7 +230,7 @@ def test_plan_cluster_replace_values_of_a_cluster_policy_removes_what_the_cluste
     back = G.plan_cluster(objs(cp=cp), {'replace_values': True, 'values': snapshot})
     assert back['patch']['spec']['daemonsets'] == {'tolerations': None}
     assert back['patch']['spec']['dcgmExporter'] == {'version': DCGM['version']}
-    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import apply_merge_patch
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._merge_patch import apply_merge_patch
     assert apply_merge_patch(first['values'], back['patch']['spec']) == back['values']
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as S
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import apply_merge_patch
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._merge_patch import apply_merge_patch
 
 KEY = 'driver=580.130.00,kernel=6.8.0-134-generic'
 TARGET = {'kernel': '6.8.0-134-generic', 'driver': '580.130.00'}
