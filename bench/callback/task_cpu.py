@@ -12,7 +12,8 @@ workers, their module processes and the main process's own work between two task
 node-side runs (GPUFLEET_TASK_CPU_NODE_LOG, the lab's node-cpu.log: one line of seconds per run,
 plus GPUFLEET_TASK_CPU_WRAPPER seconds each) is subtracted when it is logged, as the bench does for
 the whole play. Writes one JSON document to GPUFLEET_TASK_CPU_OUT at the end: the tasks in order,
-each with its CPU, the main process's share, whether it is delegated and the hosts that ran or skipped it; or {'error': ...}
+each with its CPU, the main process's share, whether it is delegated and the hosts that ran or skipped it, and
+the cgroup it used (removed at the end); or {'error': ...}
 when no cgroup could be made (not root, no cpuacct).
 """
 from __future__ import annotations
@@ -55,10 +56,11 @@ class CallbackModule(CallbackBase):
         self.node_cpu = 0.0
         self.error = ''
         self.cgroup, self.usage, self.scale = self._enter()
-        self.rows: dict[tuple, dict] = {}
+        # Before the first play: counted, never listed.
+        self.current: tuple = ('(start)', '', '')
+        self.rows: dict[tuple, dict] = {self.current: {'cpu': 0.0, 'main': 0.0, 'status': collections.Counter()}}
         self.order: list[tuple] = []
         self.play = ''
-        self.current: tuple = ('(start)',)
         self.last = self._read()
         self.last_main = _main_cpu()
 
@@ -96,19 +98,23 @@ class CallbackModule(CallbackBase):
             self.node_cpu += sum(float(x) + self.wrapper for x in done.split())
         return total - self.node_cpu
 
+    def _row(self, key: tuple) -> dict:
+        if key not in self.rows:
+            self.rows[key] = {'cpu': 0.0, 'main': 0.0, 'status': collections.Counter()}
+            self.order.append(key)
+        return self.rows[key]
+
     def _switch(self, key: tuple) -> None:
         now, main = self._read(), _main_cpu()
-        row = self.rows.setdefault(self.current, {'cpu': 0.0, 'main': 0.0, 'status': collections.Counter()})
+        row = self._row(self.current)
         row['cpu'] += now - self.last
         row['main'] += main - self.last_main
         self.last, self.last_main = now, main
         self.current = key
-        if key not in self.rows:
-            self.rows[key] = {'cpu': 0.0, 'main': 0.0, 'status': collections.Counter()}
-            self.order.append(key)
+        self._row(key)
 
     def _count(self, status: str) -> None:
-        self.rows.setdefault(self.current, {'cpu': 0.0, 'main': 0.0, 'status': collections.Counter()})['status'][status] += 1
+        self._row(self.current)['status'][status] += 1
 
     def v2_playbook_on_play_start(self, play) -> None:
         self.play = play.get_name()
@@ -135,7 +141,7 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_stats(self, stats) -> None:
         self._switch(('(end)', '', ''))
-        doc = {'error': self.error} if self.error else {'tasks': [
+        doc = {'error': self.error} if self.error else {'cgroup': self.cgroup, 'tasks': [
             {'play': k[0], 'task': k[1], 'action': k[2], 'cpu': round(self.rows[k]['cpu'], 4),
              'main': round(self.rows[k]['main'], 4), 'status': dict(self.rows[k]['status']),
              'delegated': self.rows[k].get('delegated', False)}

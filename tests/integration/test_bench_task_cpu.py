@@ -54,4 +54,5 @@ def test_each_task_in_order_with_its_hosts_and_the_node_side_cpu_taken_out(run_p
     assert by_name['Logs 5 s node-side']['cpu'] < 0 < by_name['Logs elsewhere']['cpu']
     assert all(t['cpu'] > 0 for t in tasks if t['task'] != 'Logs 5 s node-side')
     assert all(t['main'] >= 0 for t in tasks)
-    assert not list(V1.glob('gpufleet-task-cpu-*')), 'the profile left its cgroup behind'
+    assert doc['cgroup'].startswith(str(V1) + '/gpufleet-task-cpu-')
+    assert not pathlib.Path(doc['cgroup']).exists(), 'the profile left its cgroup behind'
