@@ -9,6 +9,8 @@ rollout records it: a node entry and its three gates, about 4 KB), side by side 
   recording one more node's gate, and the same with `return_bundle: true` (what every call returned before:
   the whole bundle, carried by Ansible in the task result and in every job event);
 - the bytes of each result;
+- the same update as the action plugin does it when the task runs on the controller (every evidence task of the
+  shipped playbooks): `_evidence_file.update_bundle` inside the process, no module start-up (CPU time);
 - the baseline: the same call on an empty bundle (the module's start-up), and the ratio to it.
 
 Not a test: no pass/fail on figures.
@@ -31,6 +33,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / '.venv' / 'collections')]
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _evidence as E  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence_file import (  # noqa: E402
+    ARGUMENT_SPEC, update_bundle)
 
 MODULE = REPO / 'plugins' / 'modules' / 'evidence.py'
 TUPLE = {'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'driver': '580.130.00',
@@ -81,6 +85,15 @@ def module_call(path: pathlib.Path, args: dict, tmp: pathlib.Path) -> tuple[floa
     return wall, len(out.stdout)
 
 
+def in_worker(path: pathlib.Path, args: dict) -> float:
+    """The action plugin's way: the same update inside this process (CPU seconds)."""
+    params = {k: v.get('default') for k, v in ARGUMENT_SPEC.items()}
+    params.update(args, path=str(path))
+    t0 = time.process_time()
+    update_bundle(params)
+    return time.process_time() - t0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument('--sizes', default='40,200,1000,10000')
@@ -105,21 +118,29 @@ def main() -> int:
                     wall, nbytes = module_call(path, dict(update, **extra), tmp)
                     walls.append(wall)
                 figures[label] = (statistics.median(walls), nbytes)
+            cpus = []
+            for r in range(args.repeat):
+                path.write_text(text)
+                cpus.append(in_worker(path, node_updates('gpu-new-%d' % r, 999)))
+            figures['worker'] = statistics.median(cpus)
             rows.append((size, len(text), figures))
     base = rows[0][2]['now'][0]
     print('evidence: one call recording one more node, module process wall (median of %d), as the bundle grows'
           % args.repeat)
-    heads = ('nodes', 'bundle KB', 'call ms', 'x empty', 'result KB', 'w/ bundle ms', 'x empty', 'result KB')
-    print('%7s %10s | %10s %8s %10s | %12s %8s %10s' % heads)
-    print('-' * 88)
+    heads = ('nodes', 'bundle KB', 'call ms', 'x empty', 'result KB', 'w/ bundle ms', 'x empty', 'result KB',
+             'worker CPU ms')
+    print('%7s %10s | %10s %8s %10s | %12s %8s %10s | %13s' % heads)
+    print('-' * 104)
     for size, nbytes, fig in rows:
         now, old = fig['now'], fig['return_bundle']
-        print('%7d %10.1f | %10.1f %7.2fx %10.1f | %12.1f %7.2fx %10.1f' % (
+        print('%7d %10.1f | %10.1f %7.2fx %10.1f | %12.1f %7.2fx %10.1f | %13.1f' % (
             size, nbytes / 1024, now[0] * 1000, now[0] / base, now[1] / 1024, old[0] * 1000, old[0] / base,
-            old[1] / 1024))
+            old[1] / 1024, fig['worker'] * 1000))
     print('\nbaseline: the same call on an empty bundle (the module start-up) = %.1f ms. "w/ bundle": return_bundle: true, '
           'what every call returned before issue 18 (Ansible then carries it in the task result and each job event, '
-          'not counted here; before issue 18 each call also deep-copied the bundle and serialised it twice more).' % (base * 1000))
+          'not counted here; before issue 18 each call also deep-copied the bundle and serialised it twice more). '
+          '"worker CPU": the action plugin\'s way, the same update in Ansible\'s worker (no module process), CPU time; '
+          'what grows with the bundle is reading and writing it.' % (base * 1000))
     return 0
 
 

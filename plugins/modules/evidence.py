@@ -24,6 +24,9 @@ description:
     batches and gates drawn as a picture, and tables of gates, nodes, artifacts and omitted combinations.
   - Writes are atomic and serialised with a lock file next to the bundle, so parallel hosts delegating to the
     controller do not lose each other's entries.
+  - An action plugin of the same name does the update inside Ansible's worker when the task runs on the controller
+    itself (a local connection without become, as with C(delegate_to) set to V(localhost)), with the same options,
+    checks and results and without starting a module process; anywhere else it runs this module.
 extends_documentation_fragment:
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.mutating
@@ -183,90 +186,18 @@ bundle:
   type: dict
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import (
-    EvidenceError, dumps, loads, merge, new_bundle, render_html, summary)
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._fsio import LockTimeout, lock_exclusive, read_text, write_text
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import EvidenceError
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence_file import ARGUMENT_SPEC, update_bundle
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type='path', required=True),
-            id=dict(type='str'),
-            tuple_before=dict(type='dict'),
-            tuple_after=dict(type='dict'),
-            nodes=dict(type='list', elements='dict', default=[]),
-            artifacts=dict(type='list', elements='dict', default=[]),
-            batches=dict(type='list', elements='dict', default=[]),
-            gates=dict(type='list', elements='dict', default=[]),
-            actions=dict(type='list', elements='dict', default=[]),
-            omitted=dict(type='list', elements='dict', default=[]),
-            report=dict(type='path'),
-            lock_timeout=dict(type='int', default=30),
-            return_bundle=dict(type='bool', default=False),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    path = p['path']
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        module.fail_json(msg='evidence: directory %s of path does not exist' % directory)
-    if p['lock_timeout'] < 1 or p['lock_timeout'] > 3600:
-        module.fail_json(msg='evidence: lock_timeout %r must be between 1 and 3600 seconds' % p['lock_timeout'])
-    handle = None
-    if not module.check_mode:
-        try:
-            handle = lock_exclusive(path + '.lock', p['lock_timeout'])
-        except LockTimeout as exc:
-            module.fail_json(msg='evidence: %s' % exc)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        try:
-            text = read_text(path, 'surrogateescape')
-            if text is None:
-                if not p['id']:
-                    raise EvidenceError('id is required to create the bundle %s' % path)
-                before = None
-                bundle = new_bundle(p['id'])
-            else:
-                before = loads(text, path)
-                if p['id'] and p['id'] != before['id']:
-                    raise EvidenceError('id: %r does not match the bundle id %r in %s' % (p['id'], before['id'], path))
-                bundle = before
-            updates = dict((k, p[k]) for k in ('tuple_before', 'tuple_after', 'nodes', 'artifacts', 'batches',
-                                               'gates', 'actions', 'omitted'))
-            after, changed = merge(bundle, updates)
-            changed = changed or before is None
-            report_html = render_html(after) if p['report'] else None
-        except EvidenceError as exc:
-            module.fail_json(msg='evidence: %s' % exc)
-        report_changed = False
-        if report_html is not None:
-            old = read_text(p['report'], 'surrogateescape')
-            report_changed = old != report_html
-        if not module.check_mode:
-            if changed:
-                write_text(path, dumps(after), makedirs=False, prefix='.evidence-')
-            if report_changed:
-                rdir = os.path.dirname(os.path.abspath(p['report']))
-                if not os.path.isdir(rdir):
-                    module.fail_json(msg='evidence: directory %s of report does not exist' % rdir)
-                write_text(p['report'], report_html, makedirs=False, prefix='.evidence-')
-    finally:
-        if handle is not None:
-            handle.close()
-    result = dict(changed=changed or report_changed, path=path, summary=summary(after))
-    if p['return_bundle']:
-        result['bundle'] = after
-    if p['report']:
-        result['report'] = p['report']
-    if module._diff:
-        result['diff'] = dict(before=dumps(before) if before is not None else '', after=dumps(after),
-                              before_header=path, after_header=path)
+        result = update_bundle(module.params, check_mode=module.check_mode, diff=module._diff)
+    except EvidenceError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(**result)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 from typing import Any
 
 import pytest
@@ -87,6 +88,48 @@ def test_evidence_module_builds_the_bundle_idempotently(tmp_path: pathlib.Path, 
     assert bad.result('wrong id')['msg'] == "evidence: id: 'other' does not match the bundle id 'lab-rollout-1' in %s" % path
     OUTPUT.mkdir(exist_ok=True)
     (OUTPUT / 'evidence-report.html').write_text(html_before)
+
+
+def test_evidence_runs_in_the_worker_on_the_controller_and_as_the_module_elsewhere(
+        tmp_path: pathlib.Path, run_playbook: Any) -> None:
+    """The action plugin updates the bundle inside Ansible's worker when the task runs on the controller (a local
+    connection without become), and runs the module otherwise; both give the same bundle, results and errors."""
+    deb = tmp_path / 'nvidia-driver.deb'
+    deb.write_bytes(b'driver')
+    bundles, results = {}, {}
+    for way, extra in (('worker', {}), ('module', {'become': True, 'become_method': 'ansible.builtin.su'})):
+        path, report = str(tmp_path / (way + '.json')), str(tmp_path / (way + '.html'))
+        tasks = [dict(task, **extra) for task in rollout_tasks(path, report, str(deb))]
+        ev = 'gpufleet.upgrade.evidence'
+        naive_gate = {'name': 'n', 'kind': 'node', 'passed': True, 'started': '{{ now() }}'}
+        tasks += [dict(task, ignore_errors=True, **extra) for task in (
+            {'name': 'unknown option', ev: {'path': path, 'nope': 1}},
+            {'name': 'no directory', ev: {'path': str(tmp_path / 'none' / 'b.json'), 'id': 'x'}},
+            {'name': 'naive time', ev: {'path': path, 'gates': [naive_gate]}})]
+        # No Python for modules on this host: only the worker's way can succeed without one.
+        for interpreter in ('/nonexistent/python', sys.executable):
+            inventory = {'all': {'hosts': {'localhost': {'ansible_connection': 'local',
+                                                         'ansible_python_interpreter': interpreter}}}}
+            run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': tasks[:1]}], inventory=inventory,
+                               envvars={'ANSIBLE_PYTHON_INTERPRETER': interpreter})
+            if interpreter != sys.executable:
+                assert (run.rc == 0) is (way == 'worker'), (way, run.stdout)
+                pathlib.Path(path).unlink(missing_ok=True)
+        run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': tasks}])
+        assert run.rc == 0, run.stdout
+        results[way] = {t['name']: {k: v for k, v in run.result(t['name']).items() if k in ('changed', 'msg', 'summary')}
+                        for t in tasks}
+        bundle = json.loads(pathlib.Path(path).read_text())
+        bundles[way] = {k: v for k, v in bundle.items() if k not in ('created', 'updated')}
+        assert pathlib.Path(report).is_file()
+    assert bundles['worker'] == bundles['module'] and bundles['worker']['gates']
+    naive = {way: r.pop('naive time')['msg'] for way, r in results.items()}
+    assert results['worker'] == results['module']
+    assert results['worker']['unknown option']['msg'].startswith(
+        'Unsupported parameters for (gpufleet.upgrade.evidence) module: nope.')
+    assert results['worker']['no directory']['msg'] == 'evidence: directory %s of path does not exist' % (tmp_path / 'none')
+    assert all(m.startswith('evidence: gates[0] (n).started: ') and m.endswith('has no UTC offset (add Z or +00:00)')
+               for m in naive.values()), naive
 
 
 def test_report_renders_in_headless_chromium(tmp_path: pathlib.Path, run_playbook: Any) -> None:
