@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
-# PRIVATE to the collection: no compatibility promise. Used by the gpu_gate module; runs on GPU
-# nodes (Python >= 3.9).
+# PRIVATE to the collection: no compatibility promise. Used by the gpu_gate module (on GPU nodes, Python >= 3.9)
+# and by its action plugin (on the controller, when the facts are given).
 """GPU health gate over ``gpu_info`` facts, against a baseline snapshot of the same facts.
 
 Checks, each one a named verdict with its evidence (all must pass):
@@ -27,6 +27,20 @@ from typing import Any, Dict, List, Optional, Tuple
 SEVERITY_RANK = {'low': 1, 'medium': 2, 'high': 3, 'critical': 4}
 UNKNOWN_RANK = SEVERITY_RANK['high']
 CHECKS = ('driver', 'pci_identity', 'xid', 'ecc', 'row_remap', 'temperature')
+
+# The gpu_gate module's options (its action plugin checks them too). `backend`'s choices are _nvml.BACKENDS,
+# written out so that this module need not import the NVML reader (a unit test holds the two equal).
+ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = dict(
+    facts=dict(type='dict'),
+    backend=dict(type='str', default='auto', choices=['auto', 'nvml', 'nvidia-smi']),
+    kernel_log=dict(type='str', default='journal'),
+    xid_since=dict(type='str', default='boot'),
+    baseline=dict(type='dict', required=True),
+    target_driver=dict(type='str', required=True),
+    xid_severity_threshold=dict(type='str', default='medium', choices=list(SEVERITY_RANK)),
+    temperature_max=dict(type='float', default=85),
+    skip=dict(type='list', elements='str', default=[], choices=list(CHECKS)),
+)
 
 
 class GpuGateError(ValueError):
@@ -224,3 +238,21 @@ def evaluate(facts: Any, baseline: Any, target_driver: str, xid_severity_thresho
     msg = ('GPU gate: PASS (driver %s, %d GPU(s))' % (facts.get('driver_version'), len(_gpus(facts, 'facts')))
            if passed else 'GPU gate: FAIL: ' + '; '.join(problems))
     return {'passed': passed, 'msg': msg, 'problems': problems, 'checks': checks}
+
+
+def judge(facts: Any, params: Dict[str, Any]) -> Dict[str, Any]:
+    """The gpu_gate module's result for `facts` and its validated options `params` (ARGUMENT_SPEC): the verdict,
+    with ``failed`` when the node did not pass or the input is bad; the facts included when the module read them
+    (``params['facts']`` is None)."""
+    try:
+        verdict = evaluate(facts, params['baseline'], params['target_driver'], params['xid_severity_threshold'],
+                           params['temperature_max'], params['skip'])
+    except GpuGateError as exc:
+        return {'failed': True, 'changed': False, 'passed': False, 'msg': 'GPU gate: invalid input: %s' % exc,
+                'problems': [str(exc)]}
+    result = dict(changed=False, **verdict)
+    if params['facts'] is None:
+        result['facts'] = facts
+    if not verdict['passed']:
+        result['failed'] = True
+    return result

@@ -23,6 +23,8 @@ description:
   - Without O(facts) the module reads them itself on the node it runs on, as M(gpufleet.upgrade.gpu_info) does
     (without the package list) - one task instead of two, used by the rollout's observation window to re-gate
     every node upgraded so far.
+  - With O(facts) given, nothing is read on the node - an action plugin of the same name judges them on the
+    controller, inside Ansible's worker, with the same options, checks and result, and sends no module to the node.
   - V(ecc) the uncorrected ECC count did not grow on any GPU (aggregate counts persist across driver reloads;
     a lower volatile count is a counter reset). A GPU with ECC enabled but no readable count fails.
   - V(row_remap) no row-remapping failure, no remap pending and no retired page pending.
@@ -124,7 +126,7 @@ checks:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gpuhost, _nvml, _xid
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_gate import GpuGateError, evaluate
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_gate import ARGUMENT_SPEC, judge
 
 
 def read_facts(module):
@@ -145,32 +147,11 @@ def read_facts(module):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            facts=dict(type='dict'),
-            backend=dict(type='str', default='auto', choices=list(_nvml.BACKENDS)),
-            kernel_log=dict(type='str', default='journal'),
-            xid_since=dict(type='str', default='boot'),
-            baseline=dict(type='dict', required=True),
-            target_driver=dict(type='str', required=True),
-            xid_severity_threshold=dict(type='str', default='medium', choices=['low', 'medium', 'high', 'critical']),
-            temperature_max=dict(type='float', default=85),
-            skip=dict(type='list', elements='str', default=[],
-                      choices=['driver', 'pci_identity', 'xid', 'ecc', 'row_remap', 'temperature']),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     facts = p['facts'] if p['facts'] is not None else read_facts(module)
-    try:
-        verdict = evaluate(facts, p['baseline'], p['target_driver'], p['xid_severity_threshold'],
-                           p['temperature_max'], p['skip'])
-    except GpuGateError as exc:
-        module.fail_json(msg='GPU gate: invalid input: %s' % exc, passed=False, problems=[str(exc)])
-    result = dict(changed=False, **verdict)
-    if p['facts'] is None:
-        result['facts'] = facts
-    if not verdict['passed']:
+    result = judge(facts, p)
+    if result.get('failed'):
         module.fail_json(**result)
     module.exit_json(**result)
 

@@ -86,6 +86,23 @@ def test_gpu_gate_over_gpu_info_from_the_nvml_stand_in(run_playbook: Any, fake_n
                 'baseline': '{{ base }}', 'target_driver': NEW, 'backend': 'nvml', 'kernel_log': str(log),
                 'xid_since': '2026-08-10T00:00:00Z'}},
         ]
+    # With facts given nothing runs on the node (the action plugin judges them in Ansible's worker): no Python
+    # there is needed. Its option checks are the module's.
+    no_python = {'ansible_python_interpreter': '/nonexistent/python'}
+    gate = 'gpufleet.upgrade.gpu_gate'
+    tasks += [
+        {'name': 'gate clean, no module', 'vars': no_python,
+         gate: {'facts': '{{ run_facts_clean }}', 'baseline': '{{ base }}', 'target_driver': NEW}},
+        {'name': 'bad skip', 'ignore_errors': True,
+         gate: {'facts': '{{ base }}', 'baseline': '{{ base }}', 'target_driver': OLD, 'skip': ['nope']}},
+        {'name': 'bad facts', 'ignore_errors': True,
+         gate: {'facts': {'gpus': 'none'}, 'baseline': '{{ base }}', 'target_driver': OLD}},
+        {'name': 'read, no module', 'vars': no_python, 'ignore_errors': True,
+         gate: {'baseline': '{{ base }}', 'target_driver': NEW}}]
+    for i, task in enumerate(tasks):
+        if task['name'] == 'facts clean':
+            tasks.insert(i + 1, {'name': 'keep clean facts', 'ansible.builtin.set_fact': {'run_facts_clean': '{{ now }}'}})
+            break
     run = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': tasks}], envvars=fake_nvml.env)
 
     base = run.result('baseline')
@@ -122,3 +139,11 @@ def test_gpu_gate_over_gpu_info_from_the_nvml_stand_in(run_playbook: Any, fake_n
             assert res['passed'] is False
             assert res['msg'] == msg, task
     assert run.result('gate xid')['checks']['xid']['evidence']['failing'] == 1
+    unmoduled = run.result('gate clean, no module')
+    assert unmoduled['_event'] == 'runner_on_ok' and unmoduled['msg'] == clean['msg'], unmoduled.get('msg')
+    assert 'facts' not in unmoduled and unmoduled['checks'] == clean['checks']
+    assert run.result('read, no module')['_event'] == 'runner_on_failed'    # that one is the module, on the node
+    assert run.result('bad skip')['msg'].startswith('value of skip must be one or more of: driver, pci_identity')
+    bad = run.result('bad facts')
+    assert bad['_event'] == 'runner_on_failed' and bad['passed'] is False
+    assert bad['msg'].startswith('GPU gate: invalid input: '), bad['msg']

@@ -197,3 +197,30 @@ def test_input_is_not_mutated() -> None:
     snap = copy.deepcopy((f, b))
     gg.evaluate(f, b, '580.130.00')
     assert (f, b) == snap
+
+
+def params(**kw: Any) -> dict[str, Any]:
+    p = {k: v.get('default') for k, v in gg.ARGUMENT_SPEC.items()}
+    p.update(baseline=BASE, target_driver='580.130.00', **kw)
+    return p
+
+
+def test_judge_is_the_module_result_passed_failed_or_bad_input() -> None:
+    good = gg.judge(after(), params(facts=after()))
+    assert good['passed'] is True and good['changed'] is False and 'failed' not in good and 'facts' not in good
+    assert good['msg'] == 'GPU gate: PASS (driver 580.130.00, 2 GPU(s))'
+    old = facts(xids=[OLD_XID])
+    bad = gg.judge(old, params(facts=None))       # facts the module read itself are returned with the verdict
+    assert bad['failed'] is True and bad['passed'] is False and bad['facts'] is old
+    assert bad['msg'] == 'GPU gate: FAIL: driver: loaded 580.126.20, target 580.130.00'
+    invalid = gg.judge(['not', 'facts'], params(facts=['not', 'facts']))
+    assert invalid == {'failed': True, 'changed': False, 'passed': False,
+                       'msg': "GPU gate: invalid input: facts: ['not', 'facts'] is not a dict (gpu_info facts)",
+                       'problems': ["facts: ['not', 'facts'] is not a dict (gpu_info facts)"]}
+
+
+def test_argument_spec_choices_are_the_checks_severities_and_nvml_backends() -> None:
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+    assert gg.ARGUMENT_SPEC['backend']['choices'] == list(_nvml.BACKENDS)
+    assert gg.ARGUMENT_SPEC['skip']['choices'] == list(gg.CHECKS)
+    assert gg.ARGUMENT_SPEC['xid_severity_threshold']['choices'] == ['low', 'medium', 'high', 'critical']
