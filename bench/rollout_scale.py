@@ -78,7 +78,10 @@ from tools.lab import Lab, LabError  # noqa: E402
 
 OPERATOR = 'system:serviceaccount:%s:%s' % labenv.OPERATOR_SA
 CANARY_OWNER = 'gpufleet.upgrade.canary'
-BATCH_START = ('Batch | The stop switch, read by every node of the batch before it starts', 'Batch | Re-read the cluster')
+# A batch's window starts at the batch play's first pre-task (the plan's pause point, skipped or not); the older
+# names are the first pre-tasks of runs before 2026-12-05 (--reuse of an older run).
+BATCH_START = ('Batch | A pause point of the plan waits, bounded, for its approval before the batch starts',
+               'Batch | The stop switch, read by every node of the batch before it starts', 'Batch | Re-read the cluster')
 RELEASE_START = 'Release | Read every node of the plan'
 FLOOR_NODE_PLAY = 'Floor | ping on the node hosts, batch by batch'
 CALLBACKS = REPO / 'bench' / 'callback'
