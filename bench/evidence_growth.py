@@ -35,6 +35,7 @@ sys.path[:0] = [str(REPO / '.venv' / 'collections')]
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _evidence as E  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence_file import (  # noqa: E402
     ARGUMENT_SPEC, update_bundle)
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._in_worker import module_params  # noqa: E402
 
 MODULE = REPO / 'plugins' / 'modules' / 'evidence.py'
 TUPLE = {'kernel': '6.8.0-135-generic', 'rke2': 'v1.36.1+rke2r1', 'driver': '580.130.00',
@@ -86,11 +87,9 @@ def module_call(path: pathlib.Path, args: dict, tmp: pathlib.Path) -> tuple[floa
 
 
 def in_worker(path: pathlib.Path, args: dict) -> float:
-    """The action plugin's way: the same update inside this process (CPU seconds)."""
-    params = {k: v.get('default') for k, v in ARGUMENT_SPEC.items()}
-    params.update(args, path=str(path))
+    """The action plugin's way: its argument check and the same update inside this process (CPU seconds)."""
     t0 = time.process_time()
-    update_bundle(params)
+    update_bundle(module_params(dict(args, path=str(path)), ARGUMENT_SPEC, 'gpufleet.upgrade.evidence'))
     return time.process_time() - t0
 
 
