@@ -3,7 +3,7 @@ fleet sizes, next to Ansible's own floor for the same number of hosts and tasks 
 
     .venv/bin/python bench/rollout_scale.py [--sizes 40,200,1000] [--dir .lab-bench/scale]
                                             [--change seed|driver] [--batch-size 4] [--forks 8] [--reuse]
-                                            [--profile]
+                                            [--profile] [--no-floor-h]
 
 About 16 minutes for --sizes 10,20 and 22 for --sizes 40 on a quiet 2-core machine (2026-12-04; the rollout and
 its two floors); 200,1000 need a machine with many more cores (about 26 s of CPU per upgraded node here, all told).
@@ -33,7 +33,8 @@ rollout ran for a node on average (runner events ok/failed; skipped tasks not co
 delegated to localhost as the rollout delegated for a node (its Kubernetes modules: a module process on the
 controller either way), and on localhost as many as the rollout's localhost plays ran. Our figures are
 printed as ratios to it. A second floor, every node ping on the node host ("ratio h", the floor before
-2026-12-04), leaves the delegated tasks' module start-up out of the floor.
+2026-12-04), leaves the delegated tasks' module start-up out of the floor; it takes about as long as the
+first, and --no-floor-h skips it (its column then reads "-").
 
 API requests: the API server's audit log (tests/cluster, ResponseComplete events) of the operator
 ServiceAccount during the rollout. A request is a node's when its URI names exactly one node of the pool
@@ -400,7 +401,8 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         # controller, the rest on the node host: the one the targets use), and all of them on the node hosts
         # (where a ping's own module process is node-side, so not counted: the figure before 2026-12-04).
         floors = {}
-        for name, delegate in (('floor', delegated_tasks), ('floor_on_hosts', 0)):
+        second = () if args.no_floor_h else (('floor_on_hosts', 0),)
+        for name, delegate in (('floor', delegated_tasks),) + second:
             floor_file = d / (name + '.yml')
             write_floor(floor_file, node_tasks, local_tasks, serial, order, delegated_tasks=delegate)
             floors[name] = play_measured(lab, name, str(floor_file), args.forks, wrapper_each,
@@ -626,6 +628,9 @@ def main() -> int:
     parser.add_argument('--profile', action='store_true',
                         help='also the controller CPU of each task of the rollout and of the floor (a cgroup around '
                              'ansible-playbook: root and cgroup cpuacct; its reads add a little CPU of their own)')
+    parser.add_argument('--no-floor-h', action='store_true',
+                        help='skip the second floor (every ping on the node hosts: "ratio h", the figure before '
+                             '2026-12-04); it takes about as long as the first, which the targets use')
     parser.add_argument('--metrics', choices=('auto', 'off'), default='off',
                         help='auto: the metric gate with Prometheus when installed (its scrapes load the machine)')
     args = parser.parse_args()
