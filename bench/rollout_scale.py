@@ -6,8 +6,9 @@ fleet sizes, next to Ansible's own floor for the same number of hosts and tasks 
                                             [--profile] [--no-floor-h]
 
 About 16 minutes for --sizes 10,20 and 22 for --sizes 40 on a quiet 2-core machine (2026-12-04; the rollout and
-its two floors); 200 nodes in batches of 10 took 101 minutes there, without the second floor (2026-12-05; --no-floor-h saves about a third);
-1,000 need a machine with many more cores (about 26 s of CPU per upgraded node here, all told).
+its two floors); 200 nodes in batches of 10 took 101 minutes there without the second floor (2026-12-05;
+--no-floor-h skips it, about a third of the wall); 1,000 need a machine with many more cores (about 26 s of CPU
+per upgraded node here, all told).
 --reuse prints the figures again from what a run left under --dir (each size's n<N>.json, plan, runner
 artifacts and audit log).
 
