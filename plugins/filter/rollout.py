@@ -149,6 +149,14 @@ def observation_hosts(results: t.Mapping[str, t.Any], upgraded: t.List[str],
     return _call('observation_hosts', _rollout.observation_hosts, dict(results), upgraded, expected)
 
 
+def observation_share(hosts: t.List[str], workers: t.List[str], worker: str) -> t.List[str]:
+    return _call('observation_share', _rollout.observation_share, hosts, workers, worker)
+
+
+def observation_gpu(registered: t.List[t.Any], regate: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    return _call('observation_gpu', _rollout.observation_gpu, registered, regate)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
@@ -162,6 +170,7 @@ class FilterModule:
                 'observation_window': observation_window, 'observation_verdict': observation_verdict,
                 'observation_cases': observation_cases,
                 'observation_settings': observation_settings, 'observation_hosts': observation_hosts,
+                'observation_share': observation_share, 'observation_gpu': observation_gpu,
                 'operator_revisions': operator_revisions, 'operands_back': operands_back,
                 'rollback_activation': rollback_activation,
                 'install_method_verdict': install_method_verdict}

@@ -544,6 +544,50 @@ def observation_hosts(results: Dict[str, Any], upgraded: Sequence[str],
     return {'hosts': hosts, 'nodes': nodes, 'not_regated': not_regated, 'node_gate': node_gate}
 
 
+def observation_share(hosts: Sequence[str], workers: Sequence[str], worker: str) -> List[str]:
+    """The share of the window's GPU re-gate that `worker` runs: the hosts to re-gate (`hosts`, observation_hosts'
+    `hosts`) dealt in turn over the play's active hosts (`workers`, ansible_play_batch), so that every worker of
+    the batch re-gates its share at the same time, each in its own fork, instead of one worker visiting every
+    node after another. Every host is in exactly one share; the shares differ in size by one at most."""
+    for what, value in (('hosts', hosts), ('workers', workers)):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(h, str) and h for h in value):
+            raise RolloutError('%s: %r is not a list of inventory host names' % (what, value))
+    if len(set(workers)) != len(workers):
+        raise RolloutError('workers: %r names a host twice' % (list(workers),))
+    if worker not in workers:
+        raise RolloutError('worker: %r is not one of the play\'s active hosts %r' % (worker, list(workers)))
+    return list(hosts[list(workers).index(worker)::len(workers)])
+
+
+def observation_gpu(registered: Sequence[Any], regate: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The window's GPU gate results by node, gathered from what each worker registered for its share
+    (`registered`: each worker's loop result, from observation_share's shares) and `regate` (observation_hosts'
+    selection: `hosts`, `nodes`: host -> node). A host that was to be re-gated and has no result (its worker's
+    share did not run) gets a result that did not pass: a node nobody re-gated fails the window, it never passes
+    unseen. A result for a host that is not to be re-gated, or two results for one host, is an error."""
+    if not isinstance(regate, dict) or not isinstance(regate.get('hosts'), list) or not isinstance(regate.get('nodes'), dict):
+        raise RolloutError('regate: %r is not observation_hosts\' selection (hosts, nodes)' % (regate,))
+    if not isinstance(registered, (list, tuple)):
+        raise RolloutError('registered: %r is not a list of the workers\' loop results' % (registered,))
+    by_host: Dict[str, Dict[str, Any]] = {}
+    for entry in registered:
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get('results', []), list):
+            raise RolloutError('registered: %r is not a loop result (results)' % (entry,))
+        for result in entry.get('results', []):
+            host = result.get('item') if isinstance(result, dict) else None
+            if host not in regate['nodes']:
+                raise RolloutError('registered: a GPU gate result for %r, which is not a host to re-gate %r'
+                                   % (host, regate['hosts']))
+            if host in by_host:
+                raise RolloutError('registered: two GPU gate results for host %r' % (host,))
+            by_host[host] = result
+    missing = {'passed': False, 'msg': 'the GPU gate did not run on it in this window (its share of the re-gate '
+                                       'was not run)'}
+    return {regate['nodes'][host]: dict(by_host.get(host, missing)) for host in regate['hosts']}
+
+
 def observation_verdict(nodes: Sequence[Dict[str, Any]], plan: Dict[str, Any], window: Dict[str, Any],
                         metric: Optional[Dict[str, Any]] = None,
                         host: Optional[Dict[str, Any]] = None,

@@ -6,7 +6,9 @@ to service: that window fails it, it is cordoned and recorded failed, the rollou
 batch (whose nodes are untouched), the canaries stay isolated, and both windows are in the evidence
 bundle (the first passed, the second failed naming the node). In the same window another node of the first
 batch gets a taint no one allowed: the window's node gate (one read of the Nodes and operand pods, on every
-node upgraded so far) fails it too. Set up as test_rollout_stop's lab.
+node upgraded so far) fails it too. Each window's GPU re-gate runs on the node, every host of the batch its
+share at the same time (the two workers' runs overlap), not one node after another. Set up as
+test_rollout_stop's lab.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ pytestmark = test_rollout_stop.pytestmark     # the lab's skip condition
 WAIT = 'Observe | Wait for the window to end (bounded by its length)'
 VERDICT = 'Observe | Every upgraded node passed the window'
 WORKLOADS = "Observe | Workload gate on every node upgraded so far (the plan's cases)"
+REGATE = 'Observe | GPU gate on every node upgraded in this run, read on the node (each batch host its share)'
 
 
 def new_xid(lab: Lab, node: str) -> None:
@@ -50,9 +53,20 @@ def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_st
         early, second, later = batches[0][0], batches[1], [n for b in batches[2:] for n in b]
         tainted = batches[0][1]
         windows: list[str] = []
+        # The GPU re-gate of each window: which worker re-gated which node, and when each worker's share ran.
+        regated: list[list[tuple[str, str]]] = []
+        shares: list[dict[str, tuple[str, str]]] = []
 
         def xid_in_the_second_window(event: dict) -> None:
             data = event.get('event_data') or {}
+            if data.get('task') == REGATE:
+                if event.get('event') == 'playbook_on_task_start':
+                    regated.append([])
+                    shares.append({})
+                elif event.get('event') == 'runner_item_on_ok':
+                    regated[-1].append((data.get('host'), (data.get('res') or {}).get('item')))
+                elif event.get('event') == 'runner_on_ok':
+                    shares[-1][data.get('host')] = (data.get('start'), data.get('end'))
             if event.get('event') == 'runner_on_start' and data.get('task') == WAIT:
                 windows.append(data.get('host'))
                 if len(windows) == 2:
@@ -101,6 +115,15 @@ def test_a_node_of_an_earlier_batch_that_fails_a_later_window_is_cordoned_and_st
         assert observed[1]['result']['host_regated'] == sorted(batches[0] + second), observed[1]['result']
         assert sorted(observed[1]['result']['host_not_regated']) == sorted(plan['canaries']), observed[1]['result']
         assert all(g['started'] and g['finished'] and g['duration_s'] >= 8 for g in observed), observed
+        # The re-gate ran in parallel: each host of the batch (2 here) re-gated its share of the nodes so far, every
+        # node exactly once, and in the second window (4 nodes) the two workers' runs overlapped in time.
+        assert len(regated) == 2 and len(shares) == 2, (regated, shares)
+        for window, nodes, batch in zip(regated, (batches[0], batches[0] + second), (batches[0], second)):
+            assert sorted(pair[1] for pair in window) == sorted(nodes), window
+            assert {pair[0] for pair in window} == set(batch), window
+        assert sorted(shares[1]) == sorted(second), shares
+        (start_a, end_a), (start_b, end_b) = shares[1].values()
+        assert start_a < end_b and start_b < end_a, shares[1]
     finally:
         lab.stop()
 

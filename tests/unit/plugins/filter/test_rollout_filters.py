@@ -21,7 +21,7 @@ PLAN = {
 NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
-         'observation_settings', 'observation_hosts', 'plan_workflow_digest', 'observation_cases',
+         'observation_settings', 'observation_hosts', 'observation_share', 'observation_gpu', 'plan_workflow_digest', 'observation_cases',
          'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict', 'plan_nodes',
          'plan_serial']
 
@@ -166,6 +166,17 @@ def test_observation_filters_name_the_bad_input():
         F.observation_window('soon', 0, 0)
     with pytest.raises(AnsibleFilterError, match='observation_verdict: plan: has no target tuple'):
         F.observation_verdict([], {}, {})
+
+
+def test_observation_share_and_gpu_through_the_filters():
+    regate = {'hosts': ['h1', 'h2'], 'nodes': {'h1': 'n1', 'h2': 'n2'}}
+    assert F.observation_share(regate['hosts'], ['w1', 'w2'], 'w2') == ['h2']
+    gpu = F.observation_gpu([{'results': [{'item': 'h2', 'passed': True}]}], regate)
+    assert gpu['n2'] == {'item': 'h2', 'passed': True} and gpu['n1']['passed'] is False
+    with pytest.raises(AnsibleFilterError, match="observation_share: worker: 'w3' is not one of"):
+        F.observation_share(['h1'], ['w1'], 'w3')
+    with pytest.raises(AnsibleFilterError, match='observation_gpu: registered: '):
+        F.observation_gpu({}, regate)
 
 
 def test_observation_hosts_reads_each_hosts_result_from_hostvars():

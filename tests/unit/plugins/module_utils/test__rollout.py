@@ -852,6 +852,65 @@ def test_observation_hosts_are_the_hosts_this_run_upgraded_with_a_snapshot():
         _rollout.observation_hosts({}, 'n1')
 
 
+def test_observation_share_deals_every_host_to_exactly_one_worker():
+    hosts = ['h%02d' % i for i in range(7)]
+    workers = ['w1', 'w2', 'w3']
+    shares = [_rollout.observation_share(hosts, workers, w) for w in workers]
+    assert shares == [['h00', 'h03', 'h06'], ['h01', 'h04'], ['h02', 'h05']]
+    assert sorted(h for share in shares for h in share) == hosts
+    # one worker (the canary play's localhost, a batch of one): every host, in order
+    assert _rollout.observation_share(hosts, ['localhost'], 'localhost') == hosts
+    # more workers than hosts: some shares are empty
+    assert [_rollout.observation_share(['h1'], workers, w) for w in workers] == [['h1'], [], []]
+    assert _rollout.observation_share([], workers, 'w2') == []
+
+
+@pytest.mark.parametrize('hosts,workers,worker,message', [
+    ('h1', ['w1'], 'w1', "hosts: 'h1' is not a list of inventory host names"),
+    (['h1'], [], 'w1', "worker: 'w1' is not one of the play's active hosts []"),
+    (['h1'], ['w1', ''], 'w1', "workers: ['w1', ''] is not a list of inventory host names"),
+    (['h1'], ['w1', 'w1'], 'w1', "workers: ['w1', 'w1'] names a host twice"),
+    (['h1'], ['w1'], 'w2', "worker: 'w2' is not one of the play's active hosts ['w1']"),
+])
+def test_observation_share_refuses_bad_input(hosts, workers, worker, message):
+    with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
+        _rollout.observation_share(hosts, workers, worker)
+
+
+def test_observation_gpu_gathers_the_shares_and_fails_a_node_nobody_regated():
+    regate = {'hosts': ['h1', 'h2', 'h3'], 'nodes': {'h1': 'n1', 'h2': 'n2', 'h3': 'n3'}}
+    registered = [{'results': [{'item': 'h1', 'passed': True, 'msg': 'ok'}, {'item': 'h3', 'passed': False, 'msg': 'Xid 79'}]},
+                  {'results': [], 'skipped': True}, None]
+    gpu = _rollout.observation_gpu(registered, regate)
+    assert sorted(gpu) == ['n1', 'n2', 'n3']
+    assert gpu['n1']['passed'] is True and gpu['n3'] == {'item': 'h3', 'passed': False, 'msg': 'Xid 79'}
+    assert gpu['n2']['passed'] is False and 'did not run on it' in gpu['n2']['msg']
+    # the verdict fails the node nobody re-gated beside the one whose gate failed
+    regate_plan = {'hosts': ['h1', 'h2'], 'nodes': {'h1': 'n1', 'h2': 'n2'}}
+    v = _rollout.observation_verdict([_observed('n1'), _observed('n2')], OBS_PLAN, WINDOW, None,
+                                     _rollout.observation_gpu([{'results': [registered[0]['results'][0]]}], regate_plan))
+    assert v['passed'] is False and sorted(v['failed']) == ['n2'] and 'did not run on it' in v['failed']['n2'][0]
+    # an unreachable node's result (ignore_unreachable) has no passed: it does not pass either
+    gpu = _rollout.observation_gpu([{'results': [{'item': 'h1', 'unreachable': True, 'msg': 'ssh: timeout'}]}],
+                                   {'hosts': ['h1'], 'nodes': {'h1': 'n1'}})
+    assert gpu == {'n1': {'item': 'h1', 'unreachable': True, 'msg': 'ssh: timeout'}}
+    assert _rollout.observation_gpu([], {'hosts': [], 'nodes': {}}) == {}
+
+
+@pytest.mark.parametrize('registered,regate,message', [
+    ([], {'hosts': ['h1']}, "regate: {'hosts': ['h1']} is not observation_hosts' selection (hosts, nodes)"),
+    ({'results': []}, {'hosts': [], 'nodes': {}}, "registered: {'results': []} is not a list of the workers' loop results"),
+    (['x'], {'hosts': [], 'nodes': {}}, "registered: 'x' is not a loop result (results)"),
+    ([{'results': [{'item': 'h9'}]}], {'hosts': ['h1'], 'nodes': {'h1': 'n1'}},
+     "registered: a GPU gate result for 'h9', which is not a host to re-gate ['h1']"),
+    ([{'results': [{'item': 'h1'}]}, {'results': [{'item': 'h1'}]}], {'hosts': ['h1'], 'nodes': {'h1': 'n1'}},
+     "registered: two GPU gate results for host 'h1'"),
+])
+def test_observation_gpu_refuses_bad_input(registered, regate, message):
+    with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
+        _rollout.observation_gpu(registered, regate)
+
+
 @pytest.mark.parametrize('nodes,plan,window,metric,message', [
     ([], {'batches': []}, WINDOW, None, 'plan: has no target tuple'),
     (['n1'], OBS_PLAN, WINDOW, None, "nodes: ['n1'] is not a list of fleet_info node views"),
