@@ -858,7 +858,7 @@ def test_observation_share_deals_every_host_to_exactly_one_worker():
     shares = [_rollout.observation_share(hosts, workers, w) for w in workers]
     assert shares == [['h00', 'h03', 'h06'], ['h01', 'h04'], ['h02', 'h05']]
     assert sorted(h for share in shares for h in share) == hosts
-    # one worker (the canary play's localhost, a batch of one): every host, in order
+    # one worker (a batch of one): every host, in order
     assert _rollout.observation_share(hosts, ['localhost'], 'localhost') == hosts
     # more workers than hosts: some shares are empty
     assert [_rollout.observation_share(['h1'], workers, w) for w in workers] == [['h1'], [], []]
