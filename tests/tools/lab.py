@@ -64,7 +64,7 @@ from cluster.client import Cluster  # noqa: E402
 from cluster.kubelet import PodStatusSync  # noqa: E402
 from cluster.logs import PodLogWriter  # noqa: E402
 from cluster.suc import SucStandIn  # noqa: E402
-from tools import cpu_account, lab_dcgm, labenv, nvml_stub  # noqa: E402
+from tools import cpu_account, lab_dcgm, labenv, nvml_stub, records  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
 
@@ -476,10 +476,10 @@ class Lab:
                           'kubernetes.io/metadata.name': 'gpu-operator'}}}}}], settle=False)
 
     def approve(self) -> None:
-        records = sorted((self.dir / 'qualification').glob('*.yaml'))
-        if not records:
+        paths = sorted((self.dir / 'qualification').glob('*.yaml'))
+        if not paths:
             raise LabError('the canary wrote no qualification record under %s' % (self.dir / 'qualification'))
-        for path in records:
+        for path in paths:
             text = path.read_text()
             if not re.search(r'^state: "?qualified"?$', text, re.M):
                 raise LabError('the canary did not qualify the target; see %s' % path)
@@ -489,7 +489,17 @@ class Lab:
             path.write_text(text)
         log('approval: the lab approves %s as "%s". In production a second operator reviews the evidence and '
             'approves (an AWX workflow approval node, or a reviewed commit).'
-            % (', '.join(p.name for p in records), APPROVER))
+            % (', '.join(p.name for p in paths), APPROVER))
+
+    def approve_without_canary(self, plan: dict) -> None:
+        """--without-canary: write one approved qualification record of the target per combination of `plan`
+        (tests/tools/records.write_approved, what canary.yml and the approval leave) instead of running canary.yml.
+        For tests whose subject is the rollout (a node that fails in it); the canaries are then upgraded by the
+        rollout's first batch. Never a way to qualify anything: `make lab` always runs canary.yml."""
+        records.write_approved(self.dir / 'qualification', plan, self.target, 'lab-without-canary', approver=APPROVER)
+        log('approval: WITHOUT CANARY (--without-canary, a test of the rollout alone): the lab wrote approved records '
+            'of the target for %d combination(s); the canaries are upgraded by the rollout\'s first batch'
+            % len(plan['combinations']))
 
     def approve_pauses(self, plan: dict, by: str = APPROVER) -> list[str]:
         """Give the approval of each pause point of `plan` (pause_approval_info's ConfigMaps, as the setup
@@ -909,10 +919,16 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
+        if args.without_canary and lab.gpu_operator:
+            raise LabError('--without-canary cannot run with --gpu-operator: canary.yml makes the operator\'s cluster '
+                           'step, which the rollout needs')
         plan = lab.plan()
-        if lab.play('canary', 'canary.yml') != 'successful':
-            raise LabError('canary.yml failed: %s' % lab.runs['canary']['failures'])
-        lab.approve()
+        if args.without_canary:
+            lab.approve_without_canary(plan)
+        else:
+            if lab.play('canary', 'canary.yml') != 'successful':
+                raise LabError('canary.yml failed: %s' % lab.runs['canary']['failures'])
+            lab.approve()
         lab.approve_pauses(plan)
         lab.gate()
         rollout = lab.play('rollout', 'rollout.yml')
@@ -988,6 +1004,9 @@ def main(argv: list[str] | None = None) -> int:
                         help='pause points of the plan: batch numbers that wait for an approval (the lab approves '
                              'them itself); auto: batch 3 with 12 nodes or more; "" for none')
     parser.add_argument('--stuck', action='append', default=[], help='a node that does not come back Ready')
+    parser.add_argument('--without-canary', action='store_true',
+                        help='tests of the rollout alone: approved qualification records of the target are written '
+                             'instead of running canary.yml (not with --gpu-operator); `make lab` never sets it')
     parser.add_argument('--quiet', action='store_true', help='no ansible output')
     parser.add_argument('--account-node-cpu', action='store_true',
                         help='log the CPU of node-side modules and the lab hook apart (bench/lab_overhead.py)')
