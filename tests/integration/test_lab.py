@@ -70,10 +70,16 @@ def rows(out: str) -> dict[str, list[str]]:
     return table
 
 
+def canary_bundles(lab: pathlib.Path) -> list[pathlib.Path]:
+    """The canary evidence bundles in the qualification directory (not the GPU Operator's snapshot, kept there
+    too when the lab runs the real operator)."""
+    return [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+
+
 def metric_gates(lab: pathlib.Path) -> dict[str, dict]:
     """node -> the metric gate's evidence entry, from the canary bundles and the rollout's."""
     out = {}
-    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    bundles = canary_bundles(lab)
     for path in bundles + [lab / 'evidence' / 'rollout.json']:
         for g in json.loads(path.read_text())['gates']:
             if g['kind'] == 'metric':
@@ -114,7 +120,7 @@ def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
     """Each canary bundle's canaries carry the tuple node_upgrade measured (measured: true, recorded by
     the canary role), and the record's target is that measurement. Each canary's rollback was timed and
     judged against the lab's maintenance window (30m): an action and a passed rollback-time gate."""
-    for path in (p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')):
+    for path in canary_bundles(lab):
         bundle = json.loads(path.read_text())
         canaries = sorted(n for n, e in bundle['nodes'].items() if e.get('role') == 'canary')
         timed = {a['node']: a for a in bundle['actions'] if a['name'] == 'rollback-exercise'}
@@ -125,7 +131,7 @@ def assert_records_carry_the_measured_tuple(lab: pathlib.Path) -> None:
             assert gates[n]['passed'] and gates[n]['category'] == 'rollback' and gates[n]['result']['window_s'] == 1800
     names = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_operator': 'gpuOperator',
              'dcgm_exporter': 'dcgmExporter'}
-    bundles = sorted((lab / 'qualification').glob('*.json'))
+    bundles = canary_bundles(lab)
     assert bundles
     for path in bundles:
         canaries = [n for n in json.loads(path.read_text())['nodes'].values() if n.get('role') == 'canary']
@@ -216,7 +222,7 @@ def assert_windows_regate_every_upgraded_node(lab: pathlib.Path) -> None:
     GPUs its tenants all hold is named as not run (busy), not failed."""
     plan = json.loads((lab / 'plan.json').read_text())
     assert plan['observation']['workloads'] == {'cases': ['device-query'], 'repeat': 1}, plan['observation']
-    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    bundles = canary_bundles(lab)
     windows = [g for path in bundles + [lab / 'evidence' / 'rollout.json']
                for g in json.loads(path.read_text())['gates'] if g['kind'] == 'observation']
     rollout = [g for g in json.loads((lab / 'evidence' / 'rollout.json').read_text())['gates'] if g['kind'] == 'observation']
@@ -237,7 +243,7 @@ def assert_node_entries_carry_package_digests(lab: pathlib.Path, table: dict) ->
     repository's index gives, which is the digest of the .deb file in the lab's repository."""
     files = {hashlib.sha256(p.read_bytes()).hexdigest(): p.name for p in (lab / 'cache').glob('debrepo-*/*.deb')}
     entries = {}
-    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    bundles = canary_bundles(lab)
     for path in bundles + [lab / 'evidence' / 'rollout.json']:
         entries.update((n['name'], n) for n in json.loads(path.read_text())['nodes'].values() if n.get('artifacts'))
     assert sorted(entries) == sorted(table), sorted(entries)
@@ -259,7 +265,7 @@ def apt_extended_states(root: pathlib.Path) -> list[dict[str, str]]:
 def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:
     """node -> the tuple measured after its upgrade (the canary bundles, then the rollout's evidence)."""
     out = {}
-    bundles = [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
+    bundles = canary_bundles(lab)
     for path in bundles + [lab / 'evidence' / 'rollout.json']:
         for n in json.loads(path.read_text())['nodes'].values():
             if n.get('tuple_after'):
