@@ -335,6 +335,15 @@ def test_lab_per_pool_driver_moves_with_each_node_and_a_failed_node_goes_back(tm
     assert pool['name'].startswith('nvidia-gpu-driver-') and pool['image'].endswith(':%s-ubuntu22.04' % D0), pool
 
 
+def test_lab_without_canary_is_refused_with_the_real_gpu_operator(tmp_path):
+    # canary.yml makes the operator's cluster step: without it the rollout would run against an operator the
+    # canary never moved. Refused before anything starts (no lab directory, no control plane).
+    out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--gpu-operator', '--without-canary')
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert '--without-canary cannot run with --gpu-operator' in out.stderr, out.stderr
+    assert not (tmp_path / 'lab').exists()
+
+
 @needs_prometheus
 def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # gpu-02 never comes back Ready after its (lab) reboot: the wait is bounded, the node stays
@@ -342,6 +351,7 @@ def test_node_not_ready_after_reboot_stops_the_rollout_cordoned(tmp_path):
     # --without-canary (here and in the two tests below): the subject is the rollout, so the lab writes the
     # approved records instead of running canary.yml (about half of a lab run); this file's other runs qualify.
     out = run_lab(tmp_path, '--nodes', '4', '--fault', 'none', '--stuck', 'gpu-02', '--without-canary')
+    assert 'approval: WITHOUT CANARY' in out.stdout and '== canary' not in out.stdout, out.stdout[-6000:]
     assert out.returncode == 1, out.stdout[-6000:]
     assert 'node gpu-02 did not become Ready within 30' in out.stdout
     assert 'recover it by hand, then run gpufleet.upgrade.rollback' in out.stdout
@@ -356,6 +366,7 @@ def test_lab_hot_gpu_fails_the_metric_gate_and_rolls_back(tmp_path):
     # gate's instant, only the DCGM series over the metric gate's window show it. The canaries (gpu-01, gpu-03)
     # are upgraded by the rollout's first batch (--without-canary).
     out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'temperature', '--without-canary')
+    assert 'approval: WITHOUT CANARY' in out.stdout and '== canary' not in out.stdout, out.stdout[-6000:]
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s '
             '(injected: GPU 5 at 92 C under load)' % RESTORED) in out.stdout
@@ -382,6 +393,7 @@ def test_lab_target_kernel_that_does_not_boot_stays_cordoned_on_the_previous_pai
     # (built for 580.130.00) loads. The node is Ready on the wrong kernel: detected, cordoned, rolled
     # back to 134 with 580.126.20; the batch after it untouched (--without-canary).
     out = run_lab(tmp_path, '--nodes', '4', '--fault', 'gpu-02', '--fault-kind', 'kernel', '--without-canary')
+    assert 'approval: WITHOUT CANARY' in out.stdout and '== canary' not in out.stdout, out.stdout[-6000:]
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert ('the fault on gpu-02 stopped expansion, the node stays cordoned and %s (injected: kernel %s does not '
             'come up)' % (RESTORED, K1)) in out.stdout

@@ -895,6 +895,9 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit('--misreport %r: expected <node>:<nodeInfo field>=<value>, e.g. gpu-02:kernelVersion=6.8.0-1-generic'
                              % item)
         misreport.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
+    if args.without_canary and args.gpu_operator:
+        raise SystemExit('--without-canary cannot run with --gpu-operator: canary.yml makes the operator\'s cluster '
+                         'step, which the rollout needs')
     lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
               gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes),
@@ -919,9 +922,6 @@ def run(args: argparse.Namespace) -> int:
         if lab.fault != 'none' and lab.fault_kind == 'temperature' and lab.prom is None:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
-        if args.without_canary and lab.gpu_operator:
-            raise LabError('--without-canary cannot run with --gpu-operator: canary.yml makes the operator\'s cluster '
-                           'step, which the rollout needs')
         plan = lab.plan()
         if args.without_canary:
             lab.approve_without_canary(plan)
