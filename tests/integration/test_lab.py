@@ -76,11 +76,15 @@ def canary_bundles(lab: pathlib.Path) -> list[pathlib.Path]:
     return [p for p in sorted((lab / 'qualification').glob('*.json')) if not p.name.startswith('gpu-operator--')]
 
 
+def evidence_bundles(lab: pathlib.Path) -> list[pathlib.Path]:
+    """The canary bundles, then the rollout's: a node's later entry wins where a reader keeps the last."""
+    return canary_bundles(lab) + [lab / 'evidence' / 'rollout.json']
+
+
 def metric_gates(lab: pathlib.Path) -> dict[str, dict]:
     """node -> the metric gate's evidence entry, from the canary bundles and the rollout's."""
     out = {}
-    bundles = canary_bundles(lab)
-    for path in bundles + [lab / 'evidence' / 'rollout.json']:
+    for path in evidence_bundles(lab):
         for g in json.loads(path.read_text())['gates']:
             if g['kind'] == 'metric':
                 out[g['node']] = g
@@ -222,8 +226,7 @@ def assert_windows_regate_every_upgraded_node(lab: pathlib.Path) -> None:
     GPUs its tenants all hold is named as not run (busy), not failed."""
     plan = json.loads((lab / 'plan.json').read_text())
     assert plan['observation']['workloads'] == {'cases': ['device-query'], 'repeat': 1}, plan['observation']
-    bundles = canary_bundles(lab)
-    windows = [g for path in bundles + [lab / 'evidence' / 'rollout.json']
+    windows = [g for path in evidence_bundles(lab)
                for g in json.loads(path.read_text())['gates'] if g['kind'] == 'observation']
     rollout = [g for g in json.loads((lab / 'evidence' / 'rollout.json').read_text())['gates'] if g['kind'] == 'observation']
     assert rollout and windows, windows
@@ -243,8 +246,7 @@ def assert_node_entries_carry_package_digests(lab: pathlib.Path, table: dict) ->
     repository's index gives, which is the digest of the .deb file in the lab's repository."""
     files = {hashlib.sha256(p.read_bytes()).hexdigest(): p.name for p in (lab / 'cache').glob('debrepo-*/*.deb')}
     entries = {}
-    bundles = canary_bundles(lab)
-    for path in bundles + [lab / 'evidence' / 'rollout.json']:
+    for path in evidence_bundles(lab):
         entries.update((n['name'], n) for n in json.loads(path.read_text())['nodes'].values() if n.get('artifacts'))
     assert sorted(entries) == sorted(table), sorted(entries)
     for name, entry in entries.items():
@@ -265,8 +267,7 @@ def apt_extended_states(root: pathlib.Path) -> list[dict[str, str]]:
 def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:
     """node -> the tuple measured after its upgrade (the canary bundles, then the rollout's evidence)."""
     out = {}
-    bundles = canary_bundles(lab)
-    for path in bundles + [lab / 'evidence' / 'rollout.json']:
+    for path in evidence_bundles(lab):
         for n in json.loads(path.read_text())['nodes'].values():
             if n.get('tuple_after'):
                 out[n['name']] = n['tuple_after']
