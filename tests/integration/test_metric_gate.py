@@ -7,6 +7,11 @@ series of a healthy node and of a node with Xid 79.
 """
 from __future__ import annotations
 
+import os
+import pathlib
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -14,6 +19,7 @@ import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate as mg
 from tools import prometheus as prom_tools
+from tools.debian import ensure_binary
 from tools.prometheus import PrometheusServer, urllib_opener
 
 # The session-scoped fixture: a real Prometheus on loopback scraping the test's exporter.
@@ -253,3 +259,57 @@ def test_module_through_ansible_runner(scenario: dict[str, Any], run_playbook: A
     assert inval['_event'] == 'runner_on_failed'
     assert inval['msg'] == 'metric gate: invalid input: queries[0] (q): give exactly one of baseline, control or ' \
                            'limit (got control, limit)'
+
+
+# The process a test or the lab starts Prometheus from, reduced to that: it launches the server and prints its pid.
+LAUNCHER = '''
+import pathlib, sys, time, types
+sys.path[:0] = sys.argv[3:]
+from tools.prometheus import PrometheusServer
+server = PrometheusServer(sys.argv[1], pathlib.Path(sys.argv[2]), types.SimpleNamespace(port=9))
+server.launch()
+print(server.proc.pid, flush=True)
+time.sleep(300)
+'''
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a reaper (a container's init may never reap it)."""
+    try:
+        stat = pathlib.Path('/proc/%d/stat' % pid).read_text()
+    except OSError:
+        return False
+    return stat.rsplit(')', 1)[1].split()[0] != 'Z'
+
+
+def test_prometheus_dies_with_the_process_that_started_it(tmp_path: pathlib.Path) -> None:
+    """A killed test run or lab leaves no Prometheus behind (as the control plane's processes): the server gets
+    SIGKILL when the process that launched it dies, whatever killed that one."""
+    binary, reason = ensure_binary('prometheus', 'prometheus')
+    if binary is None:
+        pytest.skip('LOUD SKIP: no real Prometheus: ' + reason)
+    launcher = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, '-c', LAUNCHER, binary, str(tmp_path)] + sys.path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = 0
+    try:
+        line = launcher.stdout.readline() if launcher.stdout else ''
+        assert line.strip().isdigit(), (line, launcher.stderr.read() if launcher.poll() is not None else '')
+        pid = int(line)
+        assert _alive(pid) and 'prometheus' in pathlib.Path('/proc/%d/cmdline' % pid).read_text(), pid
+        # Prometheus is up on its own (its storage directory exists) before its parent is killed.
+        deadline = time.monotonic() + 30
+        while not (tmp_path / 'data').is_dir():
+            assert _alive(pid) and time.monotonic() < deadline, (tmp_path / 'prometheus.log').read_text()
+            time.sleep(0.1)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), 'prometheus (pid %d) outlived the process that started it' % pid
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=10)
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)

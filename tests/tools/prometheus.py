@@ -9,7 +9,8 @@
         prometheus_server.url   # http://127.0.0.1:PORT
 
 Prometheus scrapes every second. Start-up is bounded (`START_TIMEOUT`); teardown sends SIGTERM
-and kills after a bounded wait.
+and kills after a bounded wait; and the server gets SIGKILL when the process that started it dies
+(the control plane's `_die_with_parent`), so a killed test run or lab leaves none behind.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from cluster.controlplane import _die_with_parent
 from tools.debian import ensure_binary
 
 START_TIMEOUT = 60.0      # seconds until /-/ready and the first scrape of the exporter
@@ -168,7 +170,9 @@ class PrometheusServer:
         self.proc = subprocess.Popen(
             [self.binary, '--config.file=%s' % cfg, '--storage.tsdb.path=%s' % (self.workdir / 'data'),
              '--web.listen-address=127.0.0.1:%d' % self.port, '--log.level=warn'],
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir))
+            # Killed with the process that started it (the lab, a test worker), as the control plane is: a
+            # killed run leaves no Prometheus behind.
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir), preexec_fn=_die_with_parent)
         log.close()
         self._launched = time.monotonic()
 
