@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -141,6 +142,8 @@ class Workflow:
         self.lab, self.base, self.remote = lab, base, remote
         self.stats: dict = {}
         self.jobs: dict[str, pathlib.Path] = {}
+        # Per job: the private clones of the evidence repository it left in its temporary directory.
+        self.left: dict[str, list[str]] = {}
 
     def job(self, name: str, playbook: str, identity: dict, extra: dict | None = None, survey: dict | None = None,
             **kw) -> str:
@@ -163,8 +166,15 @@ class Workflow:
         # A workflow's survey answers take precedence over the artifacts of earlier jobs (AWX: "Workflow Job
         # extra_vars higher precedence than ancestor artifacts").
         extravars.update(survey or {})
-        status = self.lab.play(name, playbook, extravars, collection=collection, hook=artifacts,
-                               cancel_on=kw.get('cancel_on'))
+        # The job's own temporary directory (TMPDIR; short: ansible-core's local RPC socket is made there): what
+        # the job leaves there is in `left`.
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix='gf-job-'))
+        try:
+            status = self.lab.play(name, playbook, extravars, collection=collection, hook=artifacts,
+                                   cancel_on=kw.get('cancel_on'), envvars={'TMPDIR': str(tmp)})
+            self.left[name] = sorted(p.name for p in tmp.glob('gpufleet-evidence-*'))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         self.stats.update(stats)
         return status
 
@@ -292,6 +302,11 @@ def test_the_workflow_runs_job_by_job_with_nothing_shared_but_the_evidence_repos
         assert log[0].startswith('alice|plan: ') and any(ln.startswith('bob|approve: ') for ln in log), log
         assert all(ln.split('|')[0] in ('alice', 'bob', 'carol') for ln in log), log
         assert git('rev-list', '--merges', '--count', rolled, cwd=remote) == '0'
+        # Every job that ended removed its private clone of the repository; the refused one stopped on its failure
+        # and kept it for inspection (tasks/evidence_cleanup.yml).
+        assert {job: left for job, left in flow.left.items() if left} == \
+            {'approve-by-alice': flow.left['approve-by-alice']}, flow.left
+        assert len(flow.left['approve-by-alice']) == 1, flow.left
         # No job wrote its files where the next one could read them outside the repository.
         # (The lab creates its directories empty; the inventory's paths to them are overridden by the jobs.)
         assert not (lab.dir / 'plan.json').exists()
