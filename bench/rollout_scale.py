@@ -2,8 +2,12 @@
 fleet sizes, next to Ansible's own floor for the same number of hosts and tasks (issue 18, items 1-2).
 
     .venv/bin/python bench/rollout_scale.py [--sizes 40,200,1000] [--dir .lab-bench/scale]
-                                            [--change seed|driver] [--batch-size 4] [--forks 8] [--reuse]
+                                            [--change seed|driver] [--batch-size 4|10%] [--forks N] [--reuse]
                                             [--profile] [--no-floor-h]
+
+--batch-size is a count (default 4) or, as the plan's batch_size, a percentage of the pool (the planner's default
+is 10%: the batches grow with the pool, so there are as many observation windows at every size); --forks
+defaults to the largest batch, at least 8 (the rollout refuses fewer forks than a batch has nodes).
 
 About 16 minutes for --sizes 10,20 and 22 for --sizes 40 on a quiet 2-core machine (2026-12-04; the rollout and
 its two floors); 200 nodes in batches of 10 took 101 minutes there without the second floor (2026-12-05;
@@ -75,6 +79,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as us  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import PlanInputError, resolve_count  # noqa: E402
 from tools import cpu_account, labenv, records  # noqa: E402
 from tools import lab as labmod  # noqa: E402
 from tools.lab import Lab, LabError  # noqa: E402
@@ -361,14 +366,27 @@ def verbs(d: dict[str, float]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- one size
+def batch_of(spec: str, size: int) -> int:
+    """The nodes per batch the planner makes of --batch-size (a count, or a percentage of the pool as the plan's
+    batch_size: rounded down, at least 1) for a pool of `size`."""
+    return max(1, resolve_count(spec, size, '--batch-size')['resolved'])
+
+
+def forks_of(args: argparse.Namespace, size: int) -> int:
+    """--forks, else the size's largest batch (at least 8): the rollout refuses fewer forks than a batch has nodes."""
+    return args.forks if args.forks else max(8, batch_of(args.batch_size, size))
+
+
 def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
     d = (args.dir / ('n%d' % size)).resolve()
     d.mkdir(parents=True, exist_ok=True)
+    batch, forks = batch_of(args.batch_size, size), forks_of(args, size)
     lab = ScaleLab(d, size, fault='none', stuck=[], quiet=True, metrics=args.metrics, account_node_cpu=True,
                    change=args.change, lab_vars={
-                       'gpufleet_batch_size': args.batch_size,
+                       # a count, or a percentage the planner resolves on the pool (batch: what it makes of it)
+                       'gpufleet_batch_size': args.batch_size if args.batch_size.endswith('%') else batch,
                        # the isolated canaries (up to 4) and one batch out at once, as the lab's 4 + 4 = 8
-                       'gpufleet_max_unavailable': max(8, args.batch_size + 4),
+                       'gpufleet_max_unavailable': max(8, batch + 4),
                        # The lab's own allowance (75 % of the GPUs in service from 20 nodes) turns the
                        # 20-node plan into batches of 1; the bench keeps batches of --batch-size at every size.
                        'gpufleet_failure_allowance': {'gpus': FAILURE_ALLOWANCE}})
@@ -381,7 +399,7 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         plan = lab.plan()
         phases['plan.yml'] = time.monotonic() - t1
         canary_as_done(lab, plan)
-        roll = play_measured(lab, 'rollout', 'rollout.yml', args.forks, wrapper_each,
+        roll = play_measured(lab, 'rollout', 'rollout.yml', forks, wrapper_each,
                              profile=d / 'task-cpu-rollout.json' if args.profile else None)
         phases['rollout.yml'] = roll['wall']
         if roll['status'] != 'successful':
@@ -407,7 +425,7 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         for name, delegate in (('floor', delegated_tasks),) + second:
             floor_file = d / (name + '.yml')
             write_floor(floor_file, node_tasks, local_tasks, serial, order, delegated_tasks=delegate)
-            floors[name] = play_measured(lab, name, str(floor_file), args.forks, wrapper_each,
+            floors[name] = play_measured(lab, name, str(floor_file), forks, wrapper_each,
                                          profile=d / ('task-cpu-%s.json' % name) if args.profile else None)
             phases[name] = floors[name]['wall']
             if floors[name]['status'] != 'successful':
@@ -415,7 +433,7 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
     finally:
         lab.stop()
     phases['total'] = time.monotonic() - t0
-    base = {'size': size, 'phases': phases, 'roll': {k: v for k, v in roll.items() if k not in ('events', 'failures')},
+    base = {'size': size, 'batch_size': batch, 'forks': forks, 'phases': phases, 'roll': {k: v for k, v in roll.items() if k not in ('events', 'failures')},
             'floor_node_tasks': node_tasks, 'floor_delegated_tasks': delegated_tasks, 'floor_local_tasks': local_tasks,
             'wrapper_each': wrapper_each}
     for name, floor in floors.items():
@@ -467,9 +485,12 @@ def analyse(base: dict, d: pathlib.Path) -> dict:
 # ---------------------------------------------------------------------------------------------- report
 def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -> None:
     print()
-    print('rollout scale (%s change, batches of %d, %d forks, failure allowance %s of the GPUs, metric gate %s) on the '
+    # A run's own sizes: from its n<N>.json with --reuse (runs before 2026-12-06 did not record them: "?").
+    made = ', '.join('%d nodes: batches of %s, %s forks' % (r['size'], r.get('batch_size', '?'), r.get('forks', '?'))
+                     for r in results)
+    print('rollout scale (%s change, --batch-size %s (%s), failure allowance %s of the GPUs, metric gate %s) on the '
           'real control plane; %s'
-          % (args.change, args.batch_size, args.forks, FAILURE_ALLOWANCE, 'on' if args.metrics == 'auto' else 'off',
+          % (args.change, args.batch_size, made, FAILURE_ALLOWANCE, 'on' if args.metrics == 'auto' else 'off',
              datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')))
     print('HOST STAND-IN: ' + HOST_STANDIN)
     print('controller CPU = ansible tree CPU - node-side modules and reboot hook (logged) - %.3f s per wrapped run '
@@ -623,8 +644,11 @@ def main() -> int:
     parser.add_argument('--dir', type=pathlib.Path, default=REPO / '.lab-bench' / 'scale')
     parser.add_argument('--change', choices=sorted(labenv.CHANGES), default='seed',
                         help='seed: kernel, RKE2 (through the SUC stand-in) and driver; driver: the driver alone')
-    parser.add_argument('--batch-size', type=int, default=4)
-    parser.add_argument('--forks', type=int, default=8)
+    parser.add_argument('--batch-size', default='4',
+                        help='nodes per batch: a count, or a percentage of the pool as the plan\'s batch_size (its '
+                             'default is 10%%: batches grow with the pool, the observation windows stay as many)')
+    parser.add_argument('--forks', type=int, default=0,
+                        help='Ansible forks (default: the largest batch, at least 8)')
     parser.add_argument('--reuse', action='store_true',
                         help='no run: the figures again from what an earlier run left under --dir')
     parser.add_argument('--profile', action='store_true',
@@ -637,6 +661,13 @@ def main() -> int:
                         help='auto: the metric gate with Prometheus when installed (its scrapes load the machine)')
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(','))
+    try:
+        for size in sizes:
+            if forks_of(args, size) < batch_of(args.batch_size, size):
+                parser.error('--forks %d is fewer than the %d nodes of a batch at %d nodes (the rollout refuses it)'
+                             % (args.forks, batch_of(args.batch_size, size), size))
+    except PlanInputError as exc:
+        parser.error(str(exc))
     wrapper_each = None if args.reuse else wrapper_cpu_each()
     results = []
     for size in sizes:

@@ -23,4 +23,5 @@ def test_a_batch_window_starts_at_the_batch_plays_first_pre_task():
     assert len(batch) == 1
     # Every request of a batch (its pause point's read, each node's stop switch read) falls in its window.
     assert batch[0]['pre_tasks'][0]['name'] == constant('BATCH_START')[0]
-    assert plays[-1]['tasks'][0]['name'] == constant('RELEASE_START')
+    # The last batch's window ends where the play after the batch play (the release) starts.
+    assert plays[plays.index(batch[0]) + 1]['tasks'][0]['name'] == constant('RELEASE_START')
