@@ -273,8 +273,9 @@ time.sleep(300)
 '''
 
 
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for a reaper (a container's init may never reap it)."""
+def _running(pid: int) -> bool:
+    """Running, not a zombie waiting for a reaper (a container's init may never reap it): unlike
+    tests/tools/molecule_lab.py's `_alive` (signal 0), which counts a zombie as alive."""
     try:
         stat = pathlib.Path('/proc/%d/stat' % pid).read_text()
     except OSError:
@@ -296,20 +297,20 @@ def test_prometheus_dies_with_the_process_that_started_it(tmp_path: pathlib.Path
         line = launcher.stdout.readline() if launcher.stdout else ''
         assert line.strip().isdigit(), (line, launcher.stderr.read() if launcher.poll() is not None else '')
         pid = int(line)
-        assert _alive(pid) and 'prometheus' in pathlib.Path('/proc/%d/cmdline' % pid).read_text(), pid
+        assert _running(pid) and 'prometheus' in pathlib.Path('/proc/%d/cmdline' % pid).read_text(), pid
         # Prometheus is up on its own (its storage directory exists) before its parent is killed.
         deadline = time.monotonic() + 30
         while not (tmp_path / 'data').is_dir():
-            assert _alive(pid) and time.monotonic() < deadline, (tmp_path / 'prometheus.log').read_text()
+            assert _running(pid) and time.monotonic() < deadline, (tmp_path / 'prometheus.log').read_text()
             time.sleep(0.1)
         launcher.kill()
         launcher.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while _running(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(pid), 'prometheus (pid %d) outlived the process that started it' % pid
+        assert not _running(pid), 'prometheus (pid %d) outlived the process that started it' % pid
     finally:
         launcher.kill()
         launcher.wait(timeout=10)
-        if pid and _alive(pid):
+        if pid and _running(pid):
             os.kill(pid, signal.SIGKILL)
