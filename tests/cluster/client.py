@@ -619,8 +619,13 @@ class Cluster:
     ]
     # Kinds removed from the system namespaces too (a test's, never the control plane's own).
     CLEAN_EVERYWHERE = {'Pod', 'HelmChart'}
+    # RuntimeClass after the GPU Operator's objects: the operator owns the `nvidia` class it adopts (its
+    # ClusterPolicy is the owner), so the garbage collector would remove it some time after the policy went;
+    # the sweep removes every class itself and waits until none is left, so the next test finds none and
+    # `_ensure_runtime_class` creates it again (this control plane has no RuntimeClass of its own).
     CLEAN_CLUSTER = [('v1', 'Node'), ('resource.k8s.io/v1', 'ResourceSlice'), ('resource.k8s.io/v1', 'DeviceClass'),
-                     ('nvidia.com/v1', 'ClusterPolicy'), ('nvidia.com/v1alpha1', 'NVIDIADriver')]
+                     ('nvidia.com/v1', 'ClusterPolicy'), ('nvidia.com/v1alpha1', 'NVIDIADriver'),
+                     ('node.k8s.io/v1', 'RuntimeClass')]
     KEEP = {('v1', 'ConfigMap', 'kube-root-ca.crt'), ('v1', 'Service', 'kubernetes')}
 
     def reset(self, timeout: float = 60) -> None:
@@ -671,8 +676,13 @@ class Cluster:
                                      content_type='application/merge-patch+json', ok404=True)
                 self.api.request('DELETE', res.path(p['metadata']['namespace'], p['metadata']['name']),
                                  body={'gracePeriodSeconds': 0}, ok404=True)
-            return not pods and not self.list('v1', 'Node')
+            classes = self.list('node.k8s.io/v1', 'RuntimeClass')
+            for rc in classes:  # one an operator still reconciling made again after the sweep
+                self.api.request('DELETE', self.resource('node.k8s.io/v1', 'RuntimeClass').path(
+                    None, rc['metadata']['name']), ok404=True)
+            return not pods and not classes and not self.list('v1', 'Node')
 
         self.wait_for(clean, timeout=timeout, interval=0.2, message='the cluster to be clean between tests')
         self._uid_map.clear()
+        self._ns_seen = {seen for seen in self._ns_seen if not isinstance(seen, tuple)}  # the classes went
         self.proxy.clear_requests()
