@@ -56,6 +56,11 @@ inside Ansible, tasks skipped on every host) beside the floor's pings, and the t
 root and a cgroup v1 cpuacct (or v2) hierarchy; without them it says so and the rest of the run is unchanged.
 Its reads add a little CPU to the figures of that run.
 
+Machine speed: a thread of the bench does one fixed piece of work every 5 s and records its CPU seconds
+(bench/speed_probe.py). The rollout and its floor run one after the other; on a shared virtual machine the same
+work can take more CPU seconds in one than in the other (a busier host), which moves the ratio. The report
+prints the probe's mean during each, and the two CPU targets again with every figure brought to one speed.
+
 Figures of one run on one machine; nothing here asserts a timing (docs/development.md).
 """
 from __future__ import annotations
@@ -83,6 +88,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import Plan
 from tools import cpu_account, labenv, records  # noqa: E402
 from tools import lab as labmod  # noqa: E402
 from tools.lab import Lab, LabError  # noqa: E402
+from speed_probe import SpeedProbe, at_speed  # noqa: E402  (bench/, the script's own directory)
 
 OPERATOR = 'system:serviceaccount:%s:%s' % labenv.OPERATOR_SA
 CANARY_OWNER = 'gpufleet.upgrade.canary'
@@ -220,7 +226,7 @@ def stamp(text: str) -> float:
 
 
 def play_measured(lab: Lab, name: str, playbook: str, forks: int, wrapper_each: float,
-                  profile: pathlib.Path | None = None) -> dict:
+                  profile: pathlib.Path | None = None, probe: SpeedProbe | None = None) -> dict:
     rss = PeakRss()
     n0 = log_lines(lab.node_cpu_log)
     env = {'ANSIBLE_FORKS': str(forks)}
@@ -228,13 +234,16 @@ def play_measured(lab: Lab, name: str, playbook: str, forks: int, wrapper_each: 
         env.update({'ANSIBLE_CALLBACK_PLUGINS': str(CALLBACKS), 'ANSIBLE_CALLBACKS_ENABLED': 'task_cpu',
                     'GPUFLEET_TASK_CPU_OUT': str(profile), 'GPUFLEET_TASK_CPU_NODE_LOG': str(lab.node_cpu_log),
                     'GPUFLEET_TASK_CPU_WRAPPER': repr(wrapper_each)})
+    started = time.time()
     status = lab.play(name, playbook, envvars=env, hook=rss.on_event)
+    ended = time.time()
     peak = rss.stop()
     t = lab.timings[-1]
     wrapped = log_lines(lab.node_cpu_log) - n0
     own = t['cpu'] - t.get('node_cpu', 0.0) - wrapped * wrapper_each
     return {'status': status, 'wall': t['wall'], 'tree_cpu': t['cpu'], 'node_cpu': t.get('node_cpu', 0.0),
             'wrapped_runs': wrapped, 'own_cpu': own, 'rss_mib': peak, 'events': lab.runs[name]['events'],
+            'speed': probe.mean(started, ended) if probe else None,
             'failures': lab.runs[name]['failures']}
 
 
@@ -377,7 +386,7 @@ def forks_of(args: argparse.Namespace, size: int) -> int:
     return args.forks if args.forks else max(8, batch_of(args.batch_size, size))
 
 
-def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
+def run_size(size: int, args: argparse.Namespace, wrapper_each: float, probe: SpeedProbe | None = None) -> dict:
     d = (args.dir / ('n%d' % size)).resolve()
     d.mkdir(parents=True, exist_ok=True)
     batch, forks = batch_of(args.batch_size, size), forks_of(args, size)
@@ -400,7 +409,7 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
         phases['plan.yml'] = time.monotonic() - t1
         canary_as_done(lab, plan)
         roll = play_measured(lab, 'rollout', 'rollout.yml', forks, wrapper_each,
-                             profile=d / 'task-cpu-rollout.json' if args.profile else None)
+                             profile=d / 'task-cpu-rollout.json' if args.profile else None, probe=probe)
         phases['rollout.yml'] = roll['wall']
         if roll['status'] != 'successful':
             raise LabError('rollout.yml %s: %s' % (roll['status'], roll['failures'][:3]))
@@ -426,7 +435,8 @@ def run_size(size: int, args: argparse.Namespace, wrapper_each: float) -> dict:
             floor_file = d / (name + '.yml')
             write_floor(floor_file, node_tasks, local_tasks, serial, order, delegated_tasks=delegate)
             floors[name] = play_measured(lab, name, str(floor_file), forks, wrapper_each,
-                                         profile=d / ('task-cpu-%s.json' % name) if args.profile else None)
+                                         profile=d / ('task-cpu-%s.json' % name) if args.profile else None,
+                                         probe=probe)
             phases[name] = floors[name]['wall']
             if floors[name]['status'] != 'successful':
                 raise LabError('the floor playbook %s: %s' % (floors[name]['status'], floors[name]['failures'][:3]))
@@ -483,6 +493,38 @@ def analyse(base: dict, d: pathlib.Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- report
+def speed_adjusted(results: list[dict]) -> dict | None:
+    """The two CPU targets with every figure brought to one machine speed (bench/speed_probe.py): ours at the speed
+    of its own floor, and each size's CPU per node at the speed of the first size's rollout. None when a run has
+    no probe (before 2026-12-06, or --reuse of one)."""
+    speeds = [(r['roll'].get('speed'), r['floor'].get('speed')) for r in results]
+    if not all(roll and floor for roll, floor in speeds):
+        return None
+    reference = speeds[0][0]
+    per_node = [at_speed(r['roll']['own_cpu'], roll, reference) / r['upgraded'] for r, (roll, _f) in zip(results, speeds)]
+    ratios = [at_speed(r['roll']['own_cpu'], roll, floor) / max(r['floor']['own_cpu'], 1e-9)
+              for r, (roll, floor) in zip(results, speeds)]
+    return {'flat': per_node[-1] / per_node[0], 'floor_worst': max(ratios), 'ratios': ratios, 'per_node': per_node}
+
+
+def report_speed(results: list[dict]) -> None:
+    """What the speed probe saw: the machine's speed during each rollout and floor, and the figures at one speed."""
+    adjusted = speed_adjusted(results)
+    if not adjusted:
+        print('machine speed: no probe in this run (runs before 2026-12-06)')
+        print()
+        return
+    print('machine speed (bench/speed_probe.py: CPU ms of one fixed piece of work, every 5 s; more = a slower machine) '
+          'and the figures at one speed:')
+    for r, ratio, per_node in zip(results, adjusted['ratios'], adjusted['per_node']):
+        roll, floor = r['roll']['speed'], r['floor']['speed']
+        print('%6d nodes: probe %.1f ms during the rollout, %.1f during the floor (%+.0f %%); ratio to the floor at its '
+              'speed %.2fx (as measured %.2fx); CPU/node at the first rollout\'s speed %.2f s'
+              % (r['size'], 1000 * roll, 1000 * floor, 100 * (floor / roll - 1), ratio,
+                 r['roll']['own_cpu'] / max(r['floor']['own_cpu'], 1e-9), per_node))
+    print()
+
+
 def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -> None:
     print()
     # A run's own sizes: from its n<N>.json with --reuse (runs before 2026-12-06 did not record them: "?").
@@ -524,6 +566,7 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     print('  tasks/n: tasks run per upgraded node (ok+failed), floor n: pings per node host, deleg n: of them '
           'delegated to the controller; RSS: ansible-playbook\'s peak (VmHWM)')
     print()
+    report_speed(results)
     print('API requests of the operator ServiceAccount (audit log), mean per upgraded node and per upgrading batch:')
     for r in results:
         print('%6d nodes: naming the node %5.1f per node (%s); all requests of the batches per node %.1f'
@@ -565,6 +608,7 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
 
     def verdict(ok: bool) -> str:
         return 'met' if ok else 'NOT MET'
+    adjusted = speed_adjusted(results)
     print('targets (issue 18 item 2), %d vs %d nodes:' % (big['size'], small['size']))
     print('  controller CPU per node flat: %.2fx (<= %.1fx)  %s'
           % (flat, TARGETS['cpu_flat'], verdict(flat <= TARGETS['cpu_flat'])))
@@ -576,6 +620,10 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
           '%.1f -> %.1f (%.2fx, <= %.1fx)%s  %s'
           % (judged(small['window_per_node']), judged(big['window_per_node']), growth, TARGETS['per_node_growth'],
              '; grew: ' + ', '.join(grown) if grown else '', verdict(growth <= TARGETS['per_node_growth'] and not grown)))
+    if adjusted:
+        print('  at one machine speed (the probe above): controller CPU per node flat %.2fx  %s; worst ratio to the '
+              'floor %.2fx  %s' % (adjusted['flat'], verdict(adjusted['flat'] <= TARGETS['cpu_flat']),
+                                   adjusted['floor_worst'], verdict(adjusted['floor_worst'] <= TARGETS['floor'])))
     if len(results) > 1 and big['size'] < 200:
         print('  (sizes below 200 only show the method; the issue\'s figures need --sizes 40,200,1000)')
     print()
@@ -669,6 +717,7 @@ def main() -> int:
     except PlanInputError as exc:
         parser.error(str(exc))
     wrapper_each = None if args.reuse else wrapper_cpu_each()
+    probe = None if args.reuse else SpeedProbe().start()
     results = []
     for size in sizes:
         d = (args.dir / ('n%d' % size)).resolve()
@@ -678,12 +727,14 @@ def main() -> int:
         else:
             log('== %d nodes' % size)
             try:
-                base = run_size(size, args, wrapper_each)
+                base = run_size(size, args, wrapper_each, probe)
             except LabError as exc:
                 log('%d nodes FAILED: %s' % (size, exc))
                 return 1
             log('%d nodes done in %.0fs' % (size, base['phases']['total']))
         results.append(analyse(base, d))
+    if probe:   # a daemon thread: a size that failed above leaves it to the interpreter's exit
+        probe.stop()
     report(results, args, wrapper_each if wrapper_each is not None else wrapper_cpu_each())
     for size in sizes:
         report_profile(size, (args.dir / ('n%d' % size)).resolve())
