@@ -507,9 +507,9 @@ def speed_adjusted(results: list[dict]) -> dict | None:
     return {'flat': per_node[-1] / per_node[0], 'floor_worst': max(ratios), 'ratios': ratios, 'per_node': per_node}
 
 
-def report_speed(results: list[dict]) -> None:
-    """What the speed probe saw: the machine's speed during each rollout and floor, and the figures at one speed."""
-    adjusted = speed_adjusted(results)
+def report_speed(results: list[dict], adjusted: dict | None) -> None:
+    """What the speed probe saw: the machine's speed during each rollout and floor, and the figures at one speed
+    (`adjusted`: speed_adjusted's)."""
     if not adjusted:
         print('machine speed: no probe in this run (runs before 2026-12-06)')
         print()
@@ -566,7 +566,8 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
     print('  tasks/n: tasks run per upgraded node (ok+failed), floor n: pings per node host, deleg n: of them '
           'delegated to the controller; RSS: ansible-playbook\'s peak (VmHWM)')
     print()
-    report_speed(results)
+    adjusted = speed_adjusted(results)
+    report_speed(results, adjusted)
     print('API requests of the operator ServiceAccount (audit log), mean per upgraded node and per upgrading batch:')
     for r in results:
         print('%6d nodes: naming the node %5.1f per node (%s); all requests of the batches per node %.1f'
@@ -608,7 +609,6 @@ def report(results: list[dict], args: argparse.Namespace, wrapper_each: float) -
 
     def verdict(ok: bool) -> str:
         return 'met' if ok else 'NOT MET'
-    adjusted = speed_adjusted(results)
     print('targets (issue 18 item 2), %d vs %d nodes:' % (big['size'], small['size']))
     print('  controller CPU per node flat: %.2fx (<= %.1fx)  %s'
           % (flat, TARGETS['cpu_flat'], verdict(flat <= TARGETS['cpu_flat'])))

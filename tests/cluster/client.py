@@ -132,6 +132,7 @@ class Cluster:
         self._resources: dict[tuple[str, str], Resource] = {}
         self._uid_map: dict[str, str] = {}
         self._ns_seen: set[Any] = set()
+        self._classes_made: set[str] = set()   # RuntimeClasses made for pods since the last reset
         self._lock = threading.RLock()
         self.kubeconfig = str(cp.write_kubeconfig(cp.dir / 'gpufleet-admin.kubeconfig',
                                                   {'token': cp.tokens['gpufleet-admin']}, server=proxy.url))
@@ -248,7 +249,7 @@ class Cluster:
     def _ensure_runtime_class(self, name: str) -> None:
         # The GPU Operator creates the `nvidia` RuntimeClass; the RuntimeClass admission refuses a pod
         # naming one that does not exist, so a pod's class is created (handler = name) when missing.
-        if ('rc', name) in self._ns_seen:
+        if name in self._classes_made:
             return
         try:
             self.api.request('POST', '/apis/node.k8s.io/v1/runtimeclasses',
@@ -257,7 +258,7 @@ class Cluster:
         except ApiError as exc:
             if exc.status != 409:
                 raise
-        self._ns_seen.add(('rc', name))  # type: ignore[arg-type]
+        self._classes_made.add(name)
 
     def _owner_uid(self, ref: dict[str, Any], namespace: str | None, dependents: list[dict]) -> str:
         if ref.get('uid') in self._uid_map:
@@ -619,13 +620,8 @@ class Cluster:
     ]
     # Kinds removed from the system namespaces too (a test's, never the control plane's own).
     CLEAN_EVERYWHERE = {'Pod', 'HelmChart'}
-    # RuntimeClass after the GPU Operator's objects: the operator owns the `nvidia` class it adopts (its
-    # ClusterPolicy is the owner), so the garbage collector would remove it some time after the policy went;
-    # the sweep removes every class itself and waits until none is left, so the next test finds none and
-    # `_ensure_runtime_class` creates it again (this control plane has no RuntimeClass of its own).
     CLEAN_CLUSTER = [('v1', 'Node'), ('resource.k8s.io/v1', 'ResourceSlice'), ('resource.k8s.io/v1', 'DeviceClass'),
-                     ('nvidia.com/v1', 'ClusterPolicy'), ('nvidia.com/v1alpha1', 'NVIDIADriver'),
-                     ('node.k8s.io/v1', 'RuntimeClass')]
+                     ('nvidia.com/v1', 'ClusterPolicy'), ('nvidia.com/v1alpha1', 'NVIDIADriver')]
     KEEP = {('v1', 'ConfigMap', 'kube-root-ca.crt'), ('v1', 'Service', 'kubernetes')}
 
     def reset(self, timeout: float = 60) -> None:
@@ -676,13 +672,17 @@ class Cluster:
                                      content_type='application/merge-patch+json', ok404=True)
                 self.api.request('DELETE', res.path(p['metadata']['namespace'], p['metadata']['name']),
                                  body={'gracePeriodSeconds': 0}, ok404=True)
+            # Every RuntimeClass, after the GPU Operator's objects went: the operator owns the `nvidia` class it
+            # adopts (its ClusterPolicy is the owner), so the garbage collector would remove it some time later,
+            # under a client that remembers making it; the next test finds none and `_ensure_runtime_class`
+            # makes it again (this control plane has no RuntimeClass of its own).
             classes = self.list('node.k8s.io/v1', 'RuntimeClass')
-            for rc in classes:  # one an operator still reconciling made again after the sweep
+            for rc in classes:
                 self.api.request('DELETE', self.resource('node.k8s.io/v1', 'RuntimeClass').path(
                     None, rc['metadata']['name']), ok404=True)
             return not pods and not classes and not self.list('v1', 'Node')
 
         self.wait_for(clean, timeout=timeout, interval=0.2, message='the cluster to be clean between tests')
         self._uid_map.clear()
-        self._ns_seen = {seen for seen in self._ns_seen if not isinstance(seen, tuple)}  # the classes went
+        self._classes_made.clear()
         self.proxy.clear_requests()
