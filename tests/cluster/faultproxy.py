@@ -133,8 +133,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         proxy = self.server.proxy
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
-        length = int(self.headers.get('Content-Length') or 0)
-        body = self.rfile.read(length) if length else b''
+        body = self._request_body()
         data: Any = None
         if body:
             try:
@@ -170,6 +169,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
         self._forward(proxy, body, entry)
 
+    def _request_body(self) -> bytes:
+        """The request's whole body: by Content-Length, or decoded from chunks (none is left on the connection)."""
+        if 'chunked' in (self.headers.get('Transfer-Encoding') or '').lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline(65537).split(b';', 1)[0].strip() or b'0', 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b'\r\n', b'\n', b''):   # trailers
+                        pass
+                    return b''.join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline(65537)                                            # the chunk's CRLF
+        length = int(self.headers.get('Content-Length') or 0)
+        return self.rfile.read(length) if length else b''
+
     def _forward(self, proxy: 'FaultProxy', body: bytes, entry: dict[str, Any]) -> None:
         conn = http.client.HTTPSConnection('127.0.0.1', proxy.upstream_port, context=proxy.upstream_ssl,
                                            timeout=proxy.upstream_timeout)
@@ -195,6 +209,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if k.lower() not in HOP_BY_HOP:
                     self.send_header(k, v)
             length = resp.getheader('Content-Length')
+            if self.command == 'HEAD' or resp.status in (204, 304) or 100 <= resp.status < 200:
+                # No body may follow (RFC 9112 6.3): neither chunks nor a terminator, or the client reads
+                # them as the start of its next response on this connection (`malformed HTTP response "0"`
+                # after kubectl's discovery cache got a 304). HEAD keeps the length of the body it describes.
+                resp.read()
+                if self.command == 'HEAD' and length is not None:
+                    self.send_header('Content-Length', length)
+                self.end_headers()
+                return
             if length is not None and resp.getheader('Transfer-Encoding') is None:
                 payload = resp.read()
                 self.send_header('Content-Length', str(len(payload)))
