@@ -116,7 +116,9 @@ def test_node_gate_waits_until_the_node_is_ready(emu, run_playbook):
 
     def recover():
         # once the gate has read the node NotReady, the kubelet comes back
-        emu.wait_for(lambda: any(q['verb'] == 'GET' and q['path'] == '/api/v1/nodes/gpu-1' for q in emu.requests),
+        # answered, not only sent: the gate has seen NotReady before the kubelet returns, however slow the server
+        emu.wait_for(lambda: any(q['verb'] == 'GET' and q['path'] == '/api/v1/nodes/gpu-1' and q.get('status') == 200
+                                 for q in emu.requests),
                      timeout=60, message='the gate reading the node')
         emu.start_kubelet(NODE)
 
