@@ -141,8 +141,13 @@ lint: collection
 	@awx=$$($(VPY) tests/tools/awx_collection.py) && \
 	  ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/$(COLL_ROOT):$$awx $(VENV)/bin/ansible-lint --offline --nocolor $(LINT_ARGS)
 
+# Each test's wall and CPU, and each lab phase's, go to $(TIMINGS) (tests/tools/suite_timings.py), whose
+# breakdown `make test` prints after pytest (docs/development.md, "Where the time goes").
+TIMINGS ?= tests/output/timings
 test: collection system-deps controlplane
-	$(PYTEST) $(PYTEST_N) tests/unit tests/integration
+	@rm -rf $(TIMINGS)
+	GPUFLEET_TIMINGS=$(CURDIR)/$(TIMINGS) $(PYTEST) $(PYTEST_N) tests/unit tests/integration
+	@$(VPY) tests/tools/suite_timings.py $(TIMINGS) --top 15
 	$(MAKE) --no-print-directory molecule
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint

@@ -20,8 +20,8 @@ if VENV_BIN.is_dir() and str(VENV_BIN) not in os.environ.get('PATH', '').split(o
 os.environ.setdefault('ANSIBLE_COLLECTIONS_PATH', str(REPO_ROOT / '.venv' / 'collections'))
 
 # Fixtures of the test tools: the real control plane (`control_plane`, `cluster`), the NVML stand-in
-# (`fake_nvml`, `nvml_stub_lib`).
-pytest_plugins = ['cluster.pytest_plugin', 'tools.nvml_stub']
+# (`fake_nvml`, `nvml_stub_lib`); each test's wall and CPU where GPUFLEET_TIMINGS is set (`tools.suite_timings`).
+pytest_plugins = ['cluster.pytest_plugin', 'tools.nvml_stub', 'tools.suite_timings']
 
 
 # How pytest-xdist shares the tests (the Makefile's PYTEST_N: --dist loadgroup --no-loadscope-reorder). Each

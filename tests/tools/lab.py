@@ -64,7 +64,7 @@ from cluster.client import Cluster  # noqa: E402
 from cluster.kubelet import PodStatusSync  # noqa: E402
 from cluster.logs import PodLogWriter  # noqa: E402
 from cluster.suc import SucStandIn  # noqa: E402
-from tools import cpu_account, lab_dcgm, labenv, nvml_stub, records  # noqa: E402
+from tools import cpu_account, lab_dcgm, labenv, nvml_stub, records, suite_timings  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
 
@@ -153,6 +153,10 @@ class Lab:
 
     # ------------------------------------------------------------------ environment
     def prepare(self) -> None:
+        with suite_timings.Phase('fleet set-up', nodes=len(self.names)):
+            self._prepare()
+
+    def _prepare(self) -> None:
         for sub in ('nodes', 'snapshots', 'evidence', 'runner', 'qualification', 'prometheus'):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         for f in ('plan.json', 'report.html', 'lab.json'):
@@ -394,17 +398,37 @@ class Lab:
         t0, c0, n0 = time.monotonic(), _children_cpu(), self.node_cpu()
         result = ansible_runner.run(
             private_data_dir=str(pdd), playbook=str((collection or REPO) / 'playbooks' / playbook), inventory=self.inventory,
-            extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event, timeout=900,
+            extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event,
+            timeout=self.play_timeout(),
             cancel_callback=lambda: cancelled[0])
         self.timings.append({'step': name, 'wall': time.monotonic() - t0, 'cpu': _children_cpu() - c0})
+        suite_timings.append('lab', {'phase': name, 'playbook': playbook, 'nodes': len(self.names),
+                                     'wall': self.timings[-1]['wall'], 'cpu': self.timings[-1]['cpu']})
         if self.node_cpu_log:
             self.timings[-1]['node_cpu'] = self.node_cpu() - n0
         if killed_at[0]:
             self.timings[-1]['killed_at'] = killed_at[0] - t0
         self.runs[name] = {'status': result.status, 'rc': result.rc, 'failures': failures, 'events': events}
+        if result.status == 'timeout':
+            log('== %s: %s' % (name, self.how_far(name)))
         log('== %s: %s in %.1fs%s' % (name, result.status, time.monotonic() - t0,
                                       ' (killed at %.1fs)' % (killed_at[0] - t0) if killed_at[0] else ''))
         return result.status
+
+    def play_timeout(self) -> int:
+        """The bound of one playbook run: `LAB_PLAY_TIMEOUT` seconds where set, else one that follows the
+        fleet (300 s plus 45 s a node: 2,100 s for the 40-node lab, more than twice what a loaded 2-core machine
+        took). A run past it is reported as slow, with how far it got (`how_far`), never as a wrong verdict."""
+        return int(os.environ.get('LAB_PLAY_TIMEOUT') or 300 + 45 * len(self.names))
+
+    def how_far(self, name: str) -> str:
+        """What a playbook run that ran past its bound had done: its last task and the hosts that finished a task."""
+        events = self.runs[name]['events']
+        tasks = [e for e in events if e['event'] == 'playbook_on_task_start']
+        done = sorted({e['host'] for e in events if e['event'] == 'runner_on_ok' and e['host'] in self.names})
+        return ('ran past its bound of %d s (slow, not wrong: LAB_PLAY_TIMEOUT=<seconds> raises it); last task '
+                'started: %s; %d of %d nodes had finished a task' % (
+                    self.play_timeout(), tasks[-1]['task'] if tasks else '-', len(done), len(self.names)))
 
     def pods_not_ready(self) -> list[str]:
         """The pool's pods that are not Ready (what a failed step waited for, to read in CI's output): namespace,
@@ -932,6 +956,8 @@ def run(args: argparse.Namespace) -> int:
         lab.approve_pauses(plan)
         lab.gate()
         rollout = lab.play('rollout', 'rollout.yml')
+        if rollout == 'timeout':
+            raise LabError('rollout.yml %s' % lab.how_far('rollout'))
         problems = lab.verdict(plan, rollout)
         if lab.fault == 'none' and rollout == 'successful':
             problems += lab.release()
