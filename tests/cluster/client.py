@@ -133,6 +133,7 @@ class Cluster:
         self._uid_map: dict[str, str] = {}
         self._ns_seen: set[Any] = set()
         self._classes_made: set[str] = set()   # RuntimeClasses made for pods since the last reset
+        self._informers: dict[tuple[str, str], Any] = {}
         self._lock = threading.RLock()
         self.kubeconfig = str(cp.write_kubeconfig(cp.dir / 'gpufleet-admin.kubeconfig',
                                                   {'token': cp.tokens['gpufleet-admin']}, server=proxy.url))
@@ -187,6 +188,22 @@ class Cluster:
         self._discover()
 
     # ------------------------------------------------------------------ reads
+    def informer(self, api_version: str, kind: str) -> Any:
+        """The watch-fed cache of every `kind` (cluster/informer.py), started and synced on first use and kept
+        until `stop_informers()`: what a stand-in reads each pass instead of listing."""
+        from .informer import Informer
+        with self._lock:
+            key = (api_version, kind)
+            if key not in self._informers:
+                self._informers[key] = Informer(self, api_version, kind).start()
+            return self._informers[key]
+
+    def stop_informers(self) -> None:
+        with self._lock:
+            informers, self._informers = list(self._informers.values()), {}
+        for informer in informers:
+            informer.stop()
+
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
         res = self.resource(api_version, kind)
         ns = (namespace or 'default') if res.namespaced else None

@@ -8,7 +8,8 @@ stages only move a pod out of Pending, so such a pod would stay Running and not 
 state no real cluster keeps. `PodStatusSync` plays that sync for the lab (tests/tools/lab.py): every
 `interval` it sets Ready again the Running pods that are not Ready on nodes that are Ready and
 played by KWOK (not annotated gpufleet.test/kubelet, as `Cluster.stop_kubelet` does), unless the
-pod keeps the status a test wrote (gpufleet.test/status) or is being deleted. Pods on a NotReady or
+pod keeps the status a test wrote (gpufleet.test/status) or is being deleted. Each pass reads the cluster's
+watch-fed caches of Nodes and Pods (cluster/informer.py), not a list. Pods on a NotReady or
 stopped node stay as the controller left them, as they would with the node's kubelet gone.
 
     with PodStatusSync(cluster):
@@ -59,6 +60,9 @@ class PodStatusSync(Background):
         super().__init__(interval)
         self.cluster = cluster
         self.synced: list[str] = []
+        # (uid, resourceVersion) of each pod state it set Ready: the watch-fed cache it reads may show that state
+        # for a moment after the write, which must not be written (and counted) again
+        self._written: set[tuple[str, str]] = set()
 
     def step(self) -> None:
         try:
@@ -68,13 +72,13 @@ class PodStatusSync(Background):
 
     def sync(self) -> list[str]:
         """One pass; the pods it put right."""
-        nodes = {n['metadata']['name'] for n in self.cluster.list('v1', 'Node')
+        nodes = {n['metadata']['name'] for n in self.cluster.informer('v1', 'Node').items()
                  if _ready(n) and STOPPED not in (n['metadata'].get('annotations') or {})}
         done = []
-        for pod in self.cluster.list('v1', 'Pod', field_selector='status.phase=Running'):
-            if not needs_sync(pod, nodes):
-                continue
+        for pod in self.cluster.informer('v1', 'Pod').items():
             meta = pod['metadata']
+            if not needs_sync(pod, nodes) or (meta.get('uid'), meta.get('resourceVersion')) in self._written:
+                continue
             now = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
             try:
                 self.cluster.api.request(
@@ -84,6 +88,7 @@ class PodStatusSync(Background):
                 if exc.status != 404:
                     self.errors.append('%s/%s: %s' % (meta['namespace'], meta['name'], exc))
                 continue
+            self._written.add((meta.get('uid'), meta.get('resourceVersion')))
             done.append('%s/%s' % (meta['namespace'], meta['name']))
         self.synced += done
         return done

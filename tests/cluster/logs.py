@@ -91,18 +91,20 @@ class PodLogWriter(Background):
         super().__init__(interval)
         self.cluster = cluster
         self.written: list[str] = []
+        self._done: set[str] = set()    # uids whose logs it wrote (the cache may show the annotation a moment longer)
 
     def step(self) -> None:
         try:
-            pods = self.cluster.list('v1', 'Pod', field_selector='status.phase=Running')
-        except (ApiError, OSError) as exc:
+            pods = self.cluster.informer('v1', 'Pod').items()    # the watch-fed cache (cluster/informer.py)
+        except (ApiError, OSError, AssertionError) as exc:
             self.errors.append('listing pods: %s' % exc)
             time.sleep(0.5)
             return
         for pod in pods:
             meta = pod['metadata']
             text = (meta.get('annotations') or {}).get(LOGS_ANNOTATION)
-            if text is None or not (pod.get('spec') or {}).get('nodeName') or meta.get('deletionTimestamp'):
+            if text is None or not (pod.get('spec') or {}).get('nodeName') or meta.get('deletionTimestamp') \
+                    or (pod.get('status') or {}).get('phase') != 'Running' or meta.get('uid') in self._done:
                 continue
             key = '%s/%s' % (meta['namespace'], meta['name'])
             try:
@@ -113,4 +115,5 @@ class PodLogWriter(Background):
                 if self.cluster.get('v1', 'Pod', meta['name'], meta['namespace']) is not None:
                     self.errors.append('%s: %s' % (key, exc))
                 continue
+            self._done.add(meta.get('uid'))
             self.written.append(key)

@@ -27,6 +27,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     try:
         yield cluster
     finally:
+        cluster.stop_informers()
         proxy.stop()
         cp.stop()
 

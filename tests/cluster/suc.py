@@ -135,6 +135,7 @@ class SucStandIn(Background):
         self._started: set[tuple[str, str, str]] = set()   # (plan key, node, hash) with a Job
         self._done: set[str] = set()                        # Job uids whose outcome was handled
         self._sa_seen: set[tuple[str, str]] = set()
+        self._finished = 0                                  # Jobs whose node it labelled and uncordoned
 
     def step(self) -> None:
         try:
@@ -151,10 +152,14 @@ class SucStandIn(Background):
         plans = sorted(c.list(PLAN_API, 'Plan'), key=self._key)
         jobs = c.list('batch/v1', 'Job', label_selector='%s=%s' % (LABEL_CONTROLLER, CONTROLLER))
         by_key = {self._key(p): p for p in plans}
+        finished = self._finished
         for job in jobs:
             self._handle_job(job, by_key)
         plans = sorted(c.list(PLAN_API, 'Plan'), key=self._key)
-        nodes = {n['metadata']['name']: n for n in c.list('v1', 'Node')}
+        # The Nodes from the watch-fed cache (cluster/informer.py), unless this pass labelled one (a Job finished):
+        # then from the API, so the pass sees its own write.
+        nodes = {n['metadata']['name']: n for n in (c.list('v1', 'Node') if self._finished != finished
+                                                   else c.informer('v1', 'Node').items())}
         busy_exclusive = {self._key(p) for p in plans
                           if (p.get('spec') or {}).get('exclusive') and (p.get('status') or {}).get('applying')}
         for plan in plans:
@@ -342,4 +347,5 @@ class SucStandIn(Background):
         if (node.get('spec') or {}).get('unschedulable') and (spec.get('cordon') or spec.get('drain') is not None):
             patch['spec'] = {'unschedulable': None}
         self.cluster.patch('v1', 'Node', node_name, patch)
+        self._finished += 1
         self._entry('finish', key, node, node_name, spec.get('version'))

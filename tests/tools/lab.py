@@ -777,6 +777,8 @@ class Lab:
                 operator.stop()
             except Exception as exc:  # the control plane stops next anyway
                 log('gpu-operator stop: %s' % exc)
+        if self.cluster is not None:
+            self.cluster.stop_informers()
         if self._proxy is not None:
             self._proxy.stop()
             self._proxy = None

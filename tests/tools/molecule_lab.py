@@ -179,6 +179,7 @@ def serve(lab: pathlib.Path, nodes: int, cordon: list[str]) -> int:
                     print('molecule lab: a control plane component exited; stopping', flush=True)
                     break
     finally:
+        cluster.stop_informers()
         proxy.stop()
         cp.stop()
         (lab / 'cluster.ready').unlink(missing_ok=True)
