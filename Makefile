@@ -142,15 +142,16 @@ lint: collection
 	  ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/$(COLL_ROOT):$$awx $(VENV)/bin/ansible-lint --offline --nocolor $(LINT_ARGS)
 
 # Each test's wall and CPU, and each lab phase's, go to $(TIMINGS) (tests/tools/suite_timings.py), whose
-# breakdown `make test` prints after pytest (docs/development.md, "Where the time goes").
+# breakdown `make test` prints after pytest (docs/development.md, "Where the time goes"). The three layers after
+# pytest share nothing (molecule's state is under tests/output/molecule, sanity's under tests/output/sanity, lint
+# only reads the tree): they run side by side, each one's output printed whole when it ends, every one even where
+# another failed (-k).
 TIMINGS ?= tests/output/timings
 test: collection system-deps controlplane
 	@rm -rf $(TIMINGS)
 	GPUFLEET_TIMINGS=$(CURDIR)/$(TIMINGS) $(PYTEST) $(PYTEST_N) tests/unit tests/integration
 	@$(VPY) tests/tools/suite_timings.py $(TIMINGS) --top 15
-	$(MAKE) --no-print-directory molecule
-	$(MAKE) --no-print-directory sanity
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory -k -j3 --output-sync=target molecule sanity lint
 
 # The one-command lab (docs/lab.md): plan → canary → approval → upgrade_check → rollout on a 40-node
 # pool of a real control plane (built first by controlplane, started and stopped by the lab) of the
