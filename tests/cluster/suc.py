@@ -158,8 +158,8 @@ class SucStandIn(Background):
         plans = sorted(c.list(PLAN_API, 'Plan'), key=self._key)
         # The Nodes from the watch-fed cache (cluster/informer.py), unless this pass labelled one (a Job finished):
         # then from the API, so the pass sees its own write.
-        nodes = {n['metadata']['name']: n for n in (c.list('v1', 'Node') if self._finished != finished
-                                                   else c.informer('v1', 'Node').items())}
+        fresh = self._finished != finished
+        nodes = {n['metadata']['name']: n for n in (c.list('v1', 'Node') if fresh else c.informer('v1', 'Node').items())}
         busy_exclusive = {self._key(p) for p in plans
                           if (p.get('spec') or {}).get('exclusive') and (p.get('status') or {}).get('applying')}
         for plan in plans:

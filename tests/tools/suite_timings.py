@@ -112,7 +112,6 @@ def pytest_runtest_protocol(item: Any, nextitem: Any):  # type: ignore[no-untype
                      'cpu': cpu_now() - c0, 'worker': os.environ.get('PYTEST_XDIST_WORKER', 'main')})
 
 
-
 # -- the report -----------------------------------------------------------------------------------------------
 def _read(directory: pathlib.Path, kind: str) -> list[dict[str, Any]]:
     out = []
