@@ -10,7 +10,7 @@ resumes from the last resourceVersion seen; a 410 Gone (that version compacted a
     running = [p for p in pods.items() if p['status'].get('phase') == 'Running']
 
 The cache is a few milliseconds behind the server, as a controller's is: a stand-in that writes must not assume
-its next pass sees its own write (see `written_at` in kubelet.py and logs.py). Its objects are shared: read them,
+its next pass sees its own write (`PodStatusSync._written`, `PodLogWriter._done`, the SUC stand-in's `fresh`). Its objects are shared: read them,
 never change them.
 """
 from __future__ import annotations
