@@ -82,13 +82,13 @@ class WhenRequests:
                 return
 
 
-def evictions_of(requests: list[dict[str, Any]], name: str) -> int:
-    return sum(1 for r in requests if r['verb'] == 'POST' and r['path'].endswith('/pods/%s/eviction' % name))
-
-
 def eviction_answers(requests: list[dict[str, Any]], name: str) -> list[int | None]:
     """The status the API server answered to each eviction of `name`, in order (None: not answered yet)."""
     return [r.get('status') for r in requests if r['verb'] == 'POST' and r['path'].endswith('/pods/%s/eviction' % name)]
+
+
+def evictions_of(requests: list[dict[str, Any]], name: str) -> int:
+    return len(eviction_answers(requests, name))
 
 
 def pdb(name: str, namespace: str, app: str, min_available: Any = None, max_unavailable: Any = None) -> dict:
