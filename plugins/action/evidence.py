@@ -15,7 +15,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence import EvidenceError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._evidence_file import ARGUMENT_SPEC, update_bundle
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._in_worker import ArgumentError, module_params
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._in_worker import ArgumentError, module_params, runs_here
 
 MODULE = 'gpufleet.upgrade.evidence'
 
@@ -23,14 +23,10 @@ MODULE = 'gpufleet.upgrade.evidence'
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
-    def _runs_here(self):
-        """The module would run on this machine as this user: a local connection without become."""
-        return getattr(self._connection, 'transport', None) == 'local' and not self._play_context.become
-
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        if not self._runs_here():
+        if not runs_here(self):
             result.update(self._execute_module(module_name=MODULE, module_args=self._task.args, task_vars=task_vars))
             return result
         try:

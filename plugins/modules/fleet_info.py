@@ -144,16 +144,21 @@ def _read(k8s, spec):
     return k8s.list_optional(path_for(spec['api_version'], plural, None, spec.get('namespace')), query)
 
 
-def main() -> None:
-    module = K8sModule('fleet_info', dict(
-        node_selector={'type': 'str', 'default': ''},
-        names={'type': 'list', 'elements': 'str', 'default': []},
-        gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
-                                                  'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
-        dcgm_exporter={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'DaemonSet',
-                                                   'namespace': 'gpu-operator', 'name': 'nvidia-dcgm-exporter'}},
-        resources={'type': 'list', 'elements': 'dict', 'default': []},
-    ))
+# The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
+# in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    node_selector={'type': 'str', 'default': ''},
+    names={'type': 'list', 'elements': 'str', 'default': []},
+    gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
+                                              'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
+    dcgm_exporter={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'DaemonSet',
+                                               'namespace': 'gpu-operator', 'name': 'nvidia-dcgm-exporter'}},
+    resources={'type': 'list', 'elements': 'dict', 'default': []},
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
     with module.errors(expected=(_fleet.FleetError,)):
         specs = [_fleet.validate_resource(i, r) for i, r in enumerate(p['resources'])]
@@ -180,6 +185,10 @@ def main() -> None:
             cluster[field] = _fleet.image_version(objs[0]) if objs else None
         resources = [_read(k8s, s) for s in specs]
     module.exit_json(changed=False, nodes=nodes, cluster=cluster, resources=resources)
+
+
+def main() -> None:
+    run(K8sModule('fleet_info', OPTIONS))
 
 
 if __name__ == '__main__':

@@ -191,14 +191,22 @@ def collect(k8s: K8sClient, params: dict) -> dict:
     return {'holders': holders, 'by_node': _holders.by_node(holders, nodes), 'nodes': nodes}
 
 
-def main() -> None:
-    module = K8sModule('gpu_holders_info', dict(
-        nodes={'type': 'list', 'elements': 'str'},
-        gpu_resources={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_GPU_RESOURCES)},
-        runtime_classes={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_RUNTIME_CLASSES)},
-        dra_drivers={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_DRA_DRIVERS)},
-        page_size={'type': 'int', 'default': 500},
-    ), count_requests=True)
+# The module's own options (the Kubernetes auth options are added) and AnsibleModule's checks; the action
+# plugin runs run() with them in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    nodes={'type': 'list', 'elements': 'str'},
+    gpu_resources={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_GPU_RESOURCES)},
+    runtime_classes={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_RUNTIME_CLASSES)},
+    dra_drivers={'type': 'list', 'elements': 'str', 'default': list(_holders.DEFAULT_DRA_DRIVERS)},
+    page_size={'type': 'int', 'default': 500},
+)
+CHECKS = dict(
+    count_requests=True,
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     params = module.params
     try:
         _holders.validate_options(params['gpu_resources'], params['runtime_classes'], params['dra_drivers'])
@@ -212,6 +220,10 @@ def main() -> None:
     with module.errors():
         result = collect(module.client, params)
     module.exit_json(changed=False, api_requests=module.api_requests, **result)
+
+
+def main() -> None:
+    run(K8sModule('gpu_holders_info', OPTIONS, **CHECKS))
 
 
 if __name__ == '__main__':

@@ -280,7 +280,8 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
-def run(module: K8sModule) -> dict:
+def outcome(module: K8sModule) -> dict:
+    """The result of the drain state the params ask for."""
     params = module.params
     name = params['name']
     opts = _drain.options_from_params(params)
@@ -312,27 +313,35 @@ def run(module: K8sModule) -> dict:
     return base
 
 
-def main() -> None:
-    module = K8sModule('node_drain', dict(
-        name={'type': 'str', 'required': True},
-        state={'type': 'str', 'choices': list(_drain.STATES), 'default': 'drain'},
-        timeout={'type': 'float', 'default': 300},
-        grace_period={'type': 'int'},
-        pod_selector={'type': 'str'},
-        ignore_daemonsets={'type': 'bool', 'default': True},
-        delete_local_data={'type': 'bool', 'default': False},
-        force={'type': 'bool', 'default': False},
-        uncordon_preexisting={'type': 'bool', 'default': False},
-        record_target={'type': 'str'},
-        disable_eviction={'type': 'bool', 'default': False},
-        wait_for_jobs={'type': 'dict', 'options': {
-            'selector': {'type': 'str', 'required': True},
-            'timeout': {'type': 'float', 'default': 3600},
-        }},
-        vmi_policy={'type': 'str', 'choices': list(_drain.VMI_POLICIES), 'default': 'refuse'},
-        parallel={'type': 'int', 'default': 10},
-        retry_interval={'type': 'float', 'default': 2.5},
-    ), count_requests=True)
+# The module's own options (the Kubernetes auth options are added) and AnsibleModule's checks; the action
+# plugin runs run() with them in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    name={'type': 'str', 'required': True},
+    state={'type': 'str', 'choices': list(_drain.STATES), 'default': 'drain'},
+    timeout={'type': 'float', 'default': 300},
+    grace_period={'type': 'int'},
+    pod_selector={'type': 'str'},
+    ignore_daemonsets={'type': 'bool', 'default': True},
+    delete_local_data={'type': 'bool', 'default': False},
+    force={'type': 'bool', 'default': False},
+    uncordon_preexisting={'type': 'bool', 'default': False},
+    record_target={'type': 'str'},
+    disable_eviction={'type': 'bool', 'default': False},
+    wait_for_jobs={'type': 'dict', 'options': {
+        'selector': {'type': 'str', 'required': True},
+        'timeout': {'type': 'float', 'default': 3600},
+    }},
+    vmi_policy={'type': 'str', 'choices': list(_drain.VMI_POLICIES), 'default': 'refuse'},
+    parallel={'type': 'int', 'default': 10},
+    retry_interval={'type': 'float', 'default': 2.5},
+)
+CHECKS = dict(
+    count_requests=True,
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     name, state = module.params['name'], module.params['state']
     if not name.strip():
         module.fail_json(msg='name: %r is not a node name' % name)
@@ -343,12 +352,16 @@ def main() -> None:
     context = 'node %s, state %s' % (name, state)
     with module.errors(expected=(_drain.DrainError,), context=context,
                        not_found={path_for('v1', 'nodes', name): 'name: node %r does not exist (%s)' % (name, context)}):
-        result = run(module)
+        result = outcome(module)
     result['api_requests'] = module.api_requests
     if result.pop('failed', False):
         module.fail_json(**result)
     result.pop('msg', None)
     module.exit_json(**result)
+
+
+def main() -> None:
+    run(K8sModule('node_drain', OPTIONS, **CHECKS))
 
 
 if __name__ == '__main__':

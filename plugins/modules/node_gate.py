@@ -252,24 +252,33 @@ def operator_object(k8s: K8sClient, ref: dict):
     return k8s.get_or_none(path_for(group_version, plural, ref.get('name') or '', namespace=ref.get('namespace')))
 
 
-def main() -> None:
-    module = K8sModule('node_gate', dict(
-        node={'type': 'str'},
-        expected_gpus={'type': 'dict'},
-        nodes={'type': 'dict'},
-        node_selector={'type': 'str'},
-        finished_for={'type': 'str'},
-        device_plugin_selector={'type': 'str', 'default': _node_gate.DEFAULT_DEVICE_PLUGIN_SELECTOR},
-        validator_selector={'type': 'str', 'default': _node_gate.DEFAULT_VALIDATOR_SELECTOR},
-        validator_required={'type': 'bool', 'default': False},
-        allowed_taints={'type': 'list', 'elements': 'str', 'default': []},
-        timeout={'type': 'int', 'default': 0},
-        interval={'type': 'float', 'default': 5},
-        dcgm_exporter_selector={'type': 'str', 'default': _node_gate.DEFAULT_DCGM_EXPORTER_SELECTOR},
-        gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
-                                                  'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
-    ), mutually_exclusive=[('node', 'nodes'), ('expected_gpus', 'nodes')], required_one_of=[('node', 'nodes')],
-        required_by={'node': ('expected_gpus',), 'node_selector': ('nodes',), 'finished_for': ('nodes',)})
+# The module's own options (the Kubernetes auth options are added) and AnsibleModule's checks; the action
+# plugin runs run() with them in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    node={'type': 'str'},
+    expected_gpus={'type': 'dict'},
+    nodes={'type': 'dict'},
+    node_selector={'type': 'str'},
+    finished_for={'type': 'str'},
+    device_plugin_selector={'type': 'str', 'default': _node_gate.DEFAULT_DEVICE_PLUGIN_SELECTOR},
+    validator_selector={'type': 'str', 'default': _node_gate.DEFAULT_VALIDATOR_SELECTOR},
+    validator_required={'type': 'bool', 'default': False},
+    allowed_taints={'type': 'list', 'elements': 'str', 'default': []},
+    timeout={'type': 'int', 'default': 0},
+    interval={'type': 'float', 'default': 5},
+    dcgm_exporter_selector={'type': 'str', 'default': _node_gate.DEFAULT_DCGM_EXPORTER_SELECTOR},
+    gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
+                                              'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
+)
+CHECKS = dict(
+    mutually_exclusive=[('node', 'nodes'), ('expected_gpus', 'nodes')],
+    required_one_of=[('node', 'nodes')],
+    required_by={'node': ('expected_gpus',), 'node_selector': ('nodes',), 'finished_for': ('nodes',)},
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     params = module.params
     if params['node'] is not None and not params['node'].strip():
         module.fail_json(msg='node: %r is not a node name' % params['node'])
@@ -319,6 +328,10 @@ def main() -> None:
             result['msg'] += ' (still failing after %d evaluation(s) in %ss)' % (attempts, params['timeout'])
         module.fail_json(**result)
     module.exit_json(**result)
+
+
+def main() -> None:
+    run(K8sModule('node_gate', OPTIONS, **CHECKS))
 
 
 if __name__ == '__main__':

@@ -101,13 +101,18 @@ def _view(node):
             'taints': list((node.get('spec') or {}).get('taints') or [])}
 
 
-def main() -> None:
-    module = K8sModule('node_isolation', dict(
-        node={'type': 'str', 'required': True},
-        state={'type': 'str', 'choices': ['present', 'absent'], 'default': 'present'},
-        key={'type': 'str', 'default': _upgrade_state.CANARY_KEY, 'no_log': False},
-        owner={'type': 'str'},
-    ))
+# The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
+# in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    node={'type': 'str', 'required': True},
+    state={'type': 'str', 'choices': ['present', 'absent'], 'default': 'present'},
+    key={'type': 'str', 'default': _upgrade_state.CANARY_KEY, 'no_log': False},
+    owner={'type': 'str'},
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
     present = p['state'] == 'present'
     path = path_for('v1', 'nodes', p['node'])
@@ -120,6 +125,10 @@ def main() -> None:
             t.get('key') == p['key'] for t in result['taints'])
     result.update(module.diff(_view(before), _view(after), 'node/%s' % p['node']))
     module.exit_json(**result)
+
+
+def main() -> None:
+    run(K8sModule('node_isolation', OPTIONS))
 
 
 if __name__ == '__main__':

@@ -111,13 +111,18 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._stop_switch impo
     DEFAULT_NAME, DEFAULT_NAMESPACE, StopSwitchError, judge, path)
 
 
-def main() -> None:
-    module = K8sModule('stop_switch_info', dict(
-        namespace=dict(type='str', default=DEFAULT_NAMESPACE),
-        name=dict(type='str', default=DEFAULT_NAME),
-        rollout_id=dict(type='str', default=''),
-        fail_when_stopped=dict(type='bool', default=False),
-    ))
+# The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
+# in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    namespace=dict(type='str', default=DEFAULT_NAMESPACE),
+    name=dict(type='str', default=DEFAULT_NAME),
+    rollout_id=dict(type='str', default=''),
+    fail_when_stopped=dict(type='bool', default=False),
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
     with module.errors(expected=(StopSwitchError,), prefixes={StopSwitchError: 'stop_switch_info: '},
                        context='reading the stop switch'):
@@ -131,6 +136,10 @@ def main() -> None:
     if verdict.stopped and p['fail_when_stopped']:
         module.fail_json(msg=verdict.msg, stopped=True, switch=switch)
     module.exit_json(changed=False, stopped=verdict.stopped, switch=switch, msg=verdict.msg)
+
+
+def main() -> None:
+    run(K8sModule('stop_switch_info', OPTIONS))
 
 
 if __name__ == '__main__':

@@ -294,39 +294,44 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import 
     apply_plans, read_versions, render_plans, taint_tolerations)
 
 
-def main() -> None:
-    module = K8sModule('suc_plan', dict(
-        state=dict(type='str', choices=['rendered', 'present'], default='rendered'),
-        nodes=dict(type='list', elements='dict', required=True, options=dict(
-            name=dict(type='str', required=True),
-            role=dict(type='str', required=True, choices=['server', 'agent']),
-            current_rke2=dict(type='str'),
-        )),
-        target_rke2=dict(type='str', required=True),
+# The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
+# in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    state=dict(type='str', choices=['rendered', 'present'], default='rendered'),
+    nodes=dict(type='list', elements='dict', required=True, options=dict(
+        name=dict(type='str', required=True),
+        role=dict(type='str', required=True, choices=['server', 'agent']),
         current_rke2=dict(type='str'),
-        control_plane_rke2=dict(type='str'),
-        namespace=dict(type='str', default=DEFAULT_NAMESPACE),
-        service_account=dict(type='str', default=DEFAULT_SERVICE_ACCOUNT),
-        image=dict(type='str', default=DEFAULT_IMAGE),
-        name_prefix=dict(type='str', default=DEFAULT_NAME_PREFIX),
-        server_plan=dict(type='str'),
-        drain=dict(type='dict', options=dict(
-            timeout=dict(type='int'),
-            grace_period=dict(type='int'),
-            delete_emptydir_data=dict(type='bool'),
-            ignore_daemonsets=dict(type='bool'),
-            force=dict(type='bool'),
-            disable_eviction=dict(type='bool'),
-            skip_wait_for_delete_timeout=dict(type='int'),
-        )),
-        cordon=dict(type='bool', default=True),
-        tolerations=dict(type='list', elements='dict'),
-        tolerate_taints=dict(type='list', elements='str'),
-        wait=dict(type='bool', default=False),
-        wait_timeout=dict(type='int', default=1800),
-        wait_interval=dict(type='float', default=10.0),
-        read_cluster=dict(type='bool', default=False),
-    ))
+    )),
+    target_rke2=dict(type='str', required=True),
+    current_rke2=dict(type='str'),
+    control_plane_rke2=dict(type='str'),
+    namespace=dict(type='str', default=DEFAULT_NAMESPACE),
+    service_account=dict(type='str', default=DEFAULT_SERVICE_ACCOUNT),
+    image=dict(type='str', default=DEFAULT_IMAGE),
+    name_prefix=dict(type='str', default=DEFAULT_NAME_PREFIX),
+    server_plan=dict(type='str'),
+    drain=dict(type='dict', options=dict(
+        timeout=dict(type='int'),
+        grace_period=dict(type='int'),
+        delete_emptydir_data=dict(type='bool'),
+        ignore_daemonsets=dict(type='bool'),
+        force=dict(type='bool'),
+        disable_eviction=dict(type='bool'),
+        skip_wait_for_delete_timeout=dict(type='int'),
+    )),
+    cordon=dict(type='bool', default=True),
+    tolerations=dict(type='list', elements='dict'),
+    tolerate_taints=dict(type='list', elements='str'),
+    wait=dict(type='bool', default=False),
+    wait_timeout=dict(type='int', default=1800),
+    wait_interval=dict(type='float', default=10.0),
+    read_cluster=dict(type='bool', default=False),
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
     control_plane_rke2 = p['control_plane_rke2']
     if p['read_cluster']:
@@ -375,6 +380,10 @@ def main() -> None:
                     out['waited'] = []
         out.update(changed=applied.changed, applied=applied.applied, **module.diff(applied.before, applied.after))
     module.exit_json(**out)
+
+
+def main() -> None:
+    run(K8sModule('suc_plan', OPTIONS))
 
 
 if __name__ == '__main__':

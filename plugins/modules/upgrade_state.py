@@ -171,15 +171,20 @@ def _gpufleet(node):
     return {k: ann[k] for k in sorted(ann) if k.startswith('gpufleet.io/')}
 
 
-def main() -> None:
-    module = K8sModule('upgrade_state', dict(
-        node={'type': 'str', 'required': True},
-        target={'type': 'dict', 'required': True},
-        phase={'type': 'str', 'choices': list(_upgrade_state.SETTABLE)},
-        snapshot_sha256={'type': 'str'},
-        wait_ready={'type': 'float', 'default': 0},
-        interval={'type': 'float', 'default': 5},
-    ))
+# The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them in
+# Ansible's worker when the task runs on the controller (plugins/action/upgrade_state.py).
+OPTIONS = dict(
+    node={'type': 'str', 'required': True},
+    target={'type': 'dict', 'required': True},
+    phase={'type': 'str', 'choices': list(_upgrade_state.SETTABLE)},
+    snapshot_sha256={'type': 'str'},
+    wait_ready={'type': 'float', 'default': 0},
+    interval={'type': 'float', 'default': 5},
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
     with module.errors(expected=(_upgrade_state.StateError,)):
         key = _upgrade_state.target_key(p['target'])
@@ -204,6 +209,10 @@ def main() -> None:
     result = {'changed': _gpufleet(before) != _gpufleet(after), 'state': _upgrade_state.view(after, key)}
     result.update(module.diff(_gpufleet(before), _gpufleet(after), 'node/%s' % p['node']))
     module.exit_json(**result)
+
+
+def main() -> None:
+    run(K8sModule('upgrade_state', OPTIONS))
 
 
 if __name__ == '__main__':

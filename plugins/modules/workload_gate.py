@@ -266,28 +266,37 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _workload_
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
 
-def main() -> None:
-    module = K8sModule('workload_gate', dict(
-        node={'type': 'str'},
-        nodes={'type': 'list', 'elements': 'str'},
-        namespace={'type': 'str', 'default': 'default'},
-        cases={'type': 'list', 'elements': 'dict', 'required': True, 'options': {
-            'name': {'type': 'str', 'required': True},
-            'manifest': {'type': 'dict', 'required': True},
-            'expected': {'type': 'raw', 'required': True},
-            'tolerance': {'type': 'float', 'default': 0},
-            'tolerance_percent': {'type': 'float', 'default': 0},
-            'result': {'type': 'dict', 'default': {}},
-        }},
-        repeat={'type': 'int', 'default': 3},
-        node_selector={'type': 'dict'},
-        toleration={'type': 'dict'},
-        timeout={'type': 'int', 'default': 600},
-        poll_interval={'type': 'float', 'default': 2},
-        cleanup={'type': 'bool', 'default': True},
-        tolerate_cordon={'type': 'bool', 'default': True},
-        busy={'type': 'str', 'choices': ['fail', 'skip'], 'default': 'fail'},
-    ), mutually_exclusive=[('node', 'nodes')], required_one_of=[('node', 'nodes')])
+# The module's own options (the Kubernetes auth options are added) and AnsibleModule's checks; the action
+# plugin runs run() with them in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
+OPTIONS = dict(
+    node={'type': 'str'},
+    nodes={'type': 'list', 'elements': 'str'},
+    namespace={'type': 'str', 'default': 'default'},
+    cases={'type': 'list', 'elements': 'dict', 'required': True, 'options': {
+        'name': {'type': 'str', 'required': True},
+        'manifest': {'type': 'dict', 'required': True},
+        'expected': {'type': 'raw', 'required': True},
+        'tolerance': {'type': 'float', 'default': 0},
+        'tolerance_percent': {'type': 'float', 'default': 0},
+        'result': {'type': 'dict', 'default': {}},
+    }},
+    repeat={'type': 'int', 'default': 3},
+    node_selector={'type': 'dict'},
+    toleration={'type': 'dict'},
+    timeout={'type': 'int', 'default': 600},
+    poll_interval={'type': 'float', 'default': 2},
+    cleanup={'type': 'bool', 'default': True},
+    tolerate_cordon={'type': 'bool', 'default': True},
+    busy={'type': 'str', 'choices': ['fail', 'skip'], 'default': 'fail'},
+)
+CHECKS = dict(
+    mutually_exclusive=[('node', 'nodes')],
+    required_one_of=[('node', 'nodes')],
+)
+
+
+def run(module: K8sModule) -> None:
+    """The module's work on `module` (its params, client, exit_json and fail_json)."""
     params = module.params
     nodes = None
     if params['nodes'] is not None:
@@ -324,6 +333,10 @@ def main() -> None:
     if not result['passed']:
         module.fail_json(**result)
     module.exit_json(**result)
+
+
+def main() -> None:
+    run(K8sModule('workload_gate', OPTIONS, **CHECKS))
 
 
 def run_nodes(module: K8sModule, nodes: List[str], cases: List[Dict[str, Any]]) -> None:
