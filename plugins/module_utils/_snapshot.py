@@ -595,9 +595,12 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
             warnings.append('a pending one-shot boot (next_entry=%s) was cleared' % cur_env['next_entry'])
         files.append(FileChange(envrel, cur_env_text, render_grubenv(new_env)))
     added = [] if vouched else new_commands(files)
+    # /etc/default/grub is a shell script update-grub sources as root: an expansion in GRUB_DEFAULT is a command too.
+    if grub_changed and not vouched and any(c in grub_default for c in '$`'):
+        added.append('etc/default/grub: GRUB_DEFAULT=%r (a shell expansion)' % grub_default)
     if added:
-        raise SnapshotError('the snapshot would add modprobe install/remove directives (commands run as root) that the '
-                            'files on the node do not have, and its digest was not checked against one recorded '
+        raise SnapshotError('the snapshot would add modprobe install/remove directives or a GRUB_DEFAULT expansion '
+                            '(commands run as root) that the files on the node do not have, and its digest was not checked against one recorded '
                             'outside it (sha256: the digest the Node records), nothing was restored: %s'
                             % '; '.join(added))
     return RestorePlan(pin_plan, files, extra, grub_changed, warnings, boot_kernel)

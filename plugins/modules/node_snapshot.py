@@ -32,7 +32,8 @@ description:
   - "C(modprobe.d) C(install) and C(remove) directives run a command as root when the module is loaded or removed,
     and a genuine capture may hold some (distribution packages and administrators write them), so their content
     alone cannot tell a captured one from a forged one. Without O(sha256) a restore that would add such a directive
-    (one the file on the node does not have now) is refused; with O(sha256) (a digest recorded outside the file, the
+    (one the file on the node does not have now), or write a C(GRUB_DEFAULT) with a shell expansion (C($), a
+    backtick: C(/etc/default/grub) is sourced as root), is refused; with O(sha256) (a digest recorded outside the file, the
     one the Node records) the snapshot's content is the captured one and is restored as it is."
   - "On apt nodes the restore brings back the default-boot B(kernel), not only the captured GRUB settings: when
     the captured C(GRUB_DEFAULT)/C(saved_entry) would now boot another kernel (for example C(GRUB_DEFAULT=0)

@@ -299,8 +299,8 @@ def test_restore_adds_no_modprobe_command_unless_the_digest_was_vouched_for(tmp_
     with pytest.raises(sn.SnapshotError) as e:
         sn.plan_restore(backend, snap)
     assert str(e.value) == (
-        'the snapshot would add modprobe install/remove directives (commands run as root) that the files on the node do '
-        'not have, and its digest was not checked against one recorded outside it (sha256: the digest the Node '
+        'the snapshot would add modprobe install/remove directives or a GRUB_DEFAULT expansion (commands run as root) '
+        'that the files on the node do not have, and its digest was not checked against one recorded outside it (sha256: the digest the Node '
         'records), nothing was restored: etc/modprobe.d/nvidia.conf: install nvidia /bin/sh -c "id > /tmp/pwned"; '
         'modprobe -i nvidia')
     assert conf.read_text() == 'options nvidia NVreg_EnableGpuFirmware=0\n'
@@ -310,6 +310,12 @@ def test_restore_adds_no_modprobe_command_unless_the_digest_was_vouched_for(tmp_
             sn.plan_restore(backend, forged(modprobe={'etc/modprobe.d/nvidia.conf': text}))
     assert sn.plan_restore(backend, forged(modprobe={
         'etc/modprobe.d/nvidia.conf': '# install nvidia /bin/id\noptions nvidia NVreg_X=1\n'})).changed
+    # /etc/default/grub is sourced by update-grub as root: a GRUB_DEFAULT expansion is a command as well
+    grub = forged(**{'boot.grub_default': '$(id > /tmp/pwned)'})
+    with pytest.raises(sn.SnapshotError, match=r"etc/default/grub: GRUB_DEFAULT='\$\(id > /tmp/pwned\)'"):
+        sn.plan_restore(backend, grub)
+    assert 'etc/default/grub' in [f.rel for f in sn.plan_restore(backend, grub, vouched=True).files]
+    assert not (tmp_path / 'etc/default/grub').exists()
     # vouched for by the digest the Node records: the captured content as it is
     plan = sn.plan_restore(backend, snap, vouched=True)
     assert [f.rel for f in plan.files if f.rel.startswith('etc/modprobe.d')] == ['etc/modprobe.d/nvidia.conf']
