@@ -52,7 +52,9 @@ from ._merge_patch import apply_merge_patch
 # ANN_CORDON_TAINT: the timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle
 # controller put on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted
 # and set again by someone else since has another taint, and is not ours to lift).
-from ._node_record import ANN_CORDON_TAINT, ANN_INITIAL, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET
+from ._node_record import (
+    ANN_CORDON_TAINT, ANN_INITIAL, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET, snapshot_target,
+)
 
 UNSCHEDULABLE_TAINT = 'node.kubernetes.io/unschedulable'
 VMI_POLICIES = ('refuse', 'stop', 'evict')
@@ -231,7 +233,7 @@ def with_target(node: Dict[str, Any], patch: Optional[Dict[str, Any]], target: O
     meta = dict(out.get('metadata') or {})
     extra = dict(meta.get('annotations') or {})
     extra[ANN_TARGET] = target
-    if ann.get(ANN_SNAPSHOT) is not None:
+    if ann.get(ANN_SNAPSHOT) is not None and snapshot_target(ann) != target:
         extra[ANN_SNAPSHOT] = None
     meta['annotations'] = extra
     out['metadata'] = meta

@@ -29,7 +29,8 @@ ANN_STATE = 'gpufleet.io/upgrade-state'
 ANN_TARGET = 'gpufleet.io/upgrade-target'
 # Written when the node finished a target; a rerun for the same target skips the node.
 ANN_DONE = 'gpufleet.io/upgraded-to'
-# SHA-256 of the rollback snapshot taken for the target (recorded with `snapshotted`, retired at `done`).
+# SHA-256 of the rollback snapshot taken for the target (recorded with `snapshotted`; kept at `done`, for the
+# target `upgraded-to` names, so that a rollback after `done` checks what it fetches against it: snapshot_target).
 ANN_SNAPSHOT = 'gpufleet.io/snapshot-sha256'
 # The VMs node_drain halted, with their previous runStrategy, to start after the gates.
 ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
@@ -155,3 +156,12 @@ def finished(annotations: Dict[str, Any], key: str) -> bool:
     """Whether a Node's annotations say it finished the target `key` (target_key): `upgraded-to` is
     the key and no progress is recorded (a node recording a phase is in a rollout, even a later one)."""
     return (annotations or {}).get(ANN_DONE) == key and ANN_STATE not in (annotations or {})
+
+
+def snapshot_target(annotations: Dict[str, Any]) -> Optional[str]:
+    """The target whose snapshot the digest `gpufleet.io/snapshot-sha256` is: the target of the recorded
+    progress, or, once the node finished (`upgraded-to` and no progress), the target it finished."""
+    ann = annotations or {}
+    if ann.get(ANN_TARGET) is not None:
+        return ann[ANN_TARGET]
+    return ann.get(ANN_DONE) if ANN_STATE not in ann else None

@@ -365,6 +365,112 @@ def snapshot_pin_state(backend, state: pk.PinState) -> pk.PinState:
 
 
 # --------------------------------------------------------------------------------------------
+# What a restore may write: only what a capture can have recorded
+# --------------------------------------------------------------------------------------------
+
+# modprobe.d directives that run a command (as root, when the module is loaded or removed).
+MODPROBE_COMMANDS = ('install', 'remove')
+
+
+def _single_line(value: Any) -> bool:
+    """A GRUB value as the capture records it: None, or text of one line (it splits the file into lines)."""
+    return value is None or (isinstance(value, str) and value.splitlines() in ([], [value]))
+
+
+def modprobe_path_problem(rel: Any) -> Optional[str]:
+    """Why `rel` is not a path the capture records for a modprobe.d file (one of MODPROBE_DIRS, then a
+    plain file name), None when it is one."""
+    if not isinstance(rel, str):
+        return 'modprobe: %r is not a path' % (rel,)
+    head, _sep, name = rel.rpartition('/')
+    if head not in MODPROBE_DIRS or name in ('', '.', '..') or '\0' in name:
+        return ('modprobe: %r is not a file directly under %s (a plain name; no absolute path, no "..")'
+                % (rel, ', '.join(MODPROBE_DIRS)))
+    return None
+
+
+def modprobe_commands(text: str) -> List[str]:
+    """The `install`/`remove` directives of a modprobe.d file (continued lines joined, comments skipped)."""
+    out = []
+    logical = ''
+    for line in text.splitlines():
+        if line.endswith('\\'):
+            logical += line[:-1]
+            continue
+        logical += line
+        words = logical.split()
+        if words and not words[0].startswith('#') and words[0] in MODPROBE_COMMANDS:
+            out.append(' '.join(words))
+        logical = ''
+    words = logical.split()
+    if words and words[0] in MODPROBE_COMMANDS:
+        out.append(' '.join(words))
+    return out
+
+
+def capture_problems(snap: Dict[str, Any]) -> List[str]:
+    """Why `snap` holds something a capture cannot have recorded, from its content alone ([] when nothing).
+
+    A capture records modprobe.d files directly under MODPROBE_DIRS whose name or content mentions
+    nvidia (`modprobe_files`), the GRUB environment block at one of GRUBENV_PATHS, the MIG config at
+    MIG_CONFIG_PATHS, and GRUB_DEFAULT/saved_entry as one line each. A restore writes the first two and
+    GRUB_DEFAULT/saved_entry into /etc/default/grub and grubenv: anything else is refused before any change.
+    """
+    problems = []
+    modprobe = snap.get('modprobe')
+    if modprobe is not None and not isinstance(modprobe, dict):
+        problems.append('modprobe: expected a mapping of path to content, got %s' % type(modprobe).__name__)
+        modprobe = {}
+    for rel, text in sorted((modprobe or {}).items(), key=lambda kv: str(kv[0])):
+        problem = modprobe_path_problem(rel)
+        if problem:
+            problems.append(problem)
+        elif not isinstance(text, str):
+            problems.append('modprobe: %s: expected the file\'s text, got %s' % (rel, type(text).__name__))
+        elif not ('nvidia' in rel.rpartition('/')[2].lower() or 'nvidia' in text.lower() or 'nvreg' in text.lower()):
+            problems.append('modprobe: %s neither is named for nvidia nor mentions nvidia or NVreg: the capture does not '
+                            'record such a file' % rel)
+    boot = snap.get('boot') or {}
+    if not isinstance(boot, dict):
+        problems.append('boot: expected a mapping, got %s' % type(boot).__name__)
+        boot = {}
+    if boot.get('grubenv_path') is not None and boot.get('grubenv_path') not in GRUBENV_PATHS:
+        problems.append('boot.grubenv_path: %r is not one of %s' % (boot.get('grubenv_path'), ', '.join(GRUBENV_PATHS)))
+    for key in ('grub_default', 'saved_entry'):
+        if not _single_line(boot.get(key)):
+            problems.append('boot.%s: %r is not one line of text' % (key, boot.get(key)))
+    mig = snap.get('mig')
+    files = mig.get('config_files') if isinstance(mig, dict) else None
+    if mig is not None and not isinstance(mig, dict):
+        problems.append('mig: expected a mapping, got %s' % type(mig).__name__)
+    elif files is not None and not isinstance(files, dict):
+        problems.append('mig.config_files: expected a mapping of path to content, got %s' % type(files).__name__)
+    else:
+        for rel in sorted(str(r) for r in (files or {}) if r not in MIG_CONFIG_PATHS):
+            problems.append('mig.config_files: %r is not one of %s' % (rel, ', '.join(MIG_CONFIG_PATHS)))
+    return problems
+
+
+def check_restorable(snap: Dict[str, Any]) -> None:
+    """SnapshotError naming every field a capture cannot have written (nothing is changed then)."""
+    problems = capture_problems(snap)
+    if problems:
+        raise SnapshotError('the snapshot holds what a capture cannot have recorded, nothing was restored: %s'
+                            % '; '.join(problems))
+
+
+def new_commands(files: Sequence['FileChange']) -> List[str]:
+    """`file: directive` for each install/remove directive that writing `files` adds to a file on the node
+    (one the file there now does not have)."""
+    out = []
+    for f in files:
+        if f.rel.rpartition('/')[0] in MODPROBE_DIRS and f.after is not None:
+            have = set(modprobe_commands(f.before or ''))
+            out.extend('%s: %s' % (f.rel, c) for c in modprobe_commands(f.after) if c not in have)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Restore
 # --------------------------------------------------------------------------------------------
 
@@ -401,8 +507,13 @@ class RestorePlan:
         return out
 
 
-def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAULT_PACKAGE_PATTERNS) -> RestorePlan:
-    """What a restore changes; fails before any change when a snapshot version is unavailable."""
+def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAULT_PACKAGE_PATTERNS,
+                 vouched: bool = False) -> RestorePlan:
+    """What a restore changes; fails before any change when a snapshot version is unavailable, when the
+    snapshot holds what a capture cannot have recorded (`check_restorable`), or when it would add a modprobe
+    `install`/`remove` directive (a command run as root) and `vouched` is false: the snapshot's digest was
+    not checked against one recorded outside the document (the Node's), so its content may be anyone's."""
+    check_restorable(snap)
     if snap.get('backend') and snap['backend'] != backend.name:
         raise SnapshotError('the snapshot was taken with backend %r, this node uses %r' % (snap['backend'], backend.name))
     path_of = backend.runner.path
@@ -483,6 +594,15 @@ def plan_restore(backend, snap: Dict[str, Any], patterns: Sequence[str] = DEFAUL
             new_env['next_entry'] = ''
             warnings.append('a pending one-shot boot (next_entry=%s) was cleared' % cur_env['next_entry'])
         files.append(FileChange(envrel, cur_env_text, render_grubenv(new_env)))
+    added = [] if vouched else new_commands(files)
+    # /etc/default/grub is a shell script update-grub sources as root: an expansion in GRUB_DEFAULT is a command too.
+    if grub_changed and not vouched and any(c in grub_default for c in '$`'):
+        added.append('etc/default/grub: GRUB_DEFAULT=%r (a shell expansion)' % grub_default)
+    if added:
+        raise SnapshotError('the snapshot would add modprobe install/remove directives or a GRUB_DEFAULT expansion '
+                            '(commands run as root) that the files on the node do not have, and its digest was not checked against one recorded '
+                            'outside it (sha256: the digest the Node records), nothing was restored: %s'
+                            % '; '.join(added))
     return RestorePlan(pin_plan, files, extra, grub_changed, warnings, boot_kernel)
 
 

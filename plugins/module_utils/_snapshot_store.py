@@ -241,13 +241,17 @@ def summary(secret: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 def stored_content(secret: Optional[Dict[str, Any]], node: str, key: str, namespace: str, name: str,
                    expected: Optional[str]) -> bytes:
     """The snapshot document kept in `secret`, verified: its content's digest and the Secret's
-    annotation both equal `expected` (the digest the Node records; None when the Node records none
-    any more, after ``done``: the annotation's, which the content must match). FetchError otherwise."""
+    annotation both equal `expected` (the digest the Node records, also after ``done``). FetchError
+    otherwise, also without `expected`: a Secret that only vouches for itself (its content matching its
+    own annotation) is anyone's who may write Secrets in the namespace, and restores nothing."""
     where = 'no snapshot of node %s for target %s could be fetched from Secret %s/%s' % (node, key, namespace, name)
+    if not expected:
+        raise FetchError('%s: the Node records no snapshot digest for this target, and a Secret cannot vouch for itself '
+                         '(anyone who may write Secrets in %s could have written it); nothing was fetched'
+                         % (where, namespace))
     if secret is None:
-        raise FetchError('%s: the Secret does not exist (%s; was the snapshot taken with the snapshot store local, or '
-                         'the Secret deleted?)' % (where, 'the Node records sha256 %s' % expected if expected
-                                                   else 'the Node records no snapshot digest'))
+        raise FetchError('%s: the Secret does not exist (the Node records sha256 %s; was the snapshot taken with the '
+                         'snapshot store local, or the Secret deleted?)' % (where, expected))
     if not is_managed(secret):
         raise FetchError('%s: the Secret is not managed by gpufleet.upgrade (label %s); refusing to trust it'
                          % (where, MANAGED_BY))
@@ -262,8 +266,8 @@ def stored_content(secret: Optional[Dict[str, Any]], node: str, key: str, namesp
     try:
         found = document_digest(content, 'its content')
     except StoreError as e:
-        raise FetchError('%s: %s (expected sha256 %s)' % (where, e, expected or annotated))
-    if expected is not None and found != expected:
+        raise FetchError('%s: %s (expected sha256 %s)' % (where, e, expected))
+    if found != expected:
         raise FetchError('%s: digest mismatch: expected sha256 %s (recorded on the Node), the stored snapshot is %s'
                          % (where, expected, found))
     if annotated != found:

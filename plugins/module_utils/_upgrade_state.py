@@ -18,7 +18,10 @@ Annotations (prefix ``gpufleet.io/``, shared with ``node_drain`` which writes th
   ``drained`` on count only while the node is cordoned (``validated`` also after our own
   uncordon);
 - ``upgraded-to``: written when the node finished (uncordoned or left as the operator had it);
-  a rerun for the same target skips the node.
+  a rerun for the same target skips the node;
+- ``snapshot-sha256``: the digest of the target's rollback snapshot, recorded with ``snapshotted`` and
+  kept at ``done`` (a rollback after ``done`` checks the snapshot it fetches against it), until
+  progress for another target replaces it.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from ._fleet import is_ready, node_identity
 # The keys and the phase vocabulary are the phase model's (_node_record); named here too for the callers.
 from ._node_record import (  # noqa: F401 (re-exported)
     ALIASES, ANN_DONE, ANN_INITIAL, ANN_ISOLATED_BY, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET,
-    CANARY_KEY, PHASES, SETTABLE, TERMINAL,
+    CANARY_KEY, PHASES, SETTABLE, TERMINAL, snapshot_target,
 )
 
 
@@ -99,8 +102,8 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         'rke2': ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion'),
         # Any record of halted VMs (even one node_drain would refuse as malformed): start_vms has work.
         'vms_to_start': ann.get(ANN_STOPPED_VMS, '').strip() not in ('', '[]'),
-        # The digest of this target's rollback snapshot, as recorded with `snapshotted`.
-        'snapshot_sha256': ann.get(ANN_SNAPSHOT) if same_target else None,
+        # The digest of this target's rollback snapshot, as recorded with `snapshotted` (kept after `done`).
+        'snapshot_sha256': ann.get(ANN_SNAPSHOT) if snapshot_target(ann) == key else None,
         # Node UID, machine-id and system UUID: the evidence names the machine, not only the name.
         **node_identity(node),
     }
@@ -120,14 +123,17 @@ def set_patch(node: Dict[str, Any], phase: str, key: str,
     ann = _annotations(node)
     want: Dict[str, Optional[str]]
     if phase == 'done':
-        want = {ANN_DONE: key, ANN_STATE: None, ANN_TARGET: None, ANN_SNAPSHOT: None}
+        # The digest stays with `upgraded-to`: a rollback after `done` checks what it fetches against it.
+        want = {ANN_DONE: key, ANN_STATE: None, ANN_TARGET: None}
+        if snapshot_target(ann) != key:
+            want[ANN_SNAPSHOT] = None   # another target's snapshot
     else:
         want = {ANN_STATE: phase, ANN_TARGET: key}
         if ann.get(ANN_DONE) is not None:
             want[ANN_DONE] = None
         if snapshot_sha256 is not None:
             want[ANN_SNAPSHOT] = snapshot_sha256.lower()
-        elif ann.get(ANN_TARGET) != key:
+        elif snapshot_target(ann) != key:
             want[ANN_SNAPSHOT] = None   # another target's snapshot
     patch = {k: v for k, v in want.items() if ann.get(k) != v}
     return {'metadata': {'annotations': patch}} if patch else None

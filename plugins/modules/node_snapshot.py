@@ -23,6 +23,18 @@ description:
     anything else, checks that every package version of the snapshot is installed or offered, then puts the
     pin file, the exact package versions (downgrades included), the holds, the C(modprobe.d) files and the
     default-boot setting back."
+  - "A restore writes only what a capture can have recorded, and checks the whole snapshot before it changes
+    anything: every C(modprobe.d) file must be a plain file name directly under C(etc/modprobe.d),
+    C(usr/lib/modprobe.d) or C(lib/modprobe.d) whose name or content mentions nvidia (or C(NVreg)), as the capture
+    selects them; the GRUB environment block must be C(boot/grub/grubenv) or C(boot/grub2/grubenv) and the MIG
+    config C(etc/nvidia-mig-manager/config.yaml); C(GRUB_DEFAULT) and C(saved_entry) must be one line each.
+    Absolute paths and C(..) are refused, naming the field and the value."
+  - "C(modprobe.d) C(install) and C(remove) directives run a command as root when the module is loaded or removed,
+    and a genuine capture may hold some (distribution packages and administrators write them), so their content
+    alone cannot tell a captured one from a forged one. Without O(sha256) a restore that would add such a directive
+    (one the file on the node does not have now), or write a C(GRUB_DEFAULT) with a shell expansion (C($), a
+    backtick: C(/etc/default/grub) is sourced as root), is refused; with O(sha256) (a digest recorded outside the file, the
+    one the Node records) the snapshot's content is the captured one and is restored as it is."
   - "On apt nodes the restore brings back the default-boot B(kernel), not only the captured GRUB settings: when
     the captured C(GRUB_DEFAULT)/C(saved_entry) would now boot another kernel (for example C(GRUB_DEFAULT=0)
     after a newer C(linux-image) package was installed), it sets C(GRUB_DEFAULT=saved) and C(saved_entry) to
@@ -62,8 +74,11 @@ options:
     default: false
   sha256:
     description:
-      - With O(state=restored), the digest the snapshot must have (for example the one recorded in the evidence
-        when it was captured). The digest inside the file is always checked as well.
+      - With O(state=restored), the digest the snapshot must have, recorded outside the file (the one the Node records,
+        RV(gpufleet.upgrade.upgrade_state#module:state.snapshot_sha256), or the evidence's). The digest inside the file
+        is always checked as well.
+      - Only with it may a restore add modprobe C(install)/C(remove) directives (see the description); passing the
+        file's own digest vouches for nothing.
     type: str
   snapshot:
     description:
@@ -242,7 +257,7 @@ def main():
             module.fail_json(msg='state=restored needs the snapshot document (the action plugin reads it from path %r)'
                              % p['path'])
         snap = sn.verify_document(p['snapshot'], p['sha256'])
-        plan = sn.plan_restore(backend, snap, p['package_patterns'])
+        plan = sn.plan_restore(backend, snap, p['package_patterns'], vouched=bool(p['sha256']))
         for w in plan.warnings:
             module.warn(w)
         current = plan.pin_plan.after

@@ -76,9 +76,9 @@ options:
     description:
       - With O(state=fetched), the digest the snapshot must have (RV(gpufleet.upgrade.upgrade_state#module:state.snapshot_sha256)),
         compared with the file's and with the stored content's.
-      - Without it (the Node records no digest any more - V(done) retires it - and a rollback after the node finished
-        needs its snapshot), a valid snapshot file at O(path) is kept, and otherwise the stored content is fetched
-        when it matches the digest the Secret's annotation records.
+      - Required with O(state=fetched); the Node keeps the digest after V(done), so a rollback after the node finished
+        has it too. A Secret is never trusted on its own annotation, since whoever may write Secrets in O(namespace)
+        could have written both.
       - Ignored with O(state=stored).
     type: str
   namespace:
@@ -224,12 +224,11 @@ def fetch(module, node, target, namespace, path, expected):
     local = _read(path)
     have = ss.local_digest(local)
     result = {'secret': {'name': name, 'namespace': namespace}, 'path': path}
-    if have is not None and have == (expected or have):
+    if have is not None and have == expected:
         result.update(changed=False, action='unchanged', sha256=have, size=len(local), replaced_local=None)
         return result
     secret = module.client.get_or_none(path_for('v1', 'secrets', name, namespace))
     content = ss.stored_content(secret, node, key, namespace, name, expected)
-    expected = expected or ss.document_digest(content, 'the stored snapshot')
     result['sha256'] = expected
     if os.path.isdir(path):
         raise ss.StoreError('path: %s is a directory' % path)
@@ -259,7 +258,12 @@ def main() -> None:
         node = ss.check_node(p['node'])
         ss.check_target(p['target'])
         namespace = ss.check_namespace(p['namespace'])
-        expected = ss.check_sha256(p['sha256']) if p['state'] == 'fetched' and p['sha256'] else None
+        expected = None
+        if p['state'] == 'fetched':
+            if not p['sha256']:
+                raise ss.StoreError('sha256: required with state=fetched (the digest the Node records, upgrade_state\'s '
+                                    'state.snapshot_sha256): a Secret that only vouches for itself restores nothing')
+            expected = ss.check_sha256(p['sha256'])
     context = 'node %s, Secret %s/%s' % (node, namespace, ss.secret_name(node, p['target']))
     with module.errors(expected=(ss.StoreError,), context=context):
         if p['state'] == 'stored':

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 
 import k8s_scenario as S
+from cluster import fixtures as f
 from k8s_support import load, mutations, play
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot_store as ss
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _upgrade_state as U
 
 pytestmark = pytest.mark.slow
@@ -73,3 +76,65 @@ def test_a_recorded_snapshot_missing_here_fails_before_anything_is_drained(clust
     assert not any(r['path'].endswith('/eviction') for r in cluster.requests)
     assert cluster.get('v1', 'Node', S.NODE)['spec']['unschedulable'] is True
     assert annotations(cluster)[U.ANN_STATE] == 'failed'
+
+
+def snapshot_document(modprobe: dict) -> bytes:
+    snap = {'backend': 'apt', 'packages': {'nvidia-driver-580-server': '580.126.20-0ubuntu1'}, 'holds': [],
+            'pins': {'pin_file': 'etc/apt/preferences.d/gpufleet-nvidia-driver.pref', 'content': None, 'pins': {}},
+            'boot': {'running_kernel': '6.8.0-134-generic'}, 'modprobe': modprobe,
+            'gpu_facts': {'driver_version': '580.126.20'}}
+    return sn.dump_document(sn.make_document(snap)).encode('utf-8')
+
+
+def rollback_preflight(cluster, path):
+    return play(cluster, {'name': 'rollback', 'ansible.builtin.include_role': {
+        'name': 'gpufleet.upgrade.rollback', 'tasks_from': 'preflight'},
+        'vars': {'rollback_node': S.NODE, 'rollback_target': TARGET, 'rollback_snapshot': str(path)}})
+
+
+def test_a_rollback_after_done_fetches_only_the_snapshot_the_node_recorded(cluster, run_playbook, tmp_path):
+    """T3-1: `done` keeps the snapshot digest on the Node, and the rollback's fetch from the cluster is checked
+    against it. A self-consistent Secret (its annotation its content's digest: anyone who may write Secrets in
+    gpufleet-system can make one) with a modprobe `install` directive is refused and nothing is written; on a Node
+    that records no digest, no Secret is trusted at all."""
+    load(cluster)
+    cluster.apply([f.namespace('gpufleet-system')])
+    genuine = snapshot_document({'etc/modprobe.d/nvidia.conf': 'options nvidia NVreg_EnableGpuFirmware=1\n'})
+    sha = sn.make_document(sn.verify_document(genuine.decode()))['sha256']
+    forged = snapshot_document({'etc/modprobe.d/nvidia.conf': 'install nvidia /bin/sh -c "id > /tmp/pwned"\n'})
+    forged_sha = sn.make_document(sn.verify_document(forged.decode()))['sha256']
+    # node_upgrade's records: `snapshotted` with the digest, then `done` (rollout_postflight's)
+    run = run_playbook(play(cluster, *[{'name': 'record %s' % phase, 'gpufleet.upgrade.upgrade_state': dict(
+        {'node': S.NODE, 'target': TARGET, 'phase': phase}, **extra)} for phase, extra in (
+            ('snapshotted', {'snapshot_sha256': sha}), ('done', {}))],
+        {'name': 'read', 'gpufleet.upgrade.upgrade_state': {'node': S.NODE, 'target': TARGET}}))
+    state = run.result('read')['state']
+    assert state['completed'] is True and state['snapshot_sha256'] == sha, state
+    assert annotations(cluster)[U.ANN_DONE] == KEY and annotations(cluster)[U.ANN_SNAPSHOT] == sha
+
+    # the forged Secret in place of the genuine one; a fresh controller (no file): refused, nothing written
+    cluster.apply([ss.desired(S.NODE, TARGET, 'gpufleet-system', forged, forged_sha)])
+    path = tmp_path / 'snapshots' / 'gpu.json'
+    path.parent.mkdir()
+    run = run_playbook(rollback_preflight(cluster, path))
+    assert run.rc != 0 and not path.exists()
+    refused = run.result('Preflight | Refuse without a snapshot')
+    assert refused['_event'] == 'runner_on_failed'
+    assert ('digest mismatch: expected sha256 %s (recorded on the Node), the stored snapshot is %s' % (sha, forged_sha)
+            in refused['msg']), refused['msg']
+
+    # the genuine Secret: fetched, the digest the Node records
+    cluster.apply([ss.desired(S.NODE, TARGET, 'gpufleet-system', genuine, sha)])
+    run = run_playbook(rollback_preflight(cluster, path))
+    assert run.rc == 0 and path.read_bytes() == genuine
+    assert run.result('Preflight | Fetch the snapshot the Node records from the cluster when it is not here')['sha256'] == sha
+
+    # a Node that finished before `done` kept the digest: no Secret vouches for itself
+    path.unlink()
+    cluster.patch('v1', 'Node', S.NODE, {'metadata': {'annotations': {U.ANN_SNAPSHOT: None}}})
+    cluster.apply([ss.desired(S.NODE, TARGET, 'gpufleet-system', forged, forged_sha)])
+    cluster.clear_requests()
+    run = run_playbook(rollback_preflight(cluster, path))
+    assert run.rc != 0 and not path.exists()
+    assert 'a Secret that only vouches for itself restores nothing' in run.result('Preflight | Refuse without a snapshot')['msg']
+    assert not [r for r in cluster.requests if '/secrets' in r['path']]

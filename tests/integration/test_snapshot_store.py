@@ -131,14 +131,14 @@ def test_store_rerun_fetch_and_refusals_inside_the_role(emu, run_playbook, tmp_p
     assert res['action'] == 'replaced' and [r['verb'] for r in emu.mutating_requests()] == ['PATCH']
     assert emu.mutating_requests()[0]['body']['metadata']['resourceVersion']
     assert emu.get('v1', 'Secret', name, NS)['metadata']['annotations'][ss.ANN_SHA] == sha
-    # after `done` the Node records no digest: a rollback fetches the Secret's own, once its content matches it
+    # without the digest the Node records, a Secret only vouches for itself: nothing is asked or written (T3-1)
     path.unlink()
     _reqs, res = _step(emu, run_playbook, seen, {'state': 'fetched', 'path': str(path), 'namespace': NS})
-    assert (res['action'], res['sha256']) == ('fetched', sha) and path.read_bytes() == content, res.get('msg')
+    assert res['_event'] == 'runner_on_failed' and emu.requests == [] and not path.exists()
+    assert res['msg'].startswith('sha256: required with state=fetched (the digest the Node records'), res['msg']
 
     # missing Secret: refused, nothing written
     emu.delete('v1', 'Secret', name, NS)
-    path.unlink()
     _reqs, res = _step(emu, run_playbook, seen, fetch)
     assert res['_event'] == 'runner_on_failed'
     assert res['msg'].startswith('no snapshot of node %s for target driver=580.130.00 could be fetched from Secret %s/%s: '

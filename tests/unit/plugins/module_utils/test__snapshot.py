@@ -222,3 +222,140 @@ def test_dnf_restore_compares_the_versionlock_list_not_the_module_stream(tmp_pat
     assert lock_list.read_text() == CAPTURED_LOCKS
     assert (now.pin_file, now.pin_text, now.pins) == (str(lock_list), CAPTURED_LOCKS, {'nvidia-driver': '0:580.126.20-1.el9'})
     assert sn.plan_restore(backend, snap).changed is False
+
+
+# -- T3-1 (2026-12-06 review): a restore writes only what a capture can have written -----------------------
+DEBIAN_NVIDIA_CONF = ('alias nvidia nvidia-current\n'
+                      'install nvidia modprobe -i nvidia-current $CMDLINE_OPTS\n'
+                      'remove nvidia modprobe -r -i nvidia-drm nvidia-modeset nvidia-uvm nvidia\n')
+
+
+def forged(**changes) -> dict:
+    """A dnf snapshot of rocky9_backend's root (nothing to install), with `changes` over its fields."""
+    snap = {'backend': 'dnf', 'packages': {'nvidia-driver': '580.126.20-1.el9'}, 'holds': [],
+            'pins': {'pin_file': 'etc/dnf/plugins/versionlock.list', 'content': CAPTURED_LOCKS, 'pins': {}},
+            'boot': {'grub_default': None, 'saved_entry': 'x', 'grubenv_path': 'boot/grub2/grubenv'},
+            'modprobe': {'etc/modprobe.d/nvidia.conf': 'options nvidia NVreg_EnableGpuFirmware=1\n'},
+            'mig': {'gpus': [], 'config_files': {}}}
+    for dotted, value in changes.items():
+        where = snap
+        *path, last = dotted.split('.')
+        for part in path:
+            where = where[part]
+        where[last] = value
+    return snap
+
+
+def written(root) -> list:
+    return sorted(str(p.relative_to(root)) for p in root.rglob('*') if p.is_file())
+
+
+@pytest.mark.parametrize('field, value, msg', [
+    ('modprobe', {'../outside-the-root/evil.conf': 'install nvidia x\n'},
+     "modprobe: '../outside-the-root/evil.conf' is not a file directly under etc/modprobe.d, usr/lib/modprobe.d, "
+     'lib/modprobe.d (a plain name; no absolute path, no "..")'),
+    ('modprobe', {'/etc/cron.d/nvidia': '* * * * * root id\n'}, "modprobe: '/etc/cron.d/nvidia' is not a file directly"),
+    ('modprobe', {'etc/modprobe.d/../../etc/cron.d/nvidia': 'x\n'},
+     "modprobe: 'etc/modprobe.d/../../etc/cron.d/nvidia' is not a file directly"),
+    ('modprobe', {'etc/modprobe.d/..': 'nvidia\n'}, "modprobe: 'etc/modprobe.d/..' is not a file directly"),
+    ('modprobe', {'etc/modprobe.d/sub/nvidia.conf': 'nvidia\n'}, "modprobe: 'etc/modprobe.d/sub/nvidia.conf' is not a"),
+    ('modprobe', {'etc/sudoers.d/nvidia': 'ALL ALL=(ALL) NOPASSWD: ALL\n'}, "modprobe: 'etc/sudoers.d/nvidia' is not a"),
+    ('modprobe', {'etc/modprobe.d/i915.conf': 'install i915 /bin/sh -c id\n'},
+     'modprobe: etc/modprobe.d/i915.conf neither is named for nvidia nor mentions nvidia or NVreg: the capture does not '
+     'record such a file'),
+    ('modprobe', {'etc/modprobe.d/nvidia.conf': None}, "modprobe: etc/modprobe.d/nvidia.conf: expected the file's text"),
+    ('modprobe', ['etc/modprobe.d/nvidia.conf'], 'modprobe: expected a mapping of path to content, got list'),
+    ('boot.grubenv_path', '../outside-the-root/grubenv',
+     "boot.grubenv_path: '../outside-the-root/grubenv' is not one of boot/grub/grubenv, boot/grub2/grubenv"),
+    ('boot.grubenv_path', '/boot/grub2/grubenv', "boot.grubenv_path: '/boot/grub2/grubenv' is not one of"),
+    ('boot.grub_default', 'saved"\nGRUB_CMDLINE_LINUX="init=/bin/sh', "boot.grub_default: 'saved\"\\nGRUB_CMDLINE_LINUX"),
+    ('boot.saved_entry', 'x\nkernelopts=init=/bin/sh', "boot.saved_entry: 'x\\nkernelopts=init=/bin/sh' is not one line"),
+    ('boot.saved_entry', 7, 'boot.saved_entry: 7 is not one line of text'),
+    ('mig.config_files', {'etc/cron.d/mig': 'x'},
+     "mig.config_files: 'etc/cron.d/mig' is not one of etc/nvidia-mig-manager/config.yaml"),
+])
+def test_restore_refuses_what_a_capture_cannot_have_written_before_any_change(tmp_path, field, value, msg):
+    backend = rocky9_backend(tmp_path)
+    before = written(tmp_path)
+    # the rest of the snapshot (a modprobe.d file to write, unless that is the field) is not written either,
+    # digest vouched for or not
+    snap = forged(**{field: value})
+    for plan in (lambda: sn.plan_restore(backend, copy.deepcopy(snap)),
+                 lambda: sn.plan_restore(backend, copy.deepcopy(snap), vouched=True)):
+        with pytest.raises(sn.SnapshotError) as e:
+            plan()
+        assert str(e.value).startswith('the snapshot holds what a capture cannot have recorded, nothing was restored: ')
+        assert msg in str(e.value), str(e.value)
+    assert written(tmp_path) == before and not (tmp_path.parent / 'outside-the-root').exists()
+
+
+def test_restore_adds_no_modprobe_command_unless_the_digest_was_vouched_for(tmp_path):
+    backend = rocky9_backend(tmp_path)
+    conf = tmp_path / 'etc/modprobe.d/nvidia.conf'
+    conf.parent.mkdir(parents=True)
+    conf.write_text('options nvidia NVreg_EnableGpuFirmware=0\n')
+    evil = 'options nvidia NVreg_EnableGpuFirmware=1\ninstall nvidia /bin/sh -c "id > /tmp/pwned"; modprobe -i nvidia\n'
+    snap = forged(modprobe={'etc/modprobe.d/nvidia.conf': evil})
+    with pytest.raises(sn.SnapshotError) as e:
+        sn.plan_restore(backend, snap)
+    assert str(e.value) == (
+        'the snapshot would add modprobe install/remove directives or a GRUB_DEFAULT expansion (commands run as root) '
+        'that the files on the node do not have, and its digest was not checked against one recorded outside it (sha256: the digest the Node '
+        'records), nothing was restored: etc/modprobe.d/nvidia.conf: install nvidia /bin/sh -c "id > /tmp/pwned"; '
+        'modprobe -i nvidia')
+    assert conf.read_text() == 'options nvidia NVreg_EnableGpuFirmware=0\n'
+    # a directive continued over two lines is one directive; a commented one is none
+    for text in ('options nvidia NVreg_X=1\ninst\\\nall nvidia /bin/id\n', 'options nvidia NVreg_X=1\nremove \\\n nvidia /bin/id\n'):
+        with pytest.raises(sn.SnapshotError, match='would add modprobe install/remove directives'):
+            sn.plan_restore(backend, forged(modprobe={'etc/modprobe.d/nvidia.conf': text}))
+    assert sn.plan_restore(backend, forged(modprobe={
+        'etc/modprobe.d/nvidia.conf': '# install nvidia /bin/id\noptions nvidia NVreg_X=1\n'})).changed
+    # /etc/default/grub is sourced by update-grub as root: a GRUB_DEFAULT expansion is a command as well
+    grub = forged(**{'boot.grub_default': '$(id > /tmp/pwned)'})
+    with pytest.raises(sn.SnapshotError, match=r"etc/default/grub: GRUB_DEFAULT='\$\(id > /tmp/pwned\)'"):
+        sn.plan_restore(backend, grub)
+    assert 'etc/default/grub' in [f.rel for f in sn.plan_restore(backend, grub, vouched=True).files]
+    assert not (tmp_path / 'etc/default/grub').exists()
+    # vouched for by the digest the Node records: the captured content as it is
+    plan = sn.plan_restore(backend, snap, vouched=True)
+    assert [f.rel for f in plan.files if f.rel.startswith('etc/modprobe.d')] == ['etc/modprobe.d/nvidia.conf']
+    # the same directive already on the node: the restore adds no command, also unvouched
+    conf.write_text(DEBIAN_NVIDIA_CONF)
+    plan = sn.plan_restore(backend, forged(modprobe={
+        'etc/modprobe.d/nvidia.conf': 'options nvidia NVreg_X=1\n' + DEBIAN_NVIDIA_CONF}))
+    assert [f.rel for f in plan.files if f.rel.startswith('etc/modprobe.d')] == ['etc/modprobe.d/nvidia.conf']
+
+
+def test_a_genuine_capture_is_restorable(tmp_path):
+    """The rules never refuse what the capture records: files named for nvidia or mentioning it, with install/remove
+    directives (Debian's nvidia.conf), in all three modprobe directories, the grubenv it finds, the MIG config."""
+    backend = rocky9_backend(tmp_path)
+    for rel, text in (('etc/modprobe.d/nvidia.conf', DEBIAN_NVIDIA_CONF), ('usr/lib/modprobe.d/nvidia-blacklist', 'x\n'),
+                      ('lib/modprobe.d/local.conf', 'options nvidia_uvm uvm_disable_hmm=1\n'),
+                      ('etc/modprobe.d/floppy.conf', 'blacklist floppy\n'),
+                      ('boot/grub2/grubenv', sn.render_grubenv({'saved_entry': 'abc-5.14.0'})),
+                      ('etc/default/grub', 'GRUB_DEFAULT=saved\n'),
+                      ('etc/nvidia-mig-manager/config.yaml', 'version: v1\n'),
+                      ('etc/dnf/plugins/versionlock.list', CAPTURED_LOCKS)):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    snap = sn.capture(backend, proc_path=str(tmp_path / 'proc'), hostname='gpu-1')
+    assert sorted(snap['modprobe']) == ['etc/modprobe.d/nvidia.conf', 'lib/modprobe.d/local.conf',
+                                        'usr/lib/modprobe.d/nvidia-blacklist']
+    assert sn.capture_problems(snap) == []
+    assert sn.plan_restore(backend, sn.verify_document(sn.make_document(snap))).changed is False
+    # the upgrade changed the directives: only a vouched restore puts the captured ones back
+    (tmp_path / 'etc/modprobe.d/nvidia.conf').write_text('alias nvidia nvidia-current\n')
+    with pytest.raises(sn.SnapshotError, match='install nvidia modprobe -i nvidia-current'):
+        sn.plan_restore(backend, snap)
+    plan = sn.plan_restore(backend, snap, vouched=True)
+    sn.apply_restore(backend, plan)
+    assert (tmp_path / 'etc/modprobe.d/nvidia.conf').read_text() == DEBIAN_NVIDIA_CONF
+
+
+def test_modprobe_commands():
+    assert sn.modprobe_commands(DEBIAN_NVIDIA_CONF) == [
+        'install nvidia modprobe -i nvidia-current $CMDLINE_OPTS',
+        'remove nvidia modprobe -r -i nvidia-drm nvidia-modeset nvidia-uvm nvidia']
+    assert sn.modprobe_commands('#install a b\n  install\tb  c\\\n d\noptions install x\ninstallx y\n') == ['install b c d']
+    assert sn.modprobe_commands('remove a \\') == ['remove a']

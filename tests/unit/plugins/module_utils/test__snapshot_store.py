@@ -234,15 +234,17 @@ def test_fetch_refuses_a_broken_secret(mutate, msg):
         _fetch(obj, digest_of(content))
 
 
-def test_fetch_without_a_recorded_digest_trusts_the_annotation_only_when_the_content_matches():
+def test_fetch_without_a_recorded_digest_trusts_no_secret():
+    """T3-1: a Secret that only vouches for itself (content matching its own annotation, as anyone who may
+    write Secrets in the namespace can make one) restores nothing."""
     content = document()
-    assert _fetch(secret(content), None) == content
-    obj = secret(content)
-    obj['metadata']['annotations'][ss.ANN_SHA] = 'cd' * 32
-    with pytest.raises(ss.FetchError, match="annotation gpufleet.io/snapshot-sha256 says sha256 cdcd"):
-        _fetch(obj, None)
-    with pytest.raises(ss.FetchError, match=r'the Secret does not exist \(the Node records no snapshot digest;'):
-        _fetch(None, None)
+    assert _fetch(secret(content), digest_of(content)) == content
+    for expected in (None, ''):
+        with pytest.raises(ss.FetchError, match='the Node records no snapshot digest for this target, and a Secret '
+                                                'cannot vouch for itself'):
+            _fetch(secret(content), expected)
+        with pytest.raises(ss.FetchError, match='a Secret cannot vouch for itself'):
+            _fetch(None, expected)
 
 
 def test_local_digest():

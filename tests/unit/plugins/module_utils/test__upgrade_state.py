@@ -166,13 +166,39 @@ def test_snapshotted_records_the_snapshot_digest_for_its_target():
     assert S.view(after, KEY)['snapshot_sha256'] == 'ab' * 32
     assert S.view(after, 'driver=other')['snapshot_sha256'] is None      # another target's
     assert S.set_patch(after, 'installed', KEY) == {'metadata': {'annotations': {S.ANN_STATE: 'installed'}}}
-    # a new target forgets the old digest; done retires it
+    # a new target forgets the old digest (done keeps it: test_done_keeps_the_snapshot_digest)
     assert S.set_patch(after, 'cordoned', 'driver=other')['metadata']['annotations'][S.ANN_SNAPSHOT] is None
-    assert S.set_patch(after, 'done', KEY)['metadata']['annotations'][S.ANN_SNAPSHOT] is None
     with pytest.raises(S.StateError, match='snapshot_sha256'):
         S.set_patch(node(), 'snapshotted', KEY, snapshot_sha256='nothex')
     with pytest.raises(S.StateError, match='snapshot_sha256: only with phase snapshotted'):
         S.set_patch(node(), 'installed', KEY, snapshot_sha256='ab' * 32)
+
+
+def test_done_keeps_the_snapshot_digest():
+    """T3-1: a rollback after `done` needs the digest to check the snapshot it fetches against: `done` keeps it
+    for the finished target; progress for another target (or the drain's record of one) drops it."""
+    recorded = apply_merge_patch(node(unschedulable=True), S.set_patch(node(), 'snapshotted', KEY, 'ab' * 32))
+    patch = S.set_patch(recorded, 'done', KEY)
+    assert patch == {'metadata': {'annotations': {S.ANN_DONE: KEY, S.ANN_STATE: None, S.ANN_TARGET: None}}}
+    done = apply_merge_patch(recorded, patch)
+    v = S.view(done, KEY)
+    assert v['completed'] is True and v['snapshot_sha256'] == 'ab' * 32
+    assert S.view(done, 'driver=other')['snapshot_sha256'] is None
+    assert S.set_patch(done, 'done', KEY) is None                                  # a second `done`: nothing to write
+    # a rollback of the finished node records `rolled-back` for the same target: the digest stays its own
+    back = apply_merge_patch(done, S.set_patch(done, 'rolled-back', KEY))
+    assert back['metadata']['annotations'][S.ANN_SNAPSHOT] == 'ab' * 32 and S.view(back, KEY)['snapshot_sha256'] == 'ab' * 32
+    # another target's progress, or its drain record, drops it
+    assert S.set_patch(done, 'cordoned', 'driver=other')['metadata']['annotations'][S.ANN_SNAPSHOT] is None
+    drained = D.with_target(done, D.state_patch(done, 'drained'), 'driver=other')
+    assert drained['metadata']['annotations'][S.ANN_SNAPSHOT] is None
+    assert S.ANN_SNAPSHOT not in (D.with_target(done, D.state_patch(done, 'drained'), KEY) or {}).get(
+        'metadata', {}).get('annotations', {})
+    # `done` for a target whose snapshot the Node does not record: another target's digest goes
+    other = apply_merge_patch(node(unschedulable=True), S.set_patch(node(), 'snapshotted', 'driver=other', 'cd' * 32))
+    assert S.set_patch(other, 'done', KEY)['metadata']['annotations'][S.ANN_SNAPSHOT] is None
+    # a stray digest with no progress and no finished target belongs to no target
+    assert S.view(node({S.ANN_SNAPSHOT: 'ab' * 32}), KEY)['snapshot_sha256'] is None
 
 
 def test_view_names_the_machine():
