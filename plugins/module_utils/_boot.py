@@ -5,8 +5,10 @@
 #
 # PRIVATE to the collection: no compatibility promise. Runs on GPU nodes (Python >= 3.9).
 """Decisions of the one-shot trial boot (kernel_boot): what to write into the GRUB environment
-block for `trial` (next_entry = the target, saved_entry = the fallback) and `default`
-(saved_entry = the target, next_entry cleared), and what `verify` compares.
+block for `trial` (next_entry = the target, saved_entry = the fallback; refused where GRUB cannot
+clear next_entry at boot unless allow_no_fallback), `default` (saved_entry = the target,
+next_entry cleared) and `cancel` (a pending next_entry of the kernel cleared), and what `verify`
+compares (a next_entry still pending after the reboot is a problem).
 
 Pure: the module reads the files and runs `grub-editenv` with the `sets`/`unsets` planned here.
 """
@@ -18,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _grub as gb
 
-STATES = ('trial', 'default', 'verify')
+STATES = ('trial', 'default', 'verify', 'cancel')
 _RELEASE = re.compile(r'^\d+\.\d+\.\d+-[0-9][0-9A-Za-z._+-]*$')
 
 
@@ -147,6 +149,45 @@ def plan_trial(files: BootFiles, kernel: str, running: Optional[str], fallback: 
     return BootPlan('trial', kernel, entry, fb, fb_entry, sets, [], dict(env), False)
 
 
+def check_one_shot(plan: BootPlan, problem: Optional[str], allow_no_fallback: bool) -> BootPlan:
+    """The trial `plan` where GRUB can clear next_entry at boot (`problem` None: `_grub.env_block_problem`
+    found none). Where it cannot, or it is not known (`problem` says why), the one-shot would boot the trial
+    kernel on every boot, a kernel that does not come up included: refused (BootError, nothing was
+    changed) unless `allow_no_fallback`; then the plan makes the kernel the saved default (saved_entry,
+    a pending next_entry cleared) with no fallback, so no next_entry is left behind either way. A plan
+    that found the kernel running already (booted) writes nothing and is returned as it is."""
+    if problem is None or plan.booted:
+        return plan
+    if not allow_no_fallback:
+        raise BootError('kernel %s cannot be booted once: %s, so the one-shot next_entry would never be cleared and '
+                        'every boot, a failed one included, would take kernel %s again instead of the fallback %s; '
+                        'nothing was changed. Set allow_no_fallback=true (the role: node_upgrade_kernel_allow_no_fallback) '
+                        'to boot it as the saved default without a fallback'
+                        % (plan.kernel, problem, plan.kernel, plan.fallback_kernel))
+    env = plan.before
+    sets = {} if env.get('saved_entry') == plan.entry else {'saved_entry': plan.entry}
+    unsets = ['next_entry'] if env.get('next_entry') else []
+    return BootPlan('trial', plan.kernel, plan.entry, None, None, sets, unsets, dict(env), False)
+
+
+def plan_cancel(files: BootFiles, kernel: str) -> BootPlan:
+    """next_entry cleared where it is the pending one-shot of `kernel` (a trial not taken, or one GRUB
+    could not clear at boot), so saved_entry boots next; saved_entry is not changed. A next_entry that
+    boots another kernel is refused (someone else's one-shot, nothing was changed)."""
+    env = files.env
+    pending = env.get('next_entry') or ''
+    fb = gb.default_entry(env, files.grub_default)
+    fb_item = gb.resolve_entry(files.menu, fb)
+    if pending:
+        item = gb.resolve_entry(files.menu, pending)
+        if item is None or item.kernel != kernel:
+            raise BootError('next_entry=%s in %s boots %s, not kernel %s; not clearing a one-shot boot of another kernel, '
+                            'nothing was changed' % (pending, files.grubenv_path,
+                                                     'kernel %s' % item.kernel if item and item.kernel else 'no entry', kernel))
+    return BootPlan('cancel', kernel, fb, fb_item.kernel if fb_item else None, fb, {}, ['next_entry'] if pending else [],
+                    dict(env), False)
+
+
 def plan_default(files: BootFiles, kernel: str, running: Optional[str], require_running: bool, osrelease_path: str,
                  menu_entry: Optional[str] = None) -> BootPlan:
     """saved_entry = the target (after the trial boot into it and the node's gates); a pending
@@ -171,6 +212,7 @@ class Verification:
     module_build_kernel: Optional[str]
     open_module: Optional[bool]
     problems: List[str]
+    pending_next_entry: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -183,7 +225,10 @@ class Verification:
 
 
 def verify(kernel: str, driver_version: Optional[str], running: Optional[str], osrelease_path: str,
-           nvidia: Optional[Dict[str, Any]], nvidia_path: str) -> Verification:
+           nvidia: Optional[Dict[str, Any]], nvidia_path: str, pending: Optional[str] = None,
+           grubenv_path: str = 'the GRUB environment block') -> Verification:
+    """`pending`: the next_entry of the environment block now (None when it was not read). Read after
+    the reboot, a set one is a one-shot GRUB did not clear: every boot takes it again."""
     problems = []
     if running is None:
         problems.append('%s cannot be read, so the running kernel is unknown' % osrelease_path)
@@ -198,4 +243,10 @@ def verify(kernel: str, driver_version: Optional[str], running: Optional[str], o
             problems.append('the loaded NVIDIA kernel module is %s, expected %s (%s)' % (loaded or 'unreadable', driver_version, nvidia_path))
     if build and build != kernel:
         problems.append('the loaded NVIDIA kernel module was built for kernel %s, not %s (%s)' % (build, kernel, nvidia_path))
-    return Verification(kernel, running, driver_version, loaded, build, nvidia.get('open') if nvidia else None, problems)
+    if pending:
+        problems.append('GRUB did not clear the one-shot next_entry=%s in %s at boot (it cannot write its environment '
+                        'block there: LVM, RAID, encryption, btrfs or ZFS under it), so every boot takes that entry '
+                        'again; clear it (kernel_boot state=cancel, or grub-editenv %s unset next_entry)'
+                        % (pending, grubenv_path, grubenv_path))
+    return Verification(kernel, running, driver_version, loaded, build, nvidia.get('open') if nvidia else None, problems,
+                        pending or None)

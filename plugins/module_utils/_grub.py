@@ -71,6 +71,39 @@ def env_text(env: Dict[str, str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Whether GRUB can write the block at boot (`save_env`), so that a one-shot `next_entry` is cleared
+# --------------------------------------------------------------------------------------------
+#
+# GRUB's `save_env` writes the block in place, sector by sector, through the device it booted from.
+# It cannot on a virtual device (an "abstraction": GRUB's diskfilter, md RAID, LVM, dmraid, LDM, and
+# its cryptodisk, LUKS and GELI: "diskfilter writes are not supported") nor on a filesystem whose
+# blocks it cannot rewrite in place (btrfs, ZFS, and the read-only ones). Ubuntu's
+# /etc/grub.d/00_header tests the same with `grub-probe --target=abstraction` and `--target=fs` on
+# the block's directory before it lets `recordfail` write. There `save_env next_entry` fails at boot,
+# `next_entry` stays set, and every boot takes it again: the one-shot is not one.
+
+# `grub-probe --target=fs` names (GRUB's filesystem modules) that save_env cannot write into: Ubuntu's
+# 00_header list.
+UNWRITABLE_FS = ('btrfs', 'zfs', 'cpiofs', 'newc', 'odc', 'romfs', 'squash4', 'tarfs')
+
+
+def env_block_problem(path: str, fs: str, abstraction: str) -> Optional[str]:
+    """Why GRUB cannot write the environment block `path` at boot, from what `grub-probe
+    --target=fs` and `--target=abstraction` print for its directory; None when it can. Any
+    abstraction counts (GRUB writes to none of its virtual devices)."""
+    names = abstraction.split()
+    fs = fs.strip()
+    if names:
+        return ('%s is on %s (grub-probe --target=abstraction): GRUB cannot write to an LVM, RAID or encrypted '
+                'device at boot' % (path, ' '.join(names)))
+    if fs in UNWRITABLE_FS:
+        return '%s is on %s (grub-probe --target=fs): GRUB cannot write into a %s filesystem at boot' % (path, fs, fs)
+    if not fs:
+        return 'grub-probe --target=fs named no filesystem for %s' % path
+    return None
+
+
+# --------------------------------------------------------------------------------------------
 # /etc/default/grub (and grub.d/*.cfg, read after it, as update-grub sources them)
 # --------------------------------------------------------------------------------------------
 

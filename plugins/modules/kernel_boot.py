@@ -18,12 +18,23 @@ description:
     next_entry=<entry>). GRUB boots a set C(next_entry) once and clears it, so the boot after that (and any power
     cycle of a node that did not come up) returns to C(saved_entry). The module also points C(saved_entry) at the
     fallback kernel (the running one unless O(fallback_kernel)) when it does not already boot it."
+  - "O(state=trial) first asks C(grub-probe --target=fs) and C(--target=abstraction) (C(grub2-probe) on the RHEL
+    family) about the directory of the environment block, as Ubuntu's C(/etc/grub.d/00_header) does: GRUB cannot
+    write the block at boot on an abstraction (md RAID, LVM, dmraid, LUKS: any C(--target=abstraction) answer) or on
+    btrfs, ZFS or a read-only filesystem. There C(save_env) fails, C(next_entry) is never cleared and every boot,
+    a power cycle of a node whose trial kernel did not come up included, takes the trial kernel again. The module then
+    refuses, with nothing changed (also when C(grub-probe) is missing or fails), unless O(allow_no_fallback=true)."
+  - "O(state=cancel): clears a pending C(next_entry) that boots O(kernel) (a trial not taken, or one GRUB could not
+    clear at boot), so C(saved_entry) boots next; C(saved_entry) is not changed. A C(next_entry) of another kernel is
+    refused. Nothing else is required (the kernel need not be installed)."
   - "O(state=default): makes O(kernel) the saved default (C(saved_entry), as C(grub-set-default) does) and clears a
     pending C(next_entry). Only while O(kernel) is running (after the trial boot and the node's gates) unless
     O(require_running=false)."
   - "O(state=verify): read only. Compares the running kernel (C(<proc_path>/sys/kernel/osrelease)) with O(kernel)
     and the loaded NVIDIA module (C(<proc_path>/driver/nvidia/version)) with O(driver_version), reports the kernel
-    the module was built for when the file names it, and fails on a mismatch unless O(fail_on_mismatch=false)."
+    the module was built for when the file names it, and fails on a mismatch unless O(fail_on_mismatch=false).
+    A C(next_entry) still set is a mismatch too: read after the trial's reboot, it is a one-shot GRUB did not clear
+    (the node boots it again on every boot; clear it with O(state=cancel))."
   - The menu entry is found in the generated C(grub.cfg) (the entry whose C(linux) line loads C(/boot/vmlinuz-<kernel>),
     by its C($menuentry_id_option) id path, for example
     C(gnulinux-advanced-<uuid>>gnulinux-6.8.0-135-generic-advanced-<uuid>)), or given as O(menu_entry).
@@ -52,10 +63,10 @@ options:
     required: true
   state:
     description:
-      - V(trial), V(default) or V(verify), see the description.
+      - V(trial), V(default), V(verify) or V(cancel), see the description.
     type: str
     required: true
-    choices: [trial, default, verify]
+    choices: [trial, default, verify, cancel]
   fallback_kernel:
     description:
       - With O(state=trial), the kernel GRUB returns to after the trial. Default is the running kernel.
@@ -115,10 +126,28 @@ options:
       - The C(grub-editenv) program (from C(grub-common); C(grub2-editenv) on the RHEL family, from C(grub2-tools-minimal)).
       - Default C(grub-editenv), else C(grub2-editenv), the first found on the node.
     type: str
+  grub_probe:
+    description:
+      - The C(grub-probe) program O(state=trial) asks where the environment block is (C(grub2-probe) on the RHEL family,
+        from C(grub2-tools)). It is run as C(<grub_probe> --target=fs <dir>) and C(--target=abstraction <dir>), <dir> the
+        block's directory (under O(installroot)).
+      - Default C(grub-probe), else C(grub2-probe), the first found on the node.
+    type: str
+  allow_no_fallback:
+    description:
+      - With O(state=trial), where GRUB cannot clear C(next_entry) at boot (see the description) or C(grub-probe) cannot
+        tell, make O(kernel) the saved default (C(saved_entry); a pending C(next_entry) cleared) instead of refusing.
+        There is no fallback then - a kernel that does not come up is booted again on every power cycle until someone
+        picks another entry at the console (or the node's rollback restores the snapshot's C(saved_entry)) - so set it
+        only for nodes with console access, after the kernel was qualified on the canary.
+      - No effect where the one-shot works.
+    type: bool
+    default: false
 notes:
   - Runs on the GPU node (Python 3.9 or later). The module does not reboot; reboot after O(state=trial).
-  - GRUB clears C(next_entry) only where it can write its environment block (not on LVM, RAID or btrfs-only /boot);
-    O(state=verify) returns the pending C(next_entry) so a caller can see one that was not consumed.
+  - "GRUB clears C(next_entry) only where it can write its environment block at boot (not on LVM, RAID, LUKS, btrfs
+    or ZFS; GRUB's manual, Environment block): O(state=trial) refuses there (O(allow_no_fallback)), and
+    O(state=verify) fails on a C(next_entry) still pending after the reboot."
 seealso:
   - module: gpufleet.upgrade.kernel_packages
   - module: gpufleet.upgrade.kernel_check
@@ -141,6 +170,11 @@ EXAMPLES = r"""
     driver_version: 580.130.00
   register: booted
 
+- name: Verify failed on a next_entry GRUB did not clear (verification.pending_next_entry); boot the saved kernel next
+  gpufleet.upgrade.kernel_boot:
+    kernel: 6.8.0-135-generic
+    state: cancel
+
 - name: After the node's gates passed, keep the new kernel
   gpufleet.upgrade.kernel_boot:
     kernel: 6.8.0-135-generic
@@ -149,21 +183,32 @@ EXAMPLES = r"""
 
 RETURN = r"""
 entry:
-  description: The GRUB menu entry of O(kernel) (on the RHEL family, its BootLoaderSpec id).
-  returned: state=trial or state=default
+  description: >-
+    The GRUB menu entry of O(kernel) (on the RHEL family, its BootLoaderSpec id); with O(state=cancel), the entry that
+    boots next (C(saved_entry)).
+  returned: state=trial, state=default or state=cancel
   type: str
   sample: gnulinux-advanced-0f1e2d3c>gnulinux-6.8.0-135-generic-advanced-0f1e2d3c
 fallback_kernel:
-  description: With O(state=trial), the kernel GRUB returns to after the trial.
-  returned: state=trial
+  description: >-
+    With O(state=trial), the kernel GRUB returns to after the trial (V(null) with no fallback, O(allow_no_fallback));
+    with O(state=cancel), the kernel that boots next.
+  returned: state=trial or state=cancel
   type: str
+env_block:
+  description: >-
+    With O(state=trial) (unless O(kernel) runs already), where the environment block is, C(path), whether GRUB can clear
+    C(next_entry) in it at boot, C(one_shot), and if not, why, C(problem).
+  returned: state=trial
+  type: dict
+  sample: {path: /boot/grub/grubenv, one_shot: true, problem: null}
 booted:
   description: O(kernel) is the running kernel already.
-  returned: state=trial or state=default
+  returned: state=trial, state=default or state=cancel
   type: bool
 grubenv:
   description: The GRUB environment variables after the task (predicted in check mode).
-  returned: state=trial or state=default
+  returned: state=trial, state=default or state=cancel
   type: dict
 next_boot:
   description: >-
@@ -174,7 +219,7 @@ next_boot:
 verification:
   description: >-
     With O(state=verify), C(kernel), C(running_kernel), C(driver_version), C(loaded_driver_version),
-    C(module_build_kernel), C(open_module), C(problems), C(ok).
+    C(module_build_kernel), C(open_module), C(pending_next_entry) (a C(next_entry) still set), C(problems), C(ok).
   returned: state=verify
   type: dict
 commands:
@@ -198,6 +243,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_module impo
 
 
 EDITENV = ('grub-editenv', 'grub2-editenv')
+PROBE = ('grub-probe', 'grub2-probe')
 
 
 def _under(root, rel):
@@ -309,16 +355,39 @@ def gate_module(module, node, kernel):
         raise bt.BootError('kernel %s has no NVIDIA module to boot with: %s; not changing what boots' % (kernel, missing))
 
 
+def env_block_problem(module, p, grubenv_path):
+    """Why GRUB cannot clear next_entry in the block at boot (grub-probe on its directory), or why that is
+    not known; None when it can."""
+    probe = p['grub_probe'] or next((t for t in PROBE if module.get_bin_path(t, required=False)), PROBE[0])
+    if os.path.isabs(probe):
+        tool = probe if os.access(probe, os.X_OK) else None
+    else:
+        tool = module.get_bin_path(probe, required=False)
+    if not tool:
+        return ('%s was not found on the node (grub-common; grub2-tools on the RHEL family), so it is not known whether '
+                'GRUB can clear next_entry in %s' % (probe, grubenv_path))
+    out = {}
+    for target in ('fs', 'abstraction'):
+        argv = [tool, '--target=%s' % target, os.path.dirname(grubenv_path)]
+        rc, stdout, err = module.run_command(argv)
+        if rc != 0:
+            return ('%s failed (rc=%d: %s), so it is not known whether GRUB can clear next_entry in %s'
+                    % (' '.join(argv), rc, (err or stdout).strip(), grubenv_path))
+        out[target] = stdout
+    return gb.env_block_problem(grubenv_path, out['fs'], out['abstraction'])
+
+
 def do_verify(module, p, running, osrelease):
     nv_path = os.path.join(p['proc_path'], 'driver/nvidia/version')
     text = _fsio.read_text(nv_path)
     nvidia = kn.parse_nvidia_version(text) if text is not None else None
-    v = bt.verify(p['kernel'], p['driver_version'], running, osrelease, nvidia, nv_path)
     try:
         files = read_files(p)
         nb = gb.next_boot(files.menu, files.env, files.grub_default).as_dict()
+        pending, env_path = files.env.get('next_entry'), files.grubenv_path
     except (bt.BootError, gb.GrubError):
-        nb = None
+        nb, pending, env_path = None, None, 'the GRUB environment block'
+    v = bt.verify(p['kernel'], p['driver_version'], running, osrelease, nvidia, nv_path, pending, env_path)
     result = dict(changed=False, verification=v.as_dict(), next_boot=nb, commands=[])
     if not v.ok and p['fail_on_mismatch']:
         with_driver = ' with driver %s' % p['driver_version'] if p['driver_version'] else ''
@@ -343,6 +412,8 @@ def main():
             grub_cfg=dict(type='path'),
             proc_path=dict(type='path', default='/proc'),
             grub_editenv=dict(type='str'),
+            grub_probe=dict(type='str'),
+            allow_no_fallback=dict(type='bool', default=False),
         ),
         supports_check_mode=True,
     )
@@ -358,16 +429,29 @@ def main():
         running = text.strip() if text else None
         if p['state'] == 'verify':
             do_verify(module, p, running, osrelease)
-        node = make_node(module)
-        task.backend = node.backend
-        rpm = isinstance(node, kn.DnfKernel)
-        bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/',
-                           'kernel-core for %s' if rpm else 'linux-image-%s')
-        files = read_files(p)
-        gate_module(module, node, p['kernel'])
+        env_block = None
+        if p['state'] == 'cancel':
+            # Nothing else is required: the rescue of a failed node clears a one-shot GRUB did not.
+            files = read_files(p)
+            plan = bt.plan_cancel(files, p['kernel'])
+        else:
+            node = make_node(module)
+            task.backend = node.backend
+            rpm = isinstance(node, kn.DnfKernel)
+            bt.check_installed(p['kernel'], installed_kernels(module, node), p['installroot'] or '/',
+                               'kernel-core for %s' if rpm else 'linux-image-%s')
+            files = read_files(p)
+            gate_module(module, node, p['kernel'])
         if p['state'] == 'trial':
             plan = bt.plan_trial(files, p['kernel'], running, p['fallback_kernel'], p['menu_entry'])
-        else:
+            if not plan.booted:
+                problem = env_block_problem(module, p, files.grubenv_path)
+                env_block = dict(path=files.grubenv_path, one_shot=problem is None, problem=problem)
+                plan = bt.check_one_shot(plan, problem, p['allow_no_fallback'])
+                if problem is not None:
+                    module.warn('kernel %s boots as the saved default without a fallback (allow_no_fallback): %s'
+                                % (p['kernel'], problem))
+        elif p['state'] == 'default':
             plan = bt.plan_default(files, p['kernel'], running, p['require_running'], osrelease, p['menu_entry'])
         editenv = p['grub_editenv'] or next((t for t in EDITENV if module.get_bin_path(t, required=False)), EDITENV[0])
         cmds = plan.commands(editenv, files.grubenv_path)
@@ -385,6 +469,8 @@ def main():
         result = dict(changed=plan.changed, entry=plan.entry, fallback_kernel=plan.fallback_kernel, booted=plan.booted,
                       grubenv=env_after, next_boot=gb.next_boot(files.menu, env_after, files.grub_default).as_dict(),
                       commands=cmds)
+        if env_block is not None:
+            result['env_block'] = env_block
         if module._diff:
             result['diff'] = {'before_header': files.grubenv_path, 'after_header': files.grubenv_path,
                               'before': gb.env_text(plan.before), 'after': gb.env_text(plan.after)}

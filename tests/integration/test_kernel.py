@@ -86,7 +86,9 @@ class Node:
         return a
 
     def boot_args(self, **kw) -> dict:
-        a = {'kernel': KERNEL_TARGET, 'installroot': str(self.root.path), 'proc_path': str(self.proc)}
+        # grub-probe answers for the install root from grubsim.set_disk (a plain ext4 partition unless a test says).
+        a = {'kernel': KERNEL_TARGET, 'installroot': str(self.root.path), 'proc_path': str(self.proc),
+             'grub_probe': str(grubsim.probe_tool(self.proc.parent / 'bin'))}
         a.update(kw)
         return a
 
@@ -377,3 +379,72 @@ def test_restore_after_a_trial_boot_returns_to_the_snapshot_kernel_and_driver(tm
     assert grubsim.boot(node.grubenv, node.grub_cfg, proc=node.proc, driver=OLD).kernel == KERNEL_OLD
     res = ok(run(run_playbook, 'kernel_boot', node.boot_args(kernel=KERNEL_OLD, state='verify', driver_version=OLD)))
     assert res['verification']['ok'] is True
+
+
+def test_trial_boot_where_grub_cannot_clear_next_entry(tmp_path, kernel_repo, run_playbook, grub_editenv):
+    """/boot on md RAID1 (issue 37 item 5, review T3-5): GRUB's save_env cannot clear next_entry there, so a
+    one-shot would boot the trial kernel on every boot. The trial is refused with nothing changed (check mode
+    too), or with allow_no_fallback the kernel becomes the saved default and no next_entry is left behind."""
+    node = make_node(tmp_path, kernel_repo, 'prebuilt')
+    ok(run(run_playbook, 'kernel_packages', node.args()))
+    node.update_grub()
+    grubsim.set_disk(node.grubenv.parent, abstraction=['diskfilter', 'mdraid1x'])
+    trial = node.boot_args(state='trial')
+    before = node.grubenv.read_bytes()
+    for check in (True, False):
+        msg = failed(run(run_playbook, 'kernel_boot', trial, check=check))
+        assert msg.startswith('kernel %s cannot be booted once: %s is on diskfilter mdraid1x (grub-probe '
+                              '--target=abstraction): GRUB cannot write to an LVM, RAID or encrypted device at boot, so '
+                              'the one-shot next_entry would never be cleared' % (KERNEL_TARGET, node.grubenv)), msg
+        assert 'nothing was changed. Set allow_no_fallback=true' in msg
+        assert node.grubenv.read_bytes() == before
+
+    # grub-probe missing: not known, refused the same way.
+    msg = failed(run(run_playbook, 'kernel_boot', dict(trial, grub_probe=str(tmp_path / 'no-probe'))))
+    assert ('kernel %s cannot be booted once: %s was not found on the node' % (KERNEL_TARGET, tmp_path / 'no-probe')) in msg
+    assert node.grubenv.read_bytes() == before
+
+    no_fallback = dict(trial, allow_no_fallback=True)
+    res = ok(run(run_playbook, 'kernel_boot', no_fallback, check=True, diff=True))
+    assert res['changed'] is True and node.grubenv.read_bytes() == before
+    assert res['diff']['after'] == 'saved_entry=%s\n' % (ENTRY % KERNEL_TARGET)
+    res = ok(run(run_playbook, 'kernel_boot', no_fallback))
+    assert res['changed'] is True and res['fallback_kernel'] is None
+    assert res['env_block'] == {'path': str(node.grubenv), 'one_shot': False,
+                                'problem': '%s is on diskfilter mdraid1x (grub-probe --target=abstraction): GRUB cannot '
+                                           'write to an LVM, RAID or encrypted device at boot' % node.grubenv}
+    assert any('without a fallback (allow_no_fallback)' in w for w in res['warnings'])
+    assert grubsim.read_env(node.grubenv) == {'saved_entry': ENTRY % KERNEL_TARGET}
+    assert ok(run(run_playbook, 'kernel_boot', no_fallback))['changed'] is False
+    assert grubsim.boot(node.grubenv, node.grub_cfg, proc=node.proc, driver=NEW).kernel == KERNEL_TARGET
+    assert ok(run(run_playbook, 'kernel_boot', node.boot_args(state='verify', driver_version=NEW)))['verification']['ok']
+
+
+def test_verify_fails_on_a_next_entry_grub_did_not_clear_and_cancel_clears_it(tmp_path, kernel_repo, run_playbook,
+                                                                              grub_editenv):
+    """A one-shot set where GRUB cannot clear it (by hand with grub-reboot, or by a collection that did not
+    probe): the trial kernel comes up, next_entry is still set; verify fails and says so, cancel clears it
+    (check mode predicts), and the next boot is the saved kernel."""
+    node = make_node(tmp_path, kernel_repo, 'prebuilt')
+    ok(run(run_playbook, 'kernel_packages', node.args()))
+    node.update_grub()
+    ok(run(run_playbook, 'kernel_boot', node.boot_args(state='trial')))
+    grubsim.set_disk(node.grubenv.parent, abstraction=['diskfilter', 'lvm'])
+    assert grubsim.boot(node.grubenv, node.grub_cfg, proc=node.proc, driver=NEW).kernel == KERNEL_TARGET
+    assert grubsim.read_env(node.grubenv)['next_entry'] == ENTRY % KERNEL_TARGET
+
+    res = run(run_playbook, 'kernel_boot', node.boot_args(state='verify', driver_version=NEW))
+    msg = failed(res)
+    assert ('GRUB did not clear the one-shot next_entry=%s in %s at boot' % (ENTRY % KERNEL_TARGET, node.grubenv)) in msg
+    assert res['verification']['pending_next_entry'] == ENTRY % KERNEL_TARGET and res['next_boot']['once'] is True
+
+    before = node.grubenv.read_bytes()
+    res = ok(run(run_playbook, 'kernel_boot', node.boot_args(state='cancel'), check=True, diff=True))
+    assert res['changed'] is True and node.grubenv.read_bytes() == before
+    res = ok(run(run_playbook, 'kernel_boot', node.boot_args(state='cancel')))
+    assert res['changed'] is True and res['commands'] == [['grub-editenv', str(node.grubenv), 'unset', 'next_entry']]
+    assert res['next_boot'] == {'entry': ENTRY % KERNEL_OLD, 'kernel': KERNEL_OLD, 'once': False,
+                                'fallback_entry': ENTRY % KERNEL_OLD, 'fallback_kernel': KERNEL_OLD}
+    assert grubsim.read_env(node.grubenv) == {'saved_entry': ENTRY % KERNEL_OLD}
+    assert ok(run(run_playbook, 'kernel_boot', node.boot_args(state='cancel')))['changed'] is False
+    assert grubsim.boot(node.grubenv, node.grub_cfg).kernel == KERNEL_OLD

@@ -235,7 +235,9 @@ def test_bls_trial_boot_verify_default(tmp_path, rpm_repo, run_playbook, grub_ed
     grubenv = rocky_boot(root, KERNEL_OLD, saved=KERNEL_TARGET)
     old_id, new_id = grubsim.bls_id(KERNEL_OLD), grubsim.bls_id(KERNEL_TARGET)
     entries = root / 'boot/loader/entries'
-    boot = {'kernel': KERNEL_TARGET, 'installroot': str(root), 'proc_path': str(node.proc)}
+    # grub-probe answers for the install root (a plain partition, where GRUB clears next_entry at boot).
+    boot = {'kernel': KERNEL_TARGET, 'installroot': str(root), 'proc_path': str(node.proc),
+            'grub_probe': str(grubsim.probe_tool(tmp_path / 'bin'))}
     trial = dict(boot, state='trial', module_source='prebuilt', branch='580', driver_version=NEW)
     refuse = {'ignore_errors': True}
 
@@ -306,7 +308,8 @@ def test_snapshot_rollback_after_kernel_and_driver_move(tmp_path, rpm_repo, run_
     captured_locks, captured_text = root.locks(), (root.path / rpmrepo.VERSIONLOCK_LIST).read_text()
     assert captured_locks == sorted(lock(n, DRV % OLD) for n in DRIVER_NAMES)
     snap_path = tmp_path / 'node-snapshot.json'
-    boot = {'kernel': KERNEL_TARGET, 'installroot': str(root.path), 'proc_path': str(node.proc)}
+    boot = {'kernel': KERNEL_TARGET, 'installroot': str(root.path), 'proc_path': str(node.proc),
+            'grub_probe': str(grubsim.probe_tool(tmp_path / 'bin'))}
 
     # Snapshot, then the target kernel with the driver in one transaction (the snapshot keeps the rollback point).
     r = run_playbook(play(snapshot_task('capture', snap_path, node, state='captured'),

@@ -31,14 +31,28 @@ kernel first, and the 00_header one-shot rule is the same: `boot(grubenv, entrie
 `python grubsim.py update-grub <root>` is update_grub from the command line: the lab's install
 roots run it after every dpkg run of apt (DPkg::Post-Invoke, tests/tools/labenv.py), as a
 kernel's postinst runs update-grub on Ubuntu.
+
+The disk under the environment block: GRUB's `save_env` writes the block's sectors in place through
+the device it booted from, which it cannot do through a virtual device (its `diskfilter` - md RAID,
+LVM - or `cryptodisk` - LUKS: "diskfilter writes are not supported") nor into btrfs or ZFS. There
+the `save_env next_entry` above fails at boot and `next_entry` stays set: every boot takes it again.
+`set_disk(grub_dir, fs=..., abstraction=...)` says what the block's directory sits on (default: ext2
+on a plain partition, where save_env works); `boot` honours it, and `python grubsim.py grub-probe
+--target=fs|abstraction <dir>` answers as grub-probe would (`probe_tool(bin_dir)` writes an
+executable for a module's `grub_probe`).
+
+    set_disk(root / 'boot/grub', abstraction=['diskfilter', 'mdraid1x'])   # /boot on md RAID1
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import re
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from typing import Callable, Collection, Optional, Sequence, Union
@@ -63,6 +77,56 @@ def create_grubenv(path: pathlib.Path, **values: str) -> pathlib.Path:
     if values:
         subprocess.run([editenv(), str(path), 'set'] + ['%s=%s' % kv for kv in values.items()], check=True)
     return path
+
+
+DISK_FILE = '.grubsim-disk.json'      # in the environment block's directory: what it sits on
+
+
+def set_disk(grub_dir: pathlib.Path, fs: str = 'ext2', abstraction: Sequence[str] = ()) -> pathlib.Path:
+    """What the directory of the environment block sits on, as grub-probe names it: the filesystem
+    module (`ext2` for ext2/3/4, `xfs`, `btrfs`, `zfs`, ...) and the abstraction modules from the
+    device up (`diskfilter mdraid1x` for md RAID1, `diskfilter lvm`, `cryptodisk luks`; none for a
+    plain partition)."""
+    grub_dir.mkdir(parents=True, exist_ok=True)
+    path = grub_dir / DISK_FILE
+    path.write_text(json.dumps({'fs': fs, 'abstraction': list(abstraction)}))
+    return path
+
+
+def disk(grub_dir: pathlib.Path) -> dict:
+    path = grub_dir / DISK_FILE
+    return json.loads(path.read_text()) if path.is_file() else {'fs': 'ext2', 'abstraction': []}
+
+
+def save_env_writes(grub_dir: pathlib.Path) -> bool:
+    """Whether GRUB's save_env can write the block at boot: only straight onto a partition (no
+    diskfilter or cryptodisk device between) and into a filesystem whose sectors it can rewrite."""
+    d = disk(grub_dir)
+    return not ({'diskfilter', 'cryptodisk'} & set(d['abstraction'])) and d['fs'] in ('ext2', 'xfs', 'fat')
+
+
+def probe_tool(bin_dir: pathlib.Path) -> pathlib.Path:
+    """An executable `grub-probe` answering from set_disk (for kernel_boot's grub_probe)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    tool = bin_dir / 'grub-probe'
+    tool.write_text('#!/bin/sh\nexec %s %s grub-probe "$@"\n'
+                    % (shlex.quote(sys.executable), shlex.quote(str(pathlib.Path(__file__).resolve()))))
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return tool
+
+
+def grub_probe(argv: list[str]) -> int:
+    """`grub-probe --target=fs|abstraction <path>`: the answer set_disk gave for <path>."""
+    if len(argv) != 2 or argv[0] not in ('--target=fs', '--target=abstraction'):
+        print('usage: grubsim.py grub-probe --target=fs|abstraction <path>', file=sys.stderr)
+        return 2
+    path = pathlib.Path(argv[1])
+    if not path.exists():
+        print("grub-probe: error: failed to get canonical path of `%s'." % path, file=sys.stderr)
+        return 1
+    d = disk(path if path.is_dir() else path.parent)
+    print(d['fs'] if argv[0] == '--target=fs' else ' '.join(d['abstraction']))
+    return 0
 
 
 def read_env(path: pathlib.Path) -> dict[str, str]:
@@ -208,8 +272,9 @@ def boot(grubenv: pathlib.Path, grub_cfg: Optional[pathlib.Path] = None, grub_de
          max_boots: int = 3, proc: Optional[pathlib.Path] = None,
          driver: Union[None, str, Callable[[str], Optional[str]]] = None,
          entries: Optional[pathlib.Path] = None) -> BootResult:
-    """Reboot: GRUB picks the entry (and clears a set next_entry with grub-editenv, as save_env does);
-    a kernel in `fails` does not come up and the node is power-cycled. With `proc`, what came up is
+    """Reboot: GRUB picks the entry (and clears a set next_entry with grub-editenv, as save_env does,
+    unless save_env cannot write the block: set_disk); a kernel in `fails` does not come up and the
+    node is power-cycled. With `proc`, what came up is
     written as `sys/kernel/osrelease` and `cmdline` and, with `driver` (a version, or a function of
     the booted kernel giving the version of the NVIDIA module that loads with it, None for none),
     `driver/nvidia/version` (removed when no NVIDIA module loads). With `entries` (a BLS entries
@@ -220,7 +285,8 @@ def boot(grubenv: pathlib.Path, grub_cfg: Optional[pathlib.Path] = None, grub_de
         env = read_env(grubenv)
         if env.get('next_entry'):
             entry = env['next_entry']
-            subprocess.run([editenv(), str(grubenv), 'set', 'next_entry='], check=True)
+            if save_env_writes(grubenv.parent):
+                subprocess.run([editenv(), str(grubenv), 'set', 'next_entry='], check=True)
         else:
             entry = (env.get('saved_entry') or '0') if grub_default == 'saved' else grub_default
         kernel = bls_kernel_of(entries, entry) if entries is not None else kernel_of(cfg, entry)
@@ -252,8 +318,10 @@ def nvidia_version_text(driver: str, open_modules: bool = True) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ['grub-probe']:
+        return grub_probe(argv[1:])
     if len(argv) != 2 or argv[0] != 'update-grub':
-        print('usage: grubsim.py update-grub <install root>', file=sys.stderr)
+        print('usage: grubsim.py update-grub <install root> | grub-probe --target=fs|abstraction <path>', file=sys.stderr)
         return 2
     update_grub(pathlib.Path(argv[1]))
     return 0

@@ -463,6 +463,9 @@ def inventory(lab: pathlib.Path, names: list[str], lib_dir: pathlib.Path, extra:
         'ansible_python_interpreter': sys.executable,
         'gpufleet_kubeconfig': str((lab / 'kubeconfig').resolve()),
         'gpufleet_lab_hook': [sys.executable, str(HERE / 'lab_node.py'), str(lab.resolve())],
+        # kernel_boot's trial asks grub-probe where each root's environment block is: grubsim answers from the
+        # root's boot/grub (grubsim.set_disk; a plain ext4 partition unless a test puts it on md RAID or LVM).
+        'gpufleet_grub_probe': str(grubsim.probe_tool(lab.resolve() / 'bin')),
         'gpufleet_snapshot_dir': str((lab / 'snapshots').resolve()),
         'gpufleet_current': CURRENT,
         'gpufleet_target': TARGET,

@@ -78,3 +78,36 @@ def test_bls_entries_one_shot(grub, tmp_path):
     assert grubsim.boot(env, entries=entries, fails={r16}).boots == [
         (grubsim.bls_id(r16), r16, False), (grubsim.bls_id(r13), r13, True)]
     assert grubsim.read_env(env) == {'saved_entry': grubsim.bls_id(r13), 'next_entry': ''}
+
+
+@pytest.mark.parametrize('fs, abstraction', [('ext2', ['diskfilter', 'mdraid1x']), ('ext2', ['diskfilter', 'lvm']),
+                                             ('ext2', ['cryptodisk', 'luks']), ('btrfs', []), ('zfs', [])])
+def test_a_block_save_env_cannot_write_keeps_next_entry_for_every_boot(grub, tmp_path, fs, abstraction):
+    """/boot on md RAID1, LVM, LUKS, btrfs or ZFS: GRUB's save_env fails at boot, the one-shot stays set,
+    and a trial kernel that does not come up is booted on every power cycle."""
+    env, cfg = grub
+    grubsim.set_disk(env.parent, fs=fs, abstraction=abstraction)
+    grubsim.create_grubenv(env, saved_entry=E % K134, next_entry=E % K135)
+    assert grubsim.boot(env, cfg).kernel == K135
+    assert grubsim.read_env(env) == {'saved_entry': E % K134, 'next_entry': E % K135}
+    assert grubsim.boot(env, cfg).kernel == K135
+    res = grubsim.boot(env, cfg, fails={K135})
+    assert res.kernel is None and res.boots == [(E % K135, K135, False)] * 3
+
+
+def test_grub_probe_answers_from_set_disk(tmp_path):
+    import subprocess
+    tool = grubsim.probe_tool(tmp_path / 'bin')
+    grub_dir = tmp_path / 'root/boot/grub'
+    grub_dir.mkdir(parents=True)
+
+    def probe(target, path=grub_dir):
+        r = subprocess.run([str(tool), '--target=%s' % target, str(path)], capture_output=True, text=True)
+        return r.returncode, r.stdout, r.stderr
+
+    assert probe('fs') == (0, 'ext2\n', '') and probe('abstraction') == (0, '\n', '')
+    grubsim.set_disk(grub_dir, abstraction=['diskfilter', 'mdraid1x'])
+    assert probe('fs') == (0, 'ext2\n', '') and probe('abstraction') == (0, 'diskfilter mdraid1x\n', '')
+    grubsim.set_disk(grub_dir, fs='btrfs')
+    assert probe('fs') == (0, 'btrfs\n', '') and grubsim.save_env_writes(grub_dir) is False
+    assert probe('fs', tmp_path / 'gone')[0] == 1

@@ -235,3 +235,70 @@ def test_menu_entry_error_names_what_was_searched():
         bt.plan_trial(files(), K135, K134, None, menu_entry='nope')
     assert str(e.value) == ("menu_entry 'nope' does not name an entry of /boot/grub/grub.cfg that boots kernel %s "
                             "(it boots nothing)" % K135)
+
+
+# -- A one-shot that GRUB cannot clear (issue 37 item 5, review T3-5) ---------------------------
+
+@pytest.mark.parametrize('fs, abstraction, problem', [
+    ('ext2\n', '\n', None),
+    ('xfs', '', None),
+    ('ext2\n', 'diskfilter mdraid1x\n', '/g is on diskfilter mdraid1x (grub-probe --target=abstraction): GRUB cannot write '
+     'to an LVM, RAID or encrypted device at boot'),
+    ('ext2', 'diskfilter lvm', '/g is on diskfilter lvm (grub-probe --target=abstraction): GRUB cannot write to an LVM, '
+     'RAID or encrypted device at boot'),
+    ('ext2', 'cryptodisk luks2', '/g is on cryptodisk luks2 (grub-probe --target=abstraction): GRUB cannot write to an '
+     'LVM, RAID or encrypted device at boot'),
+    ('btrfs\n', '', '/g is on btrfs (grub-probe --target=fs): GRUB cannot write into a btrfs filesystem at boot'),
+    ('zfs', '', '/g is on zfs (grub-probe --target=fs): GRUB cannot write into a zfs filesystem at boot'),
+    ('', '', 'grub-probe --target=fs named no filesystem for /g'),
+])
+def test_env_block_problem(fs, abstraction, problem):
+    assert gb.env_block_problem('/g', fs, abstraction) == problem
+
+
+RAID = '/boot/grub/grubenv is on diskfilter mdraid1x (grub-probe --target=abstraction): GRUB cannot write ...'
+
+
+def test_trial_refused_where_grub_cannot_clear_next_entry():
+    plan = bt.plan_trial(files({'saved_entry': E % K134}), K135, K134, None)
+    assert bt.check_one_shot(plan, None, False) is plan
+    with pytest.raises(bt.BootError) as e:
+        bt.check_one_shot(plan, RAID, False)
+    assert str(e.value) == (
+        'kernel %s cannot be booted once: %s, so the one-shot next_entry would never be cleared and every boot, a failed '
+        'one included, would take kernel %s again instead of the fallback %s; nothing was changed. Set '
+        'allow_no_fallback=true (the role: node_upgrade_kernel_allow_no_fallback) to boot it as the saved default '
+        'without a fallback' % (K135, RAID, K135, K134))
+
+
+def test_trial_without_fallback_makes_the_kernel_the_saved_default():
+    plan = bt.check_one_shot(bt.plan_trial(files({'saved_entry': E % K134, 'next_entry': E % K135}), K135, K134, None),
+                             RAID, True)
+    assert (plan.sets, plan.unsets) == ({'saved_entry': E % K135}, ['next_entry'])
+    assert (plan.fallback_kernel, plan.fallback_entry) == (None, None)
+    assert plan.after == {'saved_entry': E % K135}
+    assert not bt.check_one_shot(bt.plan_trial(files(plan.after), K135, K134, None), RAID, True).changed
+    # The kernel runs already: nothing to boot, nothing refused.
+    booted = bt.plan_trial(files({'saved_entry': E % K134}), K135, K135, None)
+    assert bt.check_one_shot(booted, RAID, False) is booted
+
+
+def test_cancel_clears_the_kernels_pending_one_shot_only():
+    p = bt.plan_cancel(files({'saved_entry': E % K134, 'next_entry': E % K135}), K135)
+    assert (p.unsets, p.sets, p.entry, p.fallback_kernel) == (['next_entry'], {}, E % K134, K134)
+    assert p.commands('e', '/g') == [['e', '/g', 'unset', 'next_entry']]
+    assert not bt.plan_cancel(files({'saved_entry': E % K134, 'next_entry': ''}), K135).changed
+    with pytest.raises(bt.BootError, match=r'^next_entry=%s in /boot/grub/grubenv boots kernel %s, not kernel %s; '
+                                           r'not clearing a one-shot boot of another kernel, nothing was changed$'
+                                           % (E % K134, K134, K135)):
+        bt.plan_cancel(files({'next_entry': E % K134}), K135)
+
+
+def test_verify_fails_on_a_next_entry_left_pending():
+    nv = {'driver_version': '580.130.00', 'build_kernel': None, 'open': True}
+    v = bt.verify(K135, '580.130.00', K135, 'o', nv, 'n', E % K135, '/g')
+    assert not v.ok and v.pending_next_entry == E % K135
+    assert v.problems == ['GRUB did not clear the one-shot next_entry=%s in /g at boot (it cannot write its environment '
+                          'block there: LVM, RAID, encryption, btrfs or ZFS under it), so every boot takes that entry '
+                          'again; clear it (kernel_boot state=cancel, or grub-editenv /g unset next_entry)' % (E % K135)]
+    assert bt.verify(K135, '580.130.00', K135, 'o', nv, 'n', '', '/g').ok
