@@ -48,6 +48,8 @@ options:
   validate_certs:
     description:
       - Whether to verify the API server's TLS certificate. Without it the kubeconfig decides.
+      - Only a YAML boolean turns verification off. A kubeconfig whose C(insecure-skip-tls-verify) is anything else (the
+        string V("false"), V(no), V(0)) is refused, as C(kubectl) refuses it.
       - Can also be set with E(K8S_AUTH_VERIFY_SSL) (V(true) or V(false)).
     type: bool
     aliases: [verify_ssl]

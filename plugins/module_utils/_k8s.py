@@ -223,6 +223,12 @@ def _read_kubeconfig(config: Dict[str, Any], context: Optional[str], base: str) 
     ctx = _named(config.get('contexts'), name, 'context')
     cluster = _named(config.get('clusters'), ctx.get('cluster'), 'cluster')
     user = _named(config.get('users'), ctx['user'], 'user') if ctx.get('user') else {}
+    # Only a YAML boolean turns verification off (kubectl refuses anything else): the string "false" is
+    # truthy, and the kubernetes library's loader would take it as true too.
+    skip = cluster.get('insecure-skip-tls-verify')
+    if skip is not None and not isinstance(skip, bool):
+        raise ValueError('cluster %r: insecure-skip-tls-verify: %r is not a boolean (write true or false, unquoted)'
+                         % (ctx.get('cluster'), skip))
     if set(user) - _SIMPLE_USER_KEYS or set(cluster) - _CLUSTER_KEYS:
         return None
 
@@ -233,7 +239,7 @@ def _read_kubeconfig(config: Dict[str, Any], context: Optional[str], base: str) 
     s.host = cluster.get('server')
     if not s.host:
         raise ValueError('cluster %r has no server' % ctx.get('cluster'))
-    if cluster.get('insecure-skip-tls-verify'):
+    if skip is True:
         s.verify_ssl = False
     if cluster.get('certificate-authority-data'):
         s.ca_data = _b64(cluster['certificate-authority-data'], 'certificate-authority-data').decode('ascii')
@@ -377,7 +383,9 @@ def _apply_options(s: _Settings, params: Dict[str, Any], host: Optional[str]) ->
     if verify is None and os.environ.get('K8S_AUTH_VERIFY_SSL'):
         verify = _env_bool('K8S_AUTH_VERIFY_SSL')
     if verify is not None:
-        s.verify_ssl = bool(verify)
+        if not isinstance(verify, bool):     # the module's bool type converts; anything else is a bug or a typo
+            raise K8sError('validate_certs: %r is not a boolean' % (verify,))
+        s.verify_ssl = verify
     for opt in ('ca_cert', 'client_cert', 'client_key'):
         value = _param(params, opt)
         if value:

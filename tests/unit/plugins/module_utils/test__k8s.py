@@ -504,3 +504,30 @@ def test_an_unreachable_api_behind_a_proxy_is_named_without_credentials(no_proxy
 def test_redact_urls(url, clean):
     from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
     assert redact_urls(url) == clean
+
+
+# -- 2026-12-06 review T3-11: only a YAML boolean turns TLS verification off ------------------------------
+@pytest.mark.parametrize('value', ['false', 'no', '0', 'true', 'ture', 0, 1, 'False'])
+def test_insecure_skip_tls_verify_must_be_a_boolean(tls_server, pki, value):
+    user = {'client-certificate-data': _b64(pki / 'client.crt'), 'client-key-data': _b64(pki / 'client.key')}
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': value}, user)})
+    assert str(exc.value) == ("cannot load the Kubernetes configuration (kubeconfig='<dict>', context=None): cluster "
+                              "'k': insecure-skip-tls-verify: %r is not a boolean (write true or false, unquoted)"
+                              % (value,))
+    for accepted in (False, None):  # false written unquoted, or left empty: verified
+        assert K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': accepted},
+                                                           user)}).verify_ssl is True
+
+
+def test_a_plugin_kubeconfig_is_checked_before_the_library_reads_it(tls_server):
+    # An exec user goes to the kubernetes library, whose loader takes any truthy value as "skip".
+    user = {'exec': {'apiVersion': 'client.authentication.k8s.io/v1', 'command': 'true'}}
+    with pytest.raises(K.K8sError, match="insecure-skip-tls-verify: 'no' is not a boolean"):
+        K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': 'no'}, user)})
+
+
+@pytest.mark.parametrize('value', ['no', 'false', 0])
+def test_validate_certs_must_be_a_boolean(value):
+    with pytest.raises(K.K8sError, match=r"^validate_certs: .* is not a boolean$"):
+        K.get_api_client({'host': 'https://127.0.0.1:6443', 'validate_certs': value})
