@@ -73,7 +73,10 @@ AUTH_ARG_SPEC: Dict[str, Dict[str, Any]] = {
     'ca_cert': {'type': 'path', 'aliases': ['ssl_ca_cert']},
     'client_cert': {'type': 'path', 'aliases': ['cert_file']},
     'client_key': {'type': 'path', 'aliases': ['key_file'], 'no_log': False},
+    # Without userinfo (refused: the options are in the task result's invocation); the proxy's credentials go in
+    # proxy_headers.proxy_basic_auth, which is no_log (kubernetes.core's name).
     'proxy': {'type': 'str'},
+    'proxy_headers': {'type': 'dict', 'options': {'proxy_basic_auth': {'type': 'str', 'no_log': True}}},
     'impersonate_user': {'type': 'str'},
     'impersonate_groups': {'type': 'list', 'elements': 'str'},
     'request_timeout': {'type': 'float', 'default': DEFAULT_REQUEST_TIMEOUT},
@@ -187,6 +190,7 @@ class _Settings:
     key_data: Optional[bytes] = dataclasses.field(default=None, repr=False)
     tls_server_name: Optional[str] = None
     proxy: Optional[str] = None
+    proxy_basic_auth: Optional[str] = dataclasses.field(default=None, repr=False)  # user:password
     authorization: Optional[str] = dataclasses.field(default=None, repr=False)
 
 
@@ -397,9 +401,22 @@ def _apply_options(s: _Settings, params: Dict[str, Any], host: Optional[str]) ->
                 s.cert_file, s.cert_data = str(value), None
             else:
                 s.key_file, s.key_data = str(value), None
+    if params.get('proxy') and _has_userinfo(str(params['proxy'])):
+        raise K8sError('proxy: %r has credentials in it; give them as proxy_headers.proxy_basic_auth (user:password), '
+                       'which is never logged' % redact_urls(params['proxy']))
     proxy = _param(params, 'proxy')
     if proxy:
         s.proxy = proxy
+    auth = (params.get('proxy_headers') or {}).get('proxy_basic_auth')
+    if auth:
+        if ':' not in str(auth):
+            raise K8sError('proxy_headers.proxy_basic_auth: give it as user:password')
+        s.proxy_basic_auth = str(auth)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether `url` has a userinfo (user, or user:password) before its host."""
+    return redact_urls(url) != url
 
 
 def _env(name: str) -> Optional[str]:
@@ -468,7 +485,11 @@ def _pool(s: _Settings) -> Any:
         try:
             if s.proxy.startswith('socks'):
                 from urllib3.contrib.socks import SOCKSProxyManager  # pylint: disable=import-outside-toplevel
+                if s.proxy_basic_auth:
+                    kw['username'], kw['password'] = s.proxy_basic_auth.split(':', 1)
                 return SOCKSProxyManager(s.proxy, **kw)
+            if s.proxy_basic_auth:
+                kw['proxy_headers'] = urllib3.make_headers(proxy_basic_auth=s.proxy_basic_auth)
             return urllib3.ProxyManager(s.proxy, **kw)
         except (ImportError, ValueError) as exc:
             raise K8sError('proxy %r cannot be used: %s' % (redact_urls(s.proxy), redact_urls(exc))) from exc

@@ -315,6 +315,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._http import http_get
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._metric_gate import (
     MetricGateError, PrometheusClient, parse_nodes, parse_query, preset_queries, resolve_step, resolve_window, run_gate)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import url_userinfo
 
 
 def _opener(module):
@@ -369,6 +370,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    secret = url_userinfo(p['url'])
+    if secret:      # refused below; masked so that the invocation in the result does not carry it
+        module.no_log_values.add(secret)
     result = dict(changed=False, passed=False, problems=[], noncritical_problems=[], failed_critical=[], failed_noncritical=[])
     try:
         window = resolve_window(p['window'], p['window_start'], p['window_end'], time.time())
