@@ -48,6 +48,8 @@ options:
   validate_certs:
     description:
       - Whether to verify the API server's TLS certificate. Without it the kubeconfig decides.
+      - Only a YAML boolean turns verification off. A kubeconfig whose C(insecure-skip-tls-verify) is anything else (the
+        string V("false"), V(no), V(0)) is refused, as C(kubectl) refuses it.
       - Can also be set with E(K8S_AUTH_VERIFY_SSL) (V(true) or V(false)).
     type: bool
     aliases: [verify_ssl]
@@ -72,7 +74,19 @@ options:
         C(proxy-url).
       - Without any of these, E(https_proxy) or E(http_proxy) (by the API's scheme), else E(all_proxy), apply, as for
         C(kubectl); E(no_proxy) (host names and their subdomains, C(host:port), IP networks, C(*)) bypasses any proxy.
+      - A URL with credentials in it (C(http://user:secret@proxy:3128)) is refused, since a module's options are in the
+        task result's invocation; give them as O(proxy_headers.proxy_basic_auth).
     type: str
+  proxy_headers:
+    description:
+      - Headers for the proxy.
+    type: dict
+    suboptions:
+      proxy_basic_auth:
+        description:
+          - The proxy's credentials, C(user:password), sent as C(Proxy-Authorization) (or given to a SOCKS proxy);
+            never logged.
+        type: str
   impersonate_user:
     description:
       - Username to impersonate (C(Impersonate-User) header).

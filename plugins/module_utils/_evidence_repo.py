@@ -20,8 +20,9 @@ new head, never forcing.
   the field and the value.
 - `classify_push(stderr)`: a refused push as non-fast-forward (retry on the new head), refused (a
   hook, a permission) or other; `should_retry(kind, attempt, retries)`.
-- `askpass_script()` and `git_env(...)`: how git gets a token (a GIT_ASKPASS script that echoes an
-  environment variable, never a command line or the URL) and never prompts.
+- `askpass_script()`, `prompt_urls(remote, username)` and `git_env(...)`: how git gets a token (a GIT_ASKPASS
+  script that echoes an environment variable, never a command line or the URL, and only to the prompts for
+  the https remote's host) and never prompts.
 - `porcelain_paths(out)` and `name_list(out)`: what ``git status --porcelain -z`` and
   ``git diff --name-only -z`` list.
 
@@ -33,13 +34,17 @@ import os
 import posixpath
 import re
 import shlex
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+from urllib.parse import quote
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _text
 
 MASK = '***'
 ENV_TOKEN = 'GPUFLEET_GIT_TOKEN'
 ENV_USERNAME = 'GPUFLEET_GIT_USERNAME'
+# The URLs git names when it asks for the username and for the token (askpass_script answers only those).
+ENV_FOR_USERNAME = 'GPUFLEET_GIT_USERNAME_FOR'
+ENV_FOR_TOKEN = 'GPUFLEET_GIT_TOKEN_FOR'
 
 NON_FAST_FORWARD = 'non-fast-forward'
 REFUSED = 'refused'
@@ -216,19 +221,35 @@ def should_retry(kind: str, attempt: int, retries: int) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def askpass_script() -> str:
-    """A GIT_ASKPASS helper: the username for git's ``Username`` prompt, the token for any other; both
-    from the environment, so the token is never on a command line or in a file."""
+    """A GIT_ASKPASS helper that answers only the prompts for the remote (git names the URL it asks for:
+    ``Username for 'https://host'``, ``Password for 'https://user@host'``, `prompt_urls`): the username and
+    the token, both from the environment, so the token is never on a command line or in a file. Any other
+    prompt (another host, http) gets nothing and fails."""
     return ('#!/bin/sh\n'
             'case "$1" in\n'
-            '  Username*) printf \'%%s\\n\' "$%s" ;;\n'
-            '  *) printf \'%%s\\n\' "$%s" ;;\n'
-            'esac\n' % (ENV_USERNAME, ENV_TOKEN))
+            '  "Username for \'$%s\'"*) printf \'%%s\\n\' "$%s" ;;\n'
+            '  "Password for \'$%s\'"*) printf \'%%s\\n\' "$%s" ;;\n'
+            '  *) echo "evidence_repo askpass: no credential for this prompt" >&2; exit 1 ;;\n'
+            'esac\n' % (ENV_FOR_USERNAME, ENV_USERNAME, ENV_FOR_TOKEN, ENV_TOKEN))
+
+
+def prompt_urls(remote: str, username: str) -> Tuple[str, str]:
+    """The URLs git names in its username and password prompts for the https `remote` (scheme and host as
+    written, the username percent-encoded as git does); RepoError for a remote that is not https: a token is
+    never sent in clear."""
+    m = re.match(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://([^/?#@]+)(?:[/?#]|$)', remote)
+    if remote_kind(remote) != 'https' or not m:
+        raise RepoError('token: given for the remote %s, which is not an https URL; a token is sent only over https '
+                        '(use key_file for an ssh remote)' % redact(remote))
+    base = '%s://' % m.group(1)
+    return base + m.group(2), '%s%s@%s' % (base, quote(username, safe=''), m.group(2))
 
 
 def git_env(timeout: int, askpass: Optional[str] = None, token: Optional[str] = None, username: str = 'git',
-            key_file: Optional[str] = None) -> Dict[str, str]:
+            key_file: Optional[str] = None, remote: Optional[str] = None) -> Dict[str, str]:
     """The environment git runs with: never a prompt (GIT_TERMINAL_PROMPT=0, ssh BatchMode), C locale (the
-    messages `classify_push` reads), the token through the `askpass` script, the ssh key with IdentitiesOnly."""
+    messages `classify_push` reads), the token through the `askpass` script for the https `remote` only
+    (`prompt_urls`), the ssh key with IdentitiesOnly."""
     env = {'GIT_TERMINAL_PROMPT': '0', 'LC_ALL': 'C', 'LANGUAGE': 'C', 'GCM_INTERACTIVE': 'never',
            'GIT_CONFIG_NOSYSTEM': '1'}
     ssh = ['ssh', '-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % max(1, timeout)]
@@ -238,7 +259,9 @@ def git_env(timeout: int, askpass: Optional[str] = None, token: Optional[str] = 
     if token:
         if not askpass:
             raise ValueError('a token needs the askpass script')
-        env.update({'GIT_ASKPASS': askpass, ENV_TOKEN: token, ENV_USERNAME: username})
+        for_username, for_token = prompt_urls(remote or '', username)
+        env.update({'GIT_ASKPASS': askpass, ENV_TOKEN: token, ENV_USERNAME: username,
+                    ENV_FOR_USERNAME: for_username, ENV_FOR_TOKEN: for_token})
     elif askpass:
         env['GIT_ASKPASS'] = askpass
     return env
@@ -250,8 +273,11 @@ def author_env(name: str, email: str) -> Dict[str, str]:
             'GIT_COMMITTER_EMAIL': email}
 
 
-# Options on every git command line: no credential helper stores or offers anything, no pager.
-GIT_OPTIONS = ['-c', 'credential.helper=', '-c', 'core.pager=cat', '-c', 'advice.detachedHead=false']
+# Options on every git command line: no credential helper stores or offers anything, no pager; no redirect is
+# followed (an https remote that redirects elsewhere would get the token) and the credential prompt names the host
+# only (what askpass_script matches).
+GIT_OPTIONS = ['-c', 'credential.helper=', '-c', 'core.pager=cat', '-c', 'advice.detachedHead=false',
+               '-c', 'http.followRedirects=false', '-c', 'credential.useHttpPath=false']
 
 
 # --------------------------------------------------------------------------------------------

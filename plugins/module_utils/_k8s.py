@@ -73,7 +73,10 @@ AUTH_ARG_SPEC: Dict[str, Dict[str, Any]] = {
     'ca_cert': {'type': 'path', 'aliases': ['ssl_ca_cert']},
     'client_cert': {'type': 'path', 'aliases': ['cert_file']},
     'client_key': {'type': 'path', 'aliases': ['key_file'], 'no_log': False},
+    # Without userinfo (refused: the options are in the task result's invocation); the proxy's credentials go in
+    # proxy_headers.proxy_basic_auth, which is no_log (kubernetes.core's name).
     'proxy': {'type': 'str'},
+    'proxy_headers': {'type': 'dict', 'options': {'proxy_basic_auth': {'type': 'str', 'no_log': True}}},
     'impersonate_user': {'type': 'str'},
     'impersonate_groups': {'type': 'list', 'elements': 'str'},
     'request_timeout': {'type': 'float', 'default': DEFAULT_REQUEST_TIMEOUT},
@@ -187,6 +190,7 @@ class _Settings:
     key_data: Optional[bytes] = dataclasses.field(default=None, repr=False)
     tls_server_name: Optional[str] = None
     proxy: Optional[str] = None
+    proxy_basic_auth: Optional[str] = dataclasses.field(default=None, repr=False)  # user:password
     authorization: Optional[str] = dataclasses.field(default=None, repr=False)
 
 
@@ -223,6 +227,12 @@ def _read_kubeconfig(config: Dict[str, Any], context: Optional[str], base: str) 
     ctx = _named(config.get('contexts'), name, 'context')
     cluster = _named(config.get('clusters'), ctx.get('cluster'), 'cluster')
     user = _named(config.get('users'), ctx['user'], 'user') if ctx.get('user') else {}
+    # Only a YAML boolean turns verification off (kubectl refuses anything else): the string "false" is
+    # truthy, and the kubernetes library's loader would take it as true too.
+    skip = cluster.get('insecure-skip-tls-verify')
+    if skip is not None and not isinstance(skip, bool):
+        raise ValueError('cluster %r: insecure-skip-tls-verify: %r is not a boolean (write true or false, unquoted)'
+                         % (ctx.get('cluster'), skip))
     if set(user) - _SIMPLE_USER_KEYS or set(cluster) - _CLUSTER_KEYS:
         return None
 
@@ -233,7 +243,7 @@ def _read_kubeconfig(config: Dict[str, Any], context: Optional[str], base: str) 
     s.host = cluster.get('server')
     if not s.host:
         raise ValueError('cluster %r has no server' % ctx.get('cluster'))
-    if cluster.get('insecure-skip-tls-verify'):
+    if skip is True:
         s.verify_ssl = False
     if cluster.get('certificate-authority-data'):
         s.ca_data = _b64(cluster['certificate-authority-data'], 'certificate-authority-data').decode('ascii')
@@ -377,7 +387,9 @@ def _apply_options(s: _Settings, params: Dict[str, Any], host: Optional[str]) ->
     if verify is None and os.environ.get('K8S_AUTH_VERIFY_SSL'):
         verify = _env_bool('K8S_AUTH_VERIFY_SSL')
     if verify is not None:
-        s.verify_ssl = bool(verify)
+        if not isinstance(verify, bool):     # the module's bool type converts; anything else is a bug or a typo
+            raise K8sError('validate_certs: %r is not a boolean' % (verify,))
+        s.verify_ssl = verify
     for opt in ('ca_cert', 'client_cert', 'client_key'):
         value = _param(params, opt)
         if value:
@@ -389,9 +401,22 @@ def _apply_options(s: _Settings, params: Dict[str, Any], host: Optional[str]) ->
                 s.cert_file, s.cert_data = str(value), None
             else:
                 s.key_file, s.key_data = str(value), None
+    if params.get('proxy') and _has_userinfo(str(params['proxy'])):
+        raise K8sError('proxy: %r has credentials in it; give them as proxy_headers.proxy_basic_auth (user:password), '
+                       'which is never logged' % redact_urls(params['proxy']))
     proxy = _param(params, 'proxy')
     if proxy:
         s.proxy = proxy
+    auth = (params.get('proxy_headers') or {}).get('proxy_basic_auth')
+    if auth:
+        if ':' not in str(auth):
+            raise K8sError('proxy_headers.proxy_basic_auth: give it as user:password')
+        s.proxy_basic_auth = str(auth)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether `url` has a userinfo (user, or user:password) before its host."""
+    return redact_urls(url) != url
 
 
 def _env(name: str) -> Optional[str]:
@@ -460,7 +485,11 @@ def _pool(s: _Settings) -> Any:
         try:
             if s.proxy.startswith('socks'):
                 from urllib3.contrib.socks import SOCKSProxyManager  # pylint: disable=import-outside-toplevel
+                if s.proxy_basic_auth:
+                    kw['username'], kw['password'] = s.proxy_basic_auth.split(':', 1)
                 return SOCKSProxyManager(s.proxy, **kw)
+            if s.proxy_basic_auth:
+                kw['proxy_headers'] = urllib3.make_headers(proxy_basic_auth=s.proxy_basic_auth)
             return urllib3.ProxyManager(s.proxy, **kw)
         except (ImportError, ValueError) as exc:
             raise K8sError('proxy %r cannot be used: %s' % (redact_urls(s.proxy), redact_urls(exc))) from exc

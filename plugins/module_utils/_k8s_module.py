@@ -35,6 +35,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
     K8sClient, K8sError, NotFoundError, auth_argument_spec)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._merge_patch import apply_merge_patch
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import url_userinfo
 
 Obj = Dict[str, Any]
 Compute = Callable[[Obj], Optional[Obj]]
@@ -105,6 +106,12 @@ class K8sModule(AnsibleModule):
                  **kwargs: Any) -> None:
         kwargs.setdefault('supports_check_mode', True)
         super().__init__(argument_spec=k8s_argument_spec(argument_spec), **kwargs)
+        # A credential in a URL option (refused for proxy, unused for host) is masked as a no_log value is, so
+        # that the invocation in the task result does not carry it (2026-12-06 review T3-10).
+        for option in ('proxy', 'host'):
+            secret = url_userinfo(self.params.get(option))
+            if secret:
+                self.no_log_values.add(secret)
         self.module_name = name
         self.count_requests = count_requests
         self._client: Optional[K8sClient] = None

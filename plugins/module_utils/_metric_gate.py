@@ -367,7 +367,8 @@ def preset_queries(presets: List[str], node: Optional[str], node_label: str, tem
 # --------------------------------------------------------------------------------------------
 
 # opener(url, headers, timeout) -> (HTTP status, body). The module passes one built on
-# ansible.module_utils.urls.open_url (TLS options); it returns HTTP errors as their status.
+# ansible.module_utils.urls.open_url (TLS options, _http.http_get); it returns HTTP errors as their status, and
+# raises _http.RedirectRefused (a URLError) for a redirect to another origin, which must not get the headers.
 Opener = Callable[[str, Dict[str, str], float], Tuple[int, bytes]]
 
 
@@ -378,6 +379,10 @@ class PrometheusClient:
                  headers: Optional[Dict[str, str]] = None) -> None:
         if not re.match(r'^https?://[^/\s]+', base_url or ''):
             raise MetricGateError('url: %r is not an http(s) URL' % (redact_urls(base_url),))
+        if re.match(r'^https?://[^/?#]*@', base_url, re.I):
+            # Module options' values are in the task result's invocation: credentials come from no_log options.
+            raise MetricGateError('url: %r has credentials in it; give them as url_username and url_password, or '
+                                  'a token as bearer_token' % (redact_urls(base_url),))
         if not 0 < timeout <= 300:
             raise MetricGateError('timeout: %r must be between 1 and 300 seconds' % (timeout,))
         self.base_url = base_url.rstrip('/')
@@ -399,6 +404,8 @@ class PrometheusClient:
             reason = getattr(exc, 'reason', exc)
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 raise PrometheusError('Prometheus at %s did not answer within %ss' % (self.shown_url, _fmt(self.timeout)))
+            if getattr(exc, 'redirect_target', None):   # _http.RedirectRefused: the token stays with this origin
+                raise PrometheusError('Prometheus at %s %s' % (self.shown_url, redact_urls(reason)))
             raise PrometheusError('cannot reach Prometheus at %s: %s' % (self.shown_url, redact_urls(reason)))
         except (OSError, ValueError) as exc:
             raise PrometheusError('cannot reach Prometheus at %s: %s' % (self.shown_url, redact_urls(exc)))

@@ -37,6 +37,16 @@ def redact_urls(text: t.Any) -> str:
     return _USERINFO_RE.sub(r'\1', str(text))
 
 
+def url_userinfo(url: t.Any) -> t.Optional[str]:
+    """The userinfo (``user`` or ``user:password``) of the URL `url`, None when it has none or is not a
+    string: what a module adds to its no_log values, so that the task result's invocation, which holds
+    the option as given, does not show it."""
+    if not isinstance(url, str):
+        return None
+    m = re.match(r'(?i)^\s*[a-z][a-z0-9+.-]*://([^/?#@\s]*)@', url)
+    return m.group(1) if m and m.group(1) else None
+
+
 def text_field(entry: t.Dict[str, t.Any], key: str, where: str, required: bool = False,
                error: t.Type[Exception] = ValueError, numbers: bool = False) -> t.Optional[str]:
     """`entry[key]` stripped, or None when it is missing or blank (then `error` '<where>.<key> is

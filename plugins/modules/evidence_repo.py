@@ -32,7 +32,9 @@ description:
     Nothing to commit is no change and no push.
   - Credentials come from an AWX credential. An https token (O(token)) reaches git through a GIT_ASKPASS helper in
     a private temporary directory that echoes an environment variable, never on a command line or in the URL, and
-    is removed afterwards; an ssh key (O(key_file)) through C(GIT_SSH_COMMAND) with C(IdentitiesOnly=yes). git never
+    is removed afterwards. The helper answers only git's prompts for the remote's own scheme and host (any other
+    prompt gets nothing), git follows no HTTP redirect (C(http.followRedirects=false)), and a token with a remote
+    that is not C(https://) is refused; an ssh key (O(key_file)) through C(GIT_SSH_COMMAND) with C(IdentitiesOnly=yes). git never
     prompts (C(GIT_TERMINAL_PROMPT=0), ssh C(BatchMode=yes)). A remote URL that embeds credentials is refused, and
     every message and result has the token and any URL userinfo replaced by C(***).
   - Runs on the controller (or wherever the task runs) with the C(git) binary; every git command is bounded by
@@ -124,6 +126,7 @@ options:
   token:
     description:
       - An https token or password (from an AWX credential), given to git through a GIT_ASKPASS helper; never logged.
+      - Only with an C(https://) O(remote), and only to its host.
     type: str
   username:
     description: The username git gives with O(token).
@@ -613,8 +616,10 @@ def main():
             binary = module.get_bin_path('git')
             if not binary:
                 raise er.RepoError('evidence_repo: git is not installed on this host')
+            if p['token']:
+                er.prompt_urls(remote, p['username'])     # a token only for an https remote
             with askpass(p['token'], module.tmpdir if p['token'] else None) as helper:
-                env = er.git_env(timeout, helper, p['token'], p['username'], p['key_file'])
+                env = er.git_env(timeout, helper, p['token'], p['username'], p['key_file'], remote=remote)
                 git = Git(module, binary, env, timeout, secrets)
                 if p['state'] == 'present':
                     result = present(module, git, p, remote, shown)

@@ -30,11 +30,23 @@ extends_documentation_fragment:
   - gpufleet.upgrade.attributes.info_module
 options:
   url:
-    description: Base URL of the Prometheus server, for example V(http://prometheus.monitoring:9090).
+    description:
+      - Base URL of the Prometheus server, for example V(http://prometheus.monitoring:9090).
+      - A URL with credentials in it (C(https://user:secret@prometheus)) is refused, since a module's options are in
+        the task result's invocation; give them as O(url_username) and O(url_password), or a token as O(bearer_token).
+      - A redirect to the same scheme, host and port is followed (up to 5); one to another origin (another host or
+        port, or https to http) is not, and fails the query naming that origin, so that the token or password never
+        leaves this origin.
     type: str
     required: true
   bearer_token:
     description: Bearer token sent as the C(Authorization) header.
+    type: str
+  url_username:
+    description: Username for basic authentication to Prometheus (with O(url_password)).
+    type: str
+  url_password:
+    description: Password for basic authentication to Prometheus (with O(url_username)); never logged.
     type: str
   validate_certs:
     description: Verify the server's TLS certificate.
@@ -303,12 +315,15 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._http import http_get
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._metric_gate import (
     MetricGateError, PrometheusClient, parse_nodes, parse_query, preset_queries, resolve_step, resolve_window, run_gate)
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import url_userinfo
 
 
 def _opener(module):
     def fetch(url, headers, timeout):
+        # Never a redirect to another origin: the token and the password stay with the url's origin.
         return http_get(url, headers, timeout, validate_certs=module.params['validate_certs'],
-                        ca_path=module.params['ca_path'])
+                        ca_path=module.params['ca_path'], follow_redirects='same_origin',
+                        url_username=module.params['url_username'], url_password=module.params['url_password'])
     return fetch
 
 
@@ -317,6 +332,8 @@ def main():
         argument_spec=dict(
             url=dict(type='str', required=True),
             bearer_token=dict(type='str', no_log=True),
+            url_username=dict(type='str'),
+            url_password=dict(type='str', no_log=True),
             validate_certs=dict(type='bool', default=True),
             ca_path=dict(type='path'),
             timeout=dict(type='int', default=10),
@@ -347,11 +364,15 @@ def main():
             node_label=dict(type='str', default='Hostname'),
             temperature_max=dict(type='float', default=85),
         ),
-        mutually_exclusive=[('window', 'window_start'), ('node', 'nodes')],
+        mutually_exclusive=[('window', 'window_start'), ('node', 'nodes'), ('bearer_token', 'url_username')],
+        required_together=[('url_username', 'url_password')],
         required_one_of=[('window', 'window_start')],
         supports_check_mode=True,
     )
     p = module.params
+    secret = url_userinfo(p['url'])
+    if secret:      # refused below; masked so that the invocation in the result does not carry it
+        module.no_log_values.add(secret)
     result = dict(changed=False, passed=False, problems=[], noncritical_problems=[], failed_critical=[], failed_noncritical=[])
     try:
         window = resolve_window(p['window'], p['window_start'], p['window_end'], time.time())

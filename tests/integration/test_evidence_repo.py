@@ -63,7 +63,8 @@ def test_clone_at_head_and_revision_and_refusals(run_playbook, tmp_path):
     bare, (first, head) = bare_repo(tmp_path, 'evidence')
     git('tag', 'v1', first, cwd=bare)
     other = bare_repo(tmp_path, 'other', commits=1)[0]
-    d = {k: tmp_path / k for k in ('check', 'head', 'rev', 'tag', 'missing', 'unreachable', 'https', 'userinfo')}
+    d = {k: tmp_path / k for k in ('check', 'head', 'rev', 'tag', 'missing', 'unreachable', 'https', 'userinfo',
+                                   'http')}
     remote = str(bare)
     hung = tmp_path / 'hung-bin'
     hung.mkdir()
@@ -85,6 +86,7 @@ def test_clone_at_head_and_revision_and_refusals(run_playbook, tmp_path):
         task('https', {'remote': 'https://127.0.0.1:9/x.git', 'dest': str(d['https']), 'token': TOKEN,
                        'timeout': 20}),
         task('userinfo', {'remote': 'https://ada:%s@git.example.com/x.git' % URL_SECRET, 'dest': str(d['userinfo'])}),
+        task('http token', {'remote': 'http://127.0.0.1:9/x.git', 'dest': str(d['http']), 'token': TOKEN}),
         task('other remote', {'remote': str(other), 'dest': str(d['head'])}),
     ]))
     assert run.rc == 0, run.stdout[-3000:]
@@ -126,6 +128,12 @@ def test_clone_at_head_and_revision_and_refusals(run_playbook, tmp_path):
     res = run.result('https')
     assert res['_event'] == 'runner_on_failed' and 'https://127.0.0.1:9/x.git' in res['msg'], res
     assert not d['https'].exists()
+
+    res = run.result('http token')      # 2026-12-06 review T3-12: a token never goes over http
+    assert res['_event'] == 'runner_on_failed', res
+    assert res['msg'] == ('token: given for the remote http://127.0.0.1:9/x.git, which is not an https URL; a token is '
+                          'sent only over https (use key_file for an ssh remote)')
+    assert not d['http'].exists()
 
     res = run.result('userinfo')
     assert res['_event'] == 'runner_on_failed' and 'remote' in res['msg'], res

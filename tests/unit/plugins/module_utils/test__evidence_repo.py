@@ -219,7 +219,7 @@ def test_askpass_script_echoes_the_environment(tmp_path):
     script.write_text(er.askpass_script())
     script.chmod(0o700)
     assert 's3cr3t' not in er.askpass_script()
-    env = dict(os.environ, **{er.ENV_TOKEN: 's3cr3t', er.ENV_USERNAME: 'ada'})
+    env = dict(os.environ, **er.git_env(10, str(script), 's3cr3t', 'ada', remote='https://git.example.com/ev.git'))
 
     def ask(prompt: str) -> str:
         return subprocess.run([str(script), prompt], env=env, capture_output=True, text=True, check=True).stdout
@@ -229,7 +229,7 @@ def test_askpass_script_echoes_the_environment(tmp_path):
 
 
 def test_git_env_with_token():
-    env = er.git_env(30, '/tmp/x/askpass.sh', 's3cr3t', 'ada')
+    env = er.git_env(30, '/tmp/x/askpass.sh', 's3cr3t', 'ada', remote='https://git.example.com/ev.git')
     assert env['GIT_TERMINAL_PROMPT'] == '0' and env['LC_ALL'] == 'C'
     assert env['GIT_ASKPASS'] == '/tmp/x/askpass.sh'
     assert env[er.ENV_TOKEN] == 's3cr3t' and env[er.ENV_USERNAME] == 'ada'
@@ -293,10 +293,46 @@ def test_git_takes_the_token_from_the_askpass_helper_without_a_terminal(tmp_path
     script = tmp_path / 'askpass.sh'
     script.write_text(er.askpass_script())
     script.chmod(0o700)
-    env = dict(os.environ, **er.git_env(10, str(script), 's3cr3t', 'ada'))
+    env = dict(os.environ, **er.git_env(10, str(script), 's3cr3t', 'ada', remote='https://git.example.com/ev.git'))
     out = subprocess.run(['git'] + er.GIT_OPTIONS + ['credential', 'fill'], env=env, capture_output=True, text=True,
                          input='protocol=https\nhost=git.example.com\n\n', timeout=20, check=True).stdout
     assert 'username=ada\n' in out and 'password=s3cr3t\n' in out
+
+
+@pytest.mark.parametrize('asked', [
+    'protocol=https\nhost=evil.example.com\n',             # another host (a redirect, a submodule)
+    'protocol=https\nhost=git.example.com.evil.test\n',
+    'protocol=https\nhost=git.example.com:8443\n',         # another port
+    'protocol=http\nhost=git.example.com\n',               # in clear
+])
+def test_the_askpass_helper_answers_only_its_remotes_host(tmp_path, asked):
+    """2026-12-06 review T3-12: git's own prompts, through the real git; the token goes to no other origin."""
+    script = tmp_path / 'askpass.sh'
+    script.write_text(er.askpass_script())
+    script.chmod(0o700)
+    env = dict(os.environ, **er.git_env(10, str(script), 's3cr3t', 'ada', remote='https://git.example.com/ev.git'))
+    run = subprocess.run(['git'] + er.GIT_OPTIONS + ['credential', 'fill'], env=env, capture_output=True, text=True,
+                         input=asked + '\n', timeout=20)
+    assert 's3cr3t' not in run.stdout and 'password=' not in run.stdout
+    assert run.returncode != 0
+
+
+@pytest.mark.parametrize('remote', ['http://git.example.com/ev.git', 'ssh://git@git.example.com/ev.git',
+                                    'git@git.example.com:ev.git', '/srv/ev.git', 'file:///srv/ev.git'])
+def test_a_token_is_only_for_an_https_remote(remote):
+    with pytest.raises(er.RepoError) as exc:
+        er.git_env(10, '/tmp/x/askpass.sh', 's3cr3t', 'ada', remote=remote)
+    assert str(exc.value) == ('token: given for the remote %s, which is not an https URL; a token is sent only over '
+                              'https (use key_file for an ssh remote)' % er.redact(remote))
+
+
+def test_prompt_urls_name_the_host_as_git_does():
+    assert er.prompt_urls('https://git.example.com:8443/org/ev.git', 'a@b') == (
+        'https://git.example.com:8443', 'https://a%40b@git.example.com:8443')
+
+
+def test_git_follows_no_redirect():
+    assert '-c' in er.GIT_OPTIONS and 'http.followRedirects=false' in er.GIT_OPTIONS
 
 
 # ---------------------------------------------------------------------------- the playbooks' side

@@ -477,16 +477,16 @@ def test_update_gives_up_on_a_persistent_5xx(server):
 
 # -- issue 12 (11): no URL's userinfo (proxy or API credentials) in any message ------------------
 def test_a_proxy_that_cannot_be_used_is_named_without_its_credentials(no_proxy_env):
+    no_proxy_env.setenv('K8S_AUTH_PROXY', 'ftp://alice:s3cr3t@proxy.test:3128')   # not an option: not in the invocation
     with pytest.raises(K.K8sError) as exc:
-        K.get_api_client({'host': 'https://api.test:6443', 'api_key': 't',
-                          'proxy': 'ftp://alice:s3cr3t@proxy.test:3128'})
+        K.get_api_client({'host': 'https://api.test:6443', 'api_key': 't'})
     assert 's3cr3t' not in str(exc.value) and 'alice' not in str(exc.value)
     assert "proxy 'ftp://proxy.test:3128' cannot be used" in str(exc.value)
 
 
 def test_an_unreachable_api_behind_a_proxy_is_named_without_credentials(no_proxy_env):
-    api = K.get_api_client({'host': 'http://bob:hunter2@127.0.0.1:9', 'api_key': 't',
-                            'proxy': 'http://alice:s3cr3t@127.0.0.1:9'})
+    no_proxy_env.setenv('K8S_AUTH_PROXY', 'http://alice:s3cr3t@127.0.0.1:9')
+    api = K.get_api_client({'host': 'http://bob:hunter2@127.0.0.1:9', 'api_key': 't'})
     c = K.K8sClient(api, request_timeout=1, get_attempts=1, sleep=lambda s: None)
     with pytest.raises(K.K8sError) as exc:
         c.get('/api/v1/nodes/n')
@@ -504,3 +504,59 @@ def test_an_unreachable_api_behind_a_proxy_is_named_without_credentials(no_proxy
 def test_redact_urls(url, clean):
     from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import redact_urls
     assert redact_urls(url) == clean
+
+
+# -- 2026-12-06 review T3-11: only a YAML boolean turns TLS verification off ------------------------------
+@pytest.mark.parametrize('value', ['false', 'no', '0', 'true', 'ture', 0, 1, 'False'])
+def test_insecure_skip_tls_verify_must_be_a_boolean(tls_server, pki, value):
+    user = {'client-certificate-data': _b64(pki / 'client.crt'), 'client-key-data': _b64(pki / 'client.key')}
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': value}, user)})
+    assert str(exc.value) == ("cannot load the Kubernetes configuration (kubeconfig='<dict>', context=None): cluster "
+                              "'k': insecure-skip-tls-verify: %r is not a boolean (write true or false, unquoted)"
+                              % (value,))
+    for accepted in (False, None):  # false written unquoted, or left empty: verified
+        assert K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': accepted},
+                                                           user)}).verify_ssl is True
+
+
+def test_a_plugin_kubeconfig_is_checked_before_the_library_reads_it(tls_server):
+    # An exec user goes to the kubernetes library, whose loader takes any truthy value as "skip".
+    user = {'exec': {'apiVersion': 'client.authentication.k8s.io/v1', 'command': 'true'}}
+    with pytest.raises(K.K8sError, match="insecure-skip-tls-verify: 'no' is not a boolean"):
+        K.get_api_client({'kubeconfig': _kubeconfig(tls_server.url, {'insecure-skip-tls-verify': 'no'}, user)})
+
+
+@pytest.mark.parametrize('value', ['no', 'false', 0])
+def test_validate_certs_must_be_a_boolean(value):
+    with pytest.raises(K.K8sError, match=r"^validate_certs: .* is not a boolean$"):
+        K.get_api_client({'host': 'https://127.0.0.1:6443', 'validate_certs': value})
+
+
+# -- 2026-12-06 review T3-10: the proxy option carries no credentials; they go in a no_log option ---------
+@pytest.mark.parametrize('proxy', ['http://ops:Pr0xyPassw0rd@127.0.0.1:3128', 'socks5h://ops:Pr0xyPassw0rd@p:1080',
+                                   'http://Pr0xyPassw0rd@p:3128'])
+def test_a_proxy_option_with_credentials_is_refused(no_proxy_env, proxy):
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'host': 'https://api.test:6443', 'api_key': 't', 'proxy': proxy})
+    assert 'Pr0xyPassw0rd' not in str(exc.value)
+    assert str(exc.value) == ('proxy: %r has credentials in it; give them as proxy_headers.proxy_basic_auth '
+                              '(user:password), which is never logged' % proxy.replace('ops:', '').replace(
+                                  'Pr0xyPassw0rd@', ''))
+
+
+def test_proxy_basic_auth_reaches_the_proxy(server, no_proxy_env):
+    api = K.get_api_client({'host': 'http://10.255.255.1:6443', 'api_key': 't', 'proxy': server.url,
+                            'proxy_headers': {'proxy_basic_auth': 'ops:Pr0xyPassw0rd'}})
+    assert 'Pr0xyPassw0rd' not in repr(api)
+    with pytest.raises(K.NotFoundError):
+        K.K8sClient(api, get_attempts=1).get('/api/v1/nodes/n')
+    assert server.log[-1][1] == 'http://10.255.255.1:6443/api/v1/nodes/n'
+    assert server.log[-1][3]['Proxy-Authorization'] == 'Basic b3BzOlByMHh5UGFzc3cwcmQ='
+    with pytest.raises(K.K8sError, match=r'^proxy_headers.proxy_basic_auth: give it as user:password$'):
+        K.get_api_client({'host': 'http://10.255.255.1:6443', 'proxy': server.url,
+                          'proxy_headers': {'proxy_basic_auth': 'Pr0xyPassw0rd'}})
+
+
+def test_proxy_headers_is_a_no_log_option():
+    assert K.AUTH_ARG_SPEC['proxy_headers']['options']['proxy_basic_auth']['no_log'] is True

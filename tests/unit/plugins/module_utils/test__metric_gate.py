@@ -189,7 +189,7 @@ def test_prometheus_errors_name_the_url_without_its_credentials():
     def opener(url, headers, timeout):
         raise URLError('connection refused to http://scrape:pw0rd@prom:9090')
 
-    client = mg.PrometheusClient('http://scrape:pw0rd@prom:9090', opener)
+    client = mg.PrometheusClient('http://prom:9090', opener)
     with pytest.raises(mg.PrometheusError) as exc:
         client.query('up', 0)
     assert 'pw0rd' not in str(exc.value) and 'scrape' not in str(exc.value)
@@ -197,6 +197,65 @@ def test_prometheus_errors_name_the_url_without_its_credentials():
     with pytest.raises(mg.MetricGateError) as exc:
         mg.PrometheusClient('ftp://scrape:pw0rd@prom', opener)
     assert 'pw0rd' not in str(exc.value)
+
+
+@pytest.mark.parametrize('url', ['http://scrape:pw0rd@prom:9090', 'https://scrape:pw0rd@prom/', 'http://pw0rd@prom'])
+def test_a_url_with_credentials_is_refused(url):
+    """2026-12-06 review T3-10: the url is in the task result's invocation, so it carries no credential."""
+    with pytest.raises(mg.MetricGateError) as exc:
+        mg.PrometheusClient(url, stub_opener({}))
+    assert str(exc.value).startswith("url: '%s://prom" % url.split(':')[0])
+    assert str(exc.value).endswith('has credentials in it; give them as url_username and url_password, or a token '
+                                   'as bearer_token')
+    assert 'pw0rd' not in str(exc.value)
+
+
+def test_a_redirect_to_another_origin_gets_no_token_and_fails_the_query():
+    """2026-12-06 review T3-9 (repro/metric_gate_redirect_token.py): two real loopback servers, the module's opener."""
+    import http.server
+    import threading
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._http import http_get
+
+    seen = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.headers.get('Authorization'))
+            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    other = http.server.HTTPServer(('127.0.0.1', 0), Elsewhere)
+
+    class Prometheus(Elsewhere):
+        def do_GET(self):  # noqa: N802
+            self.send_response(302)
+            self.send_header('Location', 'http://localhost:%d%s' % (other.server_port, self.path))
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+
+    prom = http.server.HTTPServer(('127.0.0.1', 0), Prometheus)
+    for srv in (other, prom):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = mg.PrometheusClient('http://127.0.0.1:%d' % prom.server_port,
+                                     lambda url, headers, timeout: http_get(url, headers, timeout), timeout=5,
+                                     headers={'Authorization': 'Bearer s3cr3t-prometheus-token'})
+        with pytest.raises(mg.PrometheusError) as exc:
+            client.query('up', 0)
+    finally:
+        for srv in (other, prom):
+            srv.shutdown()
+            srv.server_close()
+    assert seen == []
+    assert str(exc.value) == ('Prometheus at http://127.0.0.1:%d answered HTTP 302 with a redirect to '
+                              'http://localhost:%d, another origin than http://127.0.0.1:%d: not followed, so that '
+                              'no credential goes there' % (prom.server_port, other.server_port, prom.server_port))
 
 
 # --------------------------------------------------------------------------------------------

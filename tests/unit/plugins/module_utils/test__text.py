@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import text_field
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import text_field, url_userinfo
 
 
 class Bad(ValueError):
@@ -35,3 +35,15 @@ def test_text_field_errors_name_the_field(entry, numbers, message):
 
 def test_numbers_are_taken_as_their_digits_when_allowed():
     assert text_field({'a': 42}, 'a', 'q', numbers=True) == '42'
+
+
+@pytest.mark.parametrize('url,userinfo', [
+    ('http://ops:Pr0xy@proxy:3128', 'ops:Pr0xy'),
+    ('socks5h://TOKEN@10.0.0.1:1080', 'TOKEN'),
+    ('https://prometheus:9090/x@y', None),      # an @ in the path is no userinfo
+    ('http://@proxy', None),
+    ('proxy:3128', None),
+    (None, None),
+])
+def test_url_userinfo(url, userinfo):
+    assert url_userinfo(url) == userinfo

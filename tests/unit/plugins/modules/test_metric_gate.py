@@ -72,3 +72,21 @@ def test_single_node_has_no_failed_nodes(monkeypatch) -> None:
     answers = {'DCGM_FI_DEV_XID_ERRORS{Hostname="gpu-7"}': (200, matrix(({'Hostname': 'gpu-7'}, [0, 0])))}
     result, asked = run_main(monkeypatch, {'presets': ['xid'], 'node': 'gpu-7'}, answers)
     assert result['passed'] is True and 'failed_nodes' not in result and 'by_node' not in result['queries'][0]
+
+
+def test_url_with_credentials_is_refused_without_showing_them(monkeypatch) -> None:
+    """2026-12-06 review T3-10: the url is in the task result's invocation; credentials go in no_log options."""
+    result, asked = run_main(monkeypatch, {'url': 'http://scrape:Pr0mPassw0rd@prom:9090', 'presets': ['xid'],
+                                           'node': 'gpu-7'}, {})
+    assert result['failed'] is True and asked == []
+    assert result['msg'] == ("metric gate: invalid input: url: 'http://prom:9090' has credentials in it; give them as "
+                             "url_username and url_password, or a token as bearer_token")
+    assert 'Pr0mPassw0rd' not in json.dumps(result)
+
+
+def test_url_password_needs_url_username_and_excludes_bearer_token(monkeypatch) -> None:
+    result, _asked = run_main(monkeypatch, {'url_password': 'pw', 'presets': ['xid'], 'node': 'gpu-7'}, {})
+    assert result['failed'] is True and 'url_password' in result['msg'] and 'url_username' in result['msg']
+    result, _asked = run_main(monkeypatch, {'url_username': 'u', 'url_password': 'pw', 'bearer_token': 't',
+                                            'presets': ['xid'], 'node': 'gpu-7'}, {})
+    assert result['failed'] is True and 'mutually exclusive' in result['msg'] and 'bearer_token' in result['msg']
