@@ -38,7 +38,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_ga
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._duration import parse_seconds
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import PauseError, check_pauses
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry, show
 
 __all__ = [
     'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
@@ -56,6 +56,8 @@ _KERNEL_RE = re.compile(r'^(\d+)\.(\d+)(?:\.(\d+))?(.*)$')
 _FLAVOUR_RE = re.compile(r'^-\d+(?:\.\d+)*-(?P<flavour>[a-z][a-z0-9-]*)$')
 _NATURAL_RE = re.compile(r'(\d+)')
 _SUMMARY_NAMES = 8
+# The largest count (nodes, GPUs) or percentage number the planner reads: nine digits.
+MAX_COUNT = 999999999
 
 
 class PlanInputError(ValueError):
@@ -104,25 +106,43 @@ def kernel_flavour(kernel: str) -> str:
     return fm.group('flavour') if fm else ''
 
 
+def _digits(digits: str, value: Any, field: str) -> int:
+    """The number `digits` (a regex match of digits) stands for; PlanInputError beyond MAX_COUNT (int() of more
+    than 4300 digits is a bare ValueError in CPython, and no pool has a billion nodes)."""
+    significant = digits.lstrip('0') or '0'
+    if len(significant) > len(str(MAX_COUNT)) or int(significant) > MAX_COUNT:
+        raise PlanInputError('%s: %s is more than %d' % (field, show(value, 40), MAX_COUNT))
+    return int(significant)
+
+
 def _parse_count(value: Any, field: str, allow_percent: bool = True) -> Tuple[int, bool]:
-    """Return (number, is_percent) for an int, 'N' or 'P%'."""
+    """Return (number, is_percent) for an int, 'N' or 'P%' (at most MAX_COUNT)."""
     if isinstance(value, bool) or value is None:
         raise PlanInputError('%s: %r is not a count or a percentage (e.g. 4 or "10%%")' % (field, value))
     if isinstance(value, int):
         if value < 0:
-            raise PlanInputError('%s: %r is negative' % (field, value))
+            raise PlanInputError('%s: %s is negative' % (field, show(value, 40)))
+        if value > MAX_COUNT:
+            raise PlanInputError('%s: %s is more than %d' % (field, show(value, 40), MAX_COUNT))
         return value, False
     if isinstance(value, str):
         m = _PERCENT_RE.match(value)
         if m and allow_percent:
-            pct = int(m.group(1))
+            pct = _digits(m.group(1), value, field)
             if pct > 100:
                 raise PlanInputError('%s: %r is over 100%%' % (field, value))
             return pct, True
         m = _INT_RE.match(value)
         if m:
-            return int(m.group(1)), False
-    raise PlanInputError('%s: %r is not a count or a percentage (e.g. 4 or "10%%")' % (field, value))
+            return _digits(m.group(1), value, field), False
+    raise PlanInputError('%s: %s is not a count or a percentage (e.g. 4 or "10%%")' % (field, _shown(value)))
+
+
+def _shown(value: Any) -> str:
+    """`value` as %r shows it (the messages' form), bounded: a string of thousands of digits stays short."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 57 else value[:54] + '...')
+    return show(value, 60)
 
 
 def resolve_count(value: Any, base: int, field: str, round_up: bool = False) -> Dict[str, Any]:
