@@ -42,7 +42,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import name
 
 __all__ = [
     'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
-    'batch_admission', 'build_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
+    'batch_admission', 'build_plan', 'check_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
 ]
 
 DEFAULT_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'partition_mode', 'install_method')
@@ -268,6 +268,56 @@ def out_of_service_reasons(unschedulable: bool, ready: bool, labels: Optional[Di
     return reasons
 
 
+def _node_names(value: Any, field: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+        raise PlanInputError('%s: %s is not a list of node names' % (field, _shown(value)))
+
+
+def _whole(value: Any, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanInputError('%s: %s is not a whole number >= 0' % (field, _shown(value)))
+
+
+def check_plan(plan: Any) -> Dict[str, Any]:
+    """The reviewed plan (as read from the plan file), its fields that the rollout's filters read checked
+    for shape: ``digest`` a string, ``target`` a mapping, ``canaries`` a list of node names, ``batches`` a
+    list of lists of node names, ``max_unavailable`` and ``budget.failure_allowance.{nodes,gpus}.resolved``
+    whole numbers, ``budget`` and ``failure_allowance`` mappings. A field the plan leaves out is not
+    checked (the function that needs it says so). PlanInputError names the field and the value: a plan
+    the planner wrote always passes; an edited one is refused before it is read."""
+    if not isinstance(plan, dict):
+        raise PlanInputError('plan: %s is not a plan (a mapping)' % _shown(plan))
+    if plan.get('digest') is not None and not isinstance(plan['digest'], str):
+        raise PlanInputError('plan.digest: %s is not a string (sha256:<64 hex>)' % _shown(plan['digest']))
+    if plan.get('target') is not None and not isinstance(plan['target'], dict):
+        raise PlanInputError('plan.target: %s is not a mapping (the target tuple)' % _shown(plan['target']))
+    if plan.get('canaries') is not None:
+        _node_names(plan['canaries'], 'plan.canaries')
+    if plan.get('batches') is not None:
+        if not isinstance(plan['batches'], list):
+            raise PlanInputError('plan.batches: %s is not a list of batches' % _shown(plan['batches']))
+        for i, batch in enumerate(plan['batches']):
+            _node_names(batch, 'plan.batches[%d]' % i)
+    if 'max_unavailable' in plan:
+        _whole(plan['max_unavailable'], 'plan.max_unavailable')
+    budget = plan.get('budget')
+    if budget is not None:
+        if not isinstance(budget, dict):
+            raise PlanInputError('plan.budget: %s is not a mapping' % _shown(budget))
+        allowance = budget.get('failure_allowance')
+        if allowance is not None:
+            if not isinstance(allowance, dict):
+                raise PlanInputError('plan.budget.failure_allowance: %s is not a mapping' % _shown(allowance))
+            for key in ('nodes', 'gpus'):
+                entry = allowance.get(key)
+                field = 'plan.budget.failure_allowance.%s' % key
+                if entry is not None and not isinstance(entry, dict):
+                    raise PlanInputError('%s: %s is not a mapping (with resolved)' % (field, _shown(entry)))
+                if entry is not None and entry.get('resolved') is not None:
+                    _whole(entry['resolved'], field + '.resolved')
+    return plan
+
+
 def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan: Dict[str, Any]) -> Dict[str, Any]:
     """May the rollout start `batch` now? `nodes` is the pool as fleet_info reads it just before
     (name, unschedulable, ready, labels, gpus); `plan` the reviewed plan (max_unavailable, budget).
@@ -278,6 +328,7 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     mu = plan.get('max_unavailable') if isinstance(plan, dict) else plan
     if not isinstance(plan, dict) or isinstance(mu, bool) or not isinstance(mu, int) or mu < 0:
         raise PlanInputError('plan.max_unavailable: %r is not a whole number >= 0 (is this a reviewed plan?)' % (mu,))
+    check_plan(plan)
     if not isinstance(batch, (list, tuple)):
         raise PlanInputError('batch: %r is not a list of node names' % (batch,))
     for i, b in enumerate(batch):
@@ -288,6 +339,10 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     for i, n in enumerate(nodes):
         if not isinstance(n, dict) or not isinstance(n.get('name'), str):
             raise PlanInputError('nodes[%d]: %r is not a node with a name' % (i, n))
+        if n.get('labels') is not None and not isinstance(n['labels'], dict):
+            raise PlanInputError('nodes[%d] (%s).labels: %s is not a mapping' % (i, n['name'], _shown(n['labels'])))
+        if n.get('gpus') is not None:
+            _whole(n['gpus'], 'nodes[%d] (%s).gpus' % (i, n['name']))
         if n['name'] in seen:
             continue
         seen[n['name']] = n
