@@ -123,7 +123,39 @@ def loads(text: str, source: str = 'bundle') -> Dict[str, Any]:
                       ('actions', list), ('omitted', list), ('tuple', dict)):
         if not isinstance(doc.get(key), kind):
             raise EvidenceError('%s: field %s must be a %s' % (source, key, kind.__name__))
+    try:
+        _check_stored(doc)
+    except EvidenceError as exc:
+        raise EvidenceError('%s: %s' % (source, exc)) from None
     return doc
+
+
+def _stored(raw: Any) -> Any:
+    """A stored entry as its checker takes it: without duration_s, which the checker computes."""
+    return dict((k, v) for k, v in raw.items() if k != 'duration_s') if isinstance(raw, dict) else raw
+
+
+def _check_stored(doc: Dict[str, Any]) -> None:
+    """Every entry of a bundle read from a file checked with the checker that merge uses for it (people
+    edit the bundle in the evidence repository): nodes, artifacts (no file is read) are checked and kept as
+    stored; tuple, batches, gates, actions and omitted are replaced by the checker's entry (what merge writes,
+    so an unedited bundle reads back the same), so that every reader finds every field of its shape."""
+    if not isinstance(doc.get('id'), str) or not _ID.match(doc['id']):
+        raise EvidenceError('id: %r must be lowercase letters and digits with . or - inside' % (doc.get('id'),))
+    unknown = sorted(str(k) for k in doc['tuple'] if k not in ('before', 'after'))
+    if unknown:
+        raise EvidenceError('tuple: unknown key(s) %s (use before, after)' % ', '.join(unknown))
+    for side in ('before', 'after'):
+        doc['tuple'][side] = _tuple(doc['tuple'].get(side), 'tuple.' + side)
+    for i, (key, raw) in enumerate(doc['nodes'].items()):
+        entry = node_entry(_stored(raw), i)
+        if entry['name'] != key:
+            raise EvidenceError('nodes[%d].name: %r is not its key %r' % (i, entry['name'], key))
+    for i, raw in enumerate(doc['artifacts']):
+        artifact_entry(dict(raw, path=None) if isinstance(raw, dict) else raw, i)
+    for name, checker in (('batches', batch_entry), ('gates', gate_entry), ('actions', action_entry),
+                          ('omitted', omitted_entry)):
+        doc[name] = [checker(_stored(raw), i) for i, raw in enumerate(doc[name])]
 
 
 def dumps(bundle: Dict[str, Any]) -> str:

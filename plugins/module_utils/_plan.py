@@ -38,11 +38,11 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_ga
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._duration import parse_seconds
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import PauseError, check_pauses
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry, show
 
 __all__ = [
     'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
-    'batch_admission', 'build_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
+    'batch_admission', 'build_plan', 'check_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
 ]
 
 DEFAULT_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'partition_mode', 'install_method')
@@ -56,6 +56,8 @@ _KERNEL_RE = re.compile(r'^(\d+)\.(\d+)(?:\.(\d+))?(.*)$')
 _FLAVOUR_RE = re.compile(r'^-\d+(?:\.\d+)*-(?P<flavour>[a-z][a-z0-9-]*)$')
 _NATURAL_RE = re.compile(r'(\d+)')
 _SUMMARY_NAMES = 8
+# The largest count (nodes, GPUs) or percentage number the planner reads: nine digits.
+MAX_COUNT = 999999999
 
 
 class PlanInputError(ValueError):
@@ -104,25 +106,43 @@ def kernel_flavour(kernel: str) -> str:
     return fm.group('flavour') if fm else ''
 
 
+def _digits(digits: str, value: Any, field: str) -> int:
+    """The number `digits` (a regex match of digits) stands for; PlanInputError beyond MAX_COUNT (int() of more
+    than 4300 digits is a bare ValueError in CPython, and no pool has a billion nodes)."""
+    significant = digits.lstrip('0') or '0'
+    if len(significant) > len(str(MAX_COUNT)) or int(significant) > MAX_COUNT:
+        raise PlanInputError('%s: %s is more than %d' % (field, show(value, 40), MAX_COUNT))
+    return int(significant)
+
+
 def _parse_count(value: Any, field: str, allow_percent: bool = True) -> Tuple[int, bool]:
-    """Return (number, is_percent) for an int, 'N' or 'P%'."""
+    """Return (number, is_percent) for an int, 'N' or 'P%' (at most MAX_COUNT)."""
     if isinstance(value, bool) or value is None:
         raise PlanInputError('%s: %r is not a count or a percentage (e.g. 4 or "10%%")' % (field, value))
     if isinstance(value, int):
         if value < 0:
-            raise PlanInputError('%s: %r is negative' % (field, value))
+            raise PlanInputError('%s: %s is negative' % (field, show(value, 40)))
+        if value > MAX_COUNT:
+            raise PlanInputError('%s: %s is more than %d' % (field, show(value, 40), MAX_COUNT))
         return value, False
     if isinstance(value, str):
         m = _PERCENT_RE.match(value)
         if m and allow_percent:
-            pct = int(m.group(1))
+            pct = _digits(m.group(1), value, field)
             if pct > 100:
                 raise PlanInputError('%s: %r is over 100%%' % (field, value))
             return pct, True
         m = _INT_RE.match(value)
         if m:
-            return int(m.group(1)), False
-    raise PlanInputError('%s: %r is not a count or a percentage (e.g. 4 or "10%%")' % (field, value))
+            return _digits(m.group(1), value, field), False
+    raise PlanInputError('%s: %s is not a count or a percentage (e.g. 4 or "10%%")' % (field, _shown(value)))
+
+
+def _shown(value: Any) -> str:
+    """`value` as %r shows it (the messages' form), bounded: a string of thousands of digits stays short."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 57 else value[:54] + '...')
+    return show(value, 60)
 
 
 def resolve_count(value: Any, base: int, field: str, round_up: bool = False) -> Dict[str, Any]:
@@ -248,6 +268,56 @@ def out_of_service_reasons(unschedulable: bool, ready: bool, labels: Optional[Di
     return reasons
 
 
+def _node_names(value: Any, field: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+        raise PlanInputError('%s: %s is not a list of node names' % (field, _shown(value)))
+
+
+def _whole(value: Any, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanInputError('%s: %s is not a whole number >= 0' % (field, _shown(value)))
+
+
+def check_plan(plan: Any) -> Dict[str, Any]:
+    """The reviewed plan (as read from the plan file), its fields that the rollout's filters read checked
+    for shape: ``digest`` a string, ``target`` a mapping, ``canaries`` a list of node names, ``batches`` a
+    list of lists of node names, ``max_unavailable`` and ``budget.failure_allowance.{nodes,gpus}.resolved``
+    whole numbers, ``budget`` and ``failure_allowance`` mappings. A field the plan leaves out is not
+    checked (the function that needs it says so). PlanInputError names the field and the value: a plan
+    the planner wrote always passes; an edited one is refused before it is read."""
+    if not isinstance(plan, dict):
+        raise PlanInputError('plan: %s is not a plan (a mapping)' % _shown(plan))
+    if plan.get('digest') is not None and not isinstance(plan['digest'], str):
+        raise PlanInputError('plan.digest: %s is not a string (sha256:<64 hex>)' % _shown(plan['digest']))
+    if plan.get('target') is not None and not isinstance(plan['target'], dict):
+        raise PlanInputError('plan.target: %s is not a mapping (the target tuple)' % _shown(plan['target']))
+    if plan.get('canaries') is not None:
+        _node_names(plan['canaries'], 'plan.canaries')
+    if plan.get('batches') is not None:
+        if not isinstance(plan['batches'], list):
+            raise PlanInputError('plan.batches: %s is not a list of batches' % _shown(plan['batches']))
+        for i, batch in enumerate(plan['batches']):
+            _node_names(batch, 'plan.batches[%d]' % i)
+    if 'max_unavailable' in plan:
+        _whole(plan['max_unavailable'], 'plan.max_unavailable')
+    budget = plan.get('budget')
+    if budget is not None:
+        if not isinstance(budget, dict):
+            raise PlanInputError('plan.budget: %s is not a mapping' % _shown(budget))
+        allowance = budget.get('failure_allowance')
+        if allowance is not None:
+            if not isinstance(allowance, dict):
+                raise PlanInputError('plan.budget.failure_allowance: %s is not a mapping' % _shown(allowance))
+            for key in ('nodes', 'gpus'):
+                entry = allowance.get(key)
+                field = 'plan.budget.failure_allowance.%s' % key
+                if entry is not None and not isinstance(entry, dict):
+                    raise PlanInputError('%s: %s is not a mapping (with resolved)' % (field, _shown(entry)))
+                if entry is not None and entry.get('resolved') is not None:
+                    _whole(entry['resolved'], field + '.resolved')
+    return plan
+
+
 def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan: Dict[str, Any]) -> Dict[str, Any]:
     """May the rollout start `batch` now? `nodes` is the pool as fleet_info reads it just before
     (name, unschedulable, ready, labels, gpus); `plan` the reviewed plan (max_unavailable, budget).
@@ -258,6 +328,7 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     mu = plan.get('max_unavailable') if isinstance(plan, dict) else plan
     if not isinstance(plan, dict) or isinstance(mu, bool) or not isinstance(mu, int) or mu < 0:
         raise PlanInputError('plan.max_unavailable: %r is not a whole number >= 0 (is this a reviewed plan?)' % (mu,))
+    check_plan(plan)
     if not isinstance(batch, (list, tuple)):
         raise PlanInputError('batch: %r is not a list of node names' % (batch,))
     for i, b in enumerate(batch):
@@ -268,6 +339,10 @@ def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan:
     for i, n in enumerate(nodes):
         if not isinstance(n, dict) or not isinstance(n.get('name'), str):
             raise PlanInputError('nodes[%d]: %r is not a node with a name' % (i, n))
+        if n.get('labels') is not None and not isinstance(n['labels'], dict):
+            raise PlanInputError('nodes[%d] (%s).labels: %s is not a mapping' % (i, n['name'], _shown(n['labels'])))
+        if n.get('gpus') is not None:
+            _whole(n['gpus'], 'nodes[%d] (%s).gpus' % (i, n['name']))
         if n['name'] in seen:
             continue
         seen[n['name']] = n

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Sequence
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import PlanInputError, check_plan, digest_of
 
 KIND = 'upgrade_check'
 _SHA256 = re.compile(r'^[0-9a-f]{64}$')
@@ -110,8 +110,8 @@ def verdict(bundle: Any, plan_sha256: str, plan_file: str) -> Dict[str, Any]:
 def workflow_verdict(plan: Any, expected: Any = '') -> Dict[str, Any]:
     """Whether the plan a job read is the plan the workflow's plan job wrote: its content's digest (recomputed,
     _plan.digest_of) equals the digest it carries and, when the workflow passed one on (`expected`, set_stats
-    gpufleet_plan_digest), that one. {'ok', 'msg', 'digest'}; ok with nothing to compare when `expected` is empty
-    and the plan carries no digest."""
+    gpufleet_plan_digest), that one. {'ok', 'msg', 'digest'}. A plan that carries no digest is refused (the planner
+    always writes one), and so is one whose fields the rollout reads have the wrong shape (_plan.check_plan)."""
     if not isinstance(plan, Mapping):
         raise PlanDigestError('plan: %r is not a plan (a mapping)' % (type(plan).__name__,))
     if expected not in (None, '') and not (isinstance(expected, str) and re.match(r'^sha256:[0-9a-f]{64}$', expected)):
@@ -119,7 +119,14 @@ def workflow_verdict(plan: Any, expected: Any = '') -> Dict[str, Any]:
     actual = digest_of(dict(plan))
     carried = plan.get('digest')
     problems = []
-    if carried not in (None, '') and carried != actual:
+    try:
+        check_plan(dict(plan))
+    except PlanInputError as exc:
+        problems.append('its content is not a plan the planner writes: %s' % exc)
+    if carried in (None, ''):
+        problems.append('it carries no digest (upgrade_plan writes one into every plan; without it an edit cannot be '
+                        'told from the plan that was reviewed)')
+    elif carried != actual:
         problems.append('its content (%s) is not the digest it carries (%s): it was edited after it was planned'
                         % (actual, carried))
     if expected not in (None, '') and actual != expected:

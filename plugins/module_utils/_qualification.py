@@ -200,9 +200,10 @@ class _LoadProblem(Exception):
 
 
 class _LongNumber:
-    """What the loader makes of an integer of more than MAX_INT_BITS bits: never a field's value,
-    and one that CPython cannot even convert to text (``int``/``repr`` refuse more than 4300 decimal
-    digits), so it stands in for it and the field is reported, with no traceback."""
+    """What the loader makes of an integer of more than MAX_INT_BITS bits, or of a float too large
+    for a float (a sexagesimal ``1:0:...:0.5`` of 175+ parts, more than 300 digits): never a field's
+    value, and one that CPython cannot even convert to text (``int``/``repr`` refuse more than 4300
+    decimal digits), so it stands in for it and the field is reported, with no traceback."""
 
     def __repr__(self) -> str:
         return '<a number of more than 300 digits>'
@@ -299,7 +300,14 @@ def _loader_class() -> t.Any:
                 return _LongNumber()
             return value
 
+        def construct_yaml_float(self, node: t.Any) -> t.Any:
+            try:
+                return super().construct_yaml_float(node)
+            except OverflowError:  # a sexagesimal float of 175+ parts: PyYAML multiplies by 60 ** n as an int
+                return _LongNumber()
+
     StrictLoader.add_constructor('tag:yaml.org,2002:int', StrictLoader.construct_yaml_int)
+    StrictLoader.add_constructor('tag:yaml.org,2002:float', StrictLoader.construct_yaml_float)
 
     drop = {'tag:yaml.org,2002:bool', 'tag:yaml.org,2002:timestamp', 'tag:yaml.org,2002:merge',
             'tag:yaml.org,2002:value', 'tag:yaml.org,2002:yaml'}
@@ -338,6 +346,8 @@ def _load_yaml(text: str) -> t.Any:
         data = loader.get_single_data()
     except _LoadProblem:
         raise
+    except OverflowError:  # pragma: no cover - the int and float constructors turn every one we know into _LongNumber
+        raise _LoadProblem('the record holds a number too large to read')
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = ' (line %d, column %d)' % (mark.line + 1, mark.column + 1) if mark else ''

@@ -300,6 +300,15 @@ def _scalar(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=True)
 
 
+_UNSAFE_IN_COMMENT = re.compile('[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff]')
+
+
+def _comment(text: str) -> str:
+    """`text` safe on one YAML comment line: control characters, YAML's line breaks (NEL, LS, PS), BOM and lone
+    surrogates (not encodable as UTF-8) escaped as \\uXXXX, so the comment neither ends early nor breaks the write."""
+    return _UNSAFE_IN_COMMENT.sub(lambda m: '\\u%04x' % ord(m.group(0)), text)
+
+
 def dump_yaml(record: Dict[str, Any], reasons: Optional[List[str]] = None,
               comments: Optional[List[str]] = None) -> str:
     """The record as YAML in the seed's field order, with comments for the reviewer (`comments`:
@@ -307,8 +316,8 @@ def dump_yaml(record: Dict[str, Any], reasons: Optional[List[str]] = None,
     lines = ['# GPUUpgradeQualification written by gpufleet.upgrade.qualification_record.',
              '# ' + APPROVAL_NOTE]
     for r in reasons or []:
-        lines.append('# not qualified: ' + r.replace('\n', ' '))
-    lines.extend((c if c.startswith('#') else '# ' + c).replace('\n', ' ') for c in comments or [])
+        lines.append('# not qualified: ' + _comment(r.replace('\n', ' ')))
+    lines.extend(_comment((c if c.startswith('#') else '# ' + c).replace('\n', ' ')) for c in comments or [])
     for key in ('apiVersion', 'kind', 'id', 'state', 'approvedBy', 'sourceRevision'):
         lines.append('%s: %s' % (key, _scalar(record[key])))
     lines.append('hardware:')

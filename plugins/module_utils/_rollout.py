@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from ._duration import parse_seconds
 from ._evidence import rfc3339, utcnow
 from ._node_record import evidence_phases, finished, step
+from ._plan import PlanInputError, check_plan
 from ._upgrade_state import target_key
 
 
@@ -404,6 +405,10 @@ def plan_nodes(plan: Dict[str, Any]) -> List[str]:
     if not isinstance(plan, dict) or not isinstance(plan.get('batches') or [], list) \
             or not all(isinstance(b, list) for b in plan.get('batches') or []):
         raise RolloutError('plan: %r has no list of batches (each a list of node names)' % (plan,))
+    try:
+        check_plan(plan)
+    except PlanInputError as exc:
+        raise RolloutError(str(exc)) from None
     return _plan_nodes(plan)
 
 

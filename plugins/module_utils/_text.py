@@ -20,7 +20,10 @@ def show(value: t.Any, limit: int = 100) -> str:
         if len(value) > limit:
             value = value[:limit - 3] + '...'
         return json.dumps(value, ensure_ascii=False)
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 decimal digits (sys.get_int_max_str_digits)
+        return '<a number of more than 4300 digits>'
     if len(text) > limit:
         text = text[:limit - 3] + '...'
     return text

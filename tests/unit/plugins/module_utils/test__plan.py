@@ -441,6 +441,33 @@ def test_count_strings_accepted():
     assert (plan['batch_size'], plan['max_unavailable']) == (3, 4)
 
 
+# Review 2026-12-06 T3-14: int() of more than 4300 digits raised a bare ValueError (not PlanInputError,
+# which the upgrade_plan module catches): MODULE FAILURE.
+@pytest.mark.parametrize('value', ['1' * 4301, '1' * 4301 + '%', ' ' + '9' * 5000 + ' ', '1000000000', 10 ** 5000],
+                         ids=['4301 digits', '4301 digits %', '5000 digits', 'a billion', 'an int of 5001 digits'])
+def test_a_count_of_too_many_digits_is_refused_naming_the_field(value):
+    with pytest.raises(P.PlanInputError) as exc:
+        P.resolve_count(value, 100, 'max_unavailable')
+    message = str(exc.value)
+    assert message.startswith('max_unavailable: ') and message.endswith(' is more than 999999999')
+    assert len(message) < 120
+    for field in ('batch_size', 'max_unavailable'):
+        with pytest.raises(P.PlanInputError, match='^%s: .* is more than 999999999$' % field):
+            P.build_plan(fleet(10), target=TARGET, **{field: value})
+    with pytest.raises(P.PlanInputError, match='^failure_allowance.gpus: .* is more than 999999999$'):
+        P.build_plan(fleet(10), target=TARGET, failure_allowance={'gpus': value})
+
+
+def test_a_negative_count_of_too_many_digits_is_refused_naming_the_field():
+    with pytest.raises(P.PlanInputError, match='^max_unavailable: <a number of more than 4300 digits> is negative$'):
+        P.resolve_count(-10 ** 5000, 100, 'max_unavailable')
+
+
+def test_leading_zeros_do_not_count_as_digits():
+    assert P.resolve_count('0000000000000050%', 10, 'batch_size')['resolved'] == 5
+    assert P.resolve_count('000000000000999999999', 10, 'batch_size')['resolved'] == 999999999
+
+
 # ---------------------------------------------------------------------------- pause points (issue 16)
 def test_pause_points_are_in_the_plan_its_digest_and_its_summary():
     nodes = worked_example_nodes()

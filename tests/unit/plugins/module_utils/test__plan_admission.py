@@ -292,3 +292,52 @@ def test_max_unavailable_must_be_an_integer_not_a_boolean(max_unavailable):
     with pytest.raises(_plan.PlanInputError) as err:
         _plan.batch_admission(pool(4), ['gpu-01'], reviewed(max_unavailable))
     assert str(err.value) == 'plan.max_unavailable: %r is not a whole number >= 0 (is this a reviewed plan?)' % (max_unavailable,)
+
+
+# ---------------------------------------------------------------------------- a malformed plan (review 2026-12-06 T3-16)
+# The fuzz campaign's crashes: batch_admission raised AttributeError/TypeError/ValueError on a plan (or
+# a pool) whose fields had another shape; each is now PlanInputError naming the field and the value.
+def _planned():
+    nodes = [dict(n, pci_ids=[H100], platform='SYS-821GE-TNHR', kernel=CURRENT['kernel'], partition_mode='none',
+                  install_method='apt', current=CURRENT) for n in pool(10)]
+    return _plan.build_plan(nodes, target=TARGET, batch_size='20%', max_unavailable='20%',
+                            failure_allowance={'gpus': 8})
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda p: p.update(budget='NaN'), "plan.budget: 'NaN' is not a mapping"),
+    (lambda p: p['budget'].update(failure_allowance=[]), 'plan.budget.failure_allowance: [] is not a mapping'),
+    (lambda p: p['budget']['failure_allowance'].update(gpus='x'),
+     "plan.budget.failure_allowance.gpus: 'x' is not a mapping (with resolved)"),
+    (lambda p: p['budget']['failure_allowance']['gpus'].update(resolved='8'),
+     "plan.budget.failure_allowance.gpus.resolved: '8' is not a whole number >= 0"),
+    (lambda p: p.update(canaries=1.5), 'plan.canaries: 1.5 is not a list of node names'),
+    (lambda p: p['batches'].append([None]), 'plan.batches[10]: [None] is not a list of node names'),
+    (lambda p: p.update(digest=2 ** 70), 'plan.digest: 1180591620717411303424 is not a string (sha256:<64 hex>)'),
+])
+def test_a_malformed_plan_is_refused_naming_the_field(edit, message):
+    plan = _planned()
+    assert _plan.batch_admission(pool(10), plan['batches'][1], plan)['admitted'] is True
+    edit(plan)
+    with pytest.raises(_plan.PlanInputError) as exc:
+        _plan.batch_admission(pool(10), plan['batches'][1], plan)
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize('node,message', [
+    (dict(labels=1), 'nodes[0] (gpu-01).labels: 1 is not a mapping'),
+    (dict(labels='x'), "nodes[0] (gpu-01).labels: 'x' is not a mapping"),
+    (dict(gpus='1e3'), "nodes[0] (gpu-01).gpus: '1e3' is not a whole number >= 0"),
+    (dict(gpus=[8]), 'nodes[0] (gpu-01).gpus: [8] is not a whole number >= 0'),
+])
+def test_a_malformed_pool_node_is_refused_naming_the_field(node, message):
+    nodes = pool(10)
+    nodes[0].update(node)
+    with pytest.raises(_plan.PlanInputError) as exc:
+        _plan.batch_admission(nodes, ['gpu-02'], reviewed(2, gpus=8))
+    assert str(exc.value) == message
+
+
+def test_a_planned_plan_passes_check_plan():
+    plan = _planned()
+    assert _plan.check_plan(plan) is plan

@@ -123,3 +123,33 @@ def test_workflow_verdict_refuses_an_edited_plan_or_another_plan_than_the_workfl
         pd.workflow_verdict(plan, 'abc')
     with pytest.raises(pd.PlanDigestError, match='plan: '):
         pd.workflow_verdict(['x'])
+
+
+# Review 2026-12-06 T3-16: a plan with no digest went through when the workflow passed none, and then
+# any edit reached the filters (batch_admission, plan_nodes crashed on a malformed one).
+def test_workflow_verdict_refuses_a_plan_without_a_digest():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
+    plan = {'target': {'driver': '580.130.00'}, 'batches': [['gpu-01'], ['gpu-02']], 'max_unavailable': 1}
+    for carried in (None, ''):
+        edited = dict(plan) if carried is None else dict(plan, digest=carried)
+        for expected in ('', None):
+            v = _plan_digest.workflow_verdict(edited, expected)
+            assert v['ok'] is False and v['digest'] == digest_of(plan)
+            assert 'it carries no digest (upgrade_plan writes one into every plan' in v['msg']
+    assert _plan_digest.workflow_verdict(dict(plan, digest=digest_of(plan)))['ok'] is True
+
+
+@pytest.mark.parametrize('edit,problem', [
+    ({'budget': 'NaN'}, "plan.budget: 'NaN' is not a mapping"),
+    ({'canaries': 1.5}, 'plan.canaries: 1.5 is not a list of node names'),
+    ({'batches': [['gpu-01'], 7]}, 'plan.batches[1]: 7 is not a list of node names'),
+    ({'max_unavailable': '2'}, "plan.max_unavailable: '2' is not a whole number >= 0"),
+])
+def test_workflow_verdict_refuses_a_malformed_plan_even_with_its_own_digest(edit, problem):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
+    plan = dict({'target': {'driver': '580.130.00'}, 'batches': [['gpu-01'], ['gpu-02']], 'max_unavailable': 1}, **edit)
+    plan['digest'] = digest_of(plan)
+    v = _plan_digest.workflow_verdict(plan, plan['digest'])
+    assert v['ok'] is False
+    assert v['msg'] == ('the plan refused: its content is not a plan the planner writes: %s; nothing was changed. '
+                        'Re-plan and review it again' % problem)

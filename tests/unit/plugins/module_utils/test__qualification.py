@@ -755,6 +755,34 @@ def test_an_integer_over_the_digit_limit_in_an_unknown_field_is_reported_too():
     assert load_problems(doc) == ['unknown field "extra"']
 
 
+# --- review 2026-12-06 T3-13: a sexagesimal float too large for a float -----------------------
+# PyYAML's float constructor multiplies each part by 60 ** n as an int: from about 175 parts the
+# product does not fit a float and OverflowError escaped parse_record, validate_record and check_gate.
+@pytest.mark.parametrize('parts', [175, 200, 500])
+@pytest.mark.parametrize('field,replace,shown', [
+    ('canary.evidence', ('evidence: change-record-42', 'evidence: %s0.5'),
+     'field "canary.evidence" must be a string, got a number of more than 300 digits (quote it)'),
+    ('target.driver', ('driver: 580.130.00', 'driver: %s0.5'),
+     'field "target.driver" must be a string, got a number of more than 300 digits (quote it)'),
+    ('canary.rollbackPassed', ('rollbackPassed: true', 'rollbackPassed: %s0.5'),
+     'field "canary.rollbackPassed" must be a boolean (true or false), got a number of more than 300 digits'),
+])
+def test_a_sexagesimal_float_too_large_for_a_float_is_a_problem_naming_the_field(parts, field, replace, shown):
+    doc = SEED_TEXT.replace(replace[0], replace[1] % ('1:' * parts))
+    assert doc != SEED_TEXT
+    assert load_problems(doc) == [shown]
+    result = gate(doc)
+    assert result.passed is False and result.problems == [shown]
+    record, problems = q.validate_record(doc)
+    assert record is None and problems == [shown]
+
+
+def test_a_sexagesimal_float_that_fits_a_float_is_still_reported_as_a_number():
+    doc = SEED_TEXT.replace('evidence: change-record-42', 'evidence: ' + '1:' * 170 + '0.5')
+    (problem,) = load_problems(doc)
+    assert problem.startswith('field "canary.evidence" must be a string, got the number ') and problem.endswith('(quote it)')
+
+
 # --- issue 12 (9): years before 1000 are written with four digits ---------------------------
 @pytest.mark.parametrize('moment,text_', [
     (datetime.datetime(999, 12, 31, 23, 59, 59, tzinfo=UTC), '0999-12-31T23:59:59Z'),

@@ -165,3 +165,25 @@ def test_written_records_round_trip_and_pass_their_own_tuple(fields):
                           fields['completedAt'] + datetime.timedelta(hours=1))
     assert result.problems == []
     assert result.qualification['source_revision'] == fields['sourceRevision'].lower()
+
+
+# Review 2026-12-06 T3-13: a sexagesimal number of any length (up to 500 parts: 175 made PyYAML's float
+# constructor overflow) in any field is a problem naming the field, never a traceback.
+SEXAGESIMAL_LINES = ['id: v100-kernel-canary-1', 'driver: 580.130.00', 'evidence: change-record-42',
+                     'rollbackPassed: true', 'completedAt: 2026-07-14T12:00:00Z', '  - 10de:1db6/10de:124a']
+
+
+@settings(PROPERTY, max_examples=200)
+@given(st.sampled_from(SEXAGESIMAL_LINES), st.sampled_from(['', '-', '+']),
+       st.integers(min_value=2, max_value=500), st.lists(st.integers(min_value=0, max_value=59), min_size=1, max_size=5),
+       st.sampled_from(['', '.5', '.0', '.25']))
+def test_sexagesimal_numbers_of_any_length_never_raise(line, sign, count, pattern, fraction):
+    key = line.split(':', 1)[0] + (': ' if not line.strip().startswith('-') else '')
+    value = sign + '1:' + ':'.join('%d' % pattern[i % len(pattern)] for i in range(count)) + fraction
+    doc = SEED_TEXT.replace(line, (key if key.endswith(': ') else '  - ') + value)
+    assert doc != SEED_TEXT
+    result = q.check_gate(doc, PCI_IDS, CURRENT, TARGET, '720h', NOW)
+    assert_clean(result)
+    assert result.passed is False
+    record, problems = q.validate_record(doc)
+    assert record is None and problems == result.problems

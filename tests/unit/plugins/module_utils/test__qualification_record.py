@@ -320,3 +320,65 @@ def test_monitoring_needs_the_metric_gate_not_only_the_host_gpu_gate() -> None:
     record, reasons = qr.build_record(b, REV)
     assert record['state'] == 'qualified' and record['canary']['monitoringPassed'] is True and reasons == []
     assert qr.unmonitored_canaries(b['gates'], ['gpu-1', 'gpu-2']) == []
+
+
+# --- review 2026-12-06 T3-15: bundles _evidence.loads accepted and build_record crashed on ---------------------
+def _loaded(edit: Any) -> Any:
+    """The canary bundle written to its file, edited as a person edits the evidence repository, read back."""
+    import json
+    doc = json.loads(ev.dumps(canary_bundle()))
+    edit(doc)
+    return lambda: ev.loads(json.dumps(doc), 'bundle.json')
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda b: b['nodes'].update({'gpu-1': 'not a mapping'}), "bundle.json: nodes[0]: 'not a mapping' is not a dict"),
+    (lambda b: b['nodes']['gpu-1'].update(pci_ids='10de:2330/10de:16c1'),
+     "bundle.json: nodes[0].pci_ids: '10de:2330/10de:16c1' is not a list of strings"),
+    (lambda b: b['nodes'].update({'gpu-7': b['nodes'].pop('gpu-1')}),
+     "bundle.json: nodes[2].name: 'gpu-1' is not its key 'gpu-7'"),
+    (lambda b: b['batches'].append(3), 'bundle.json: batches[2]: 3 is not a dict'),
+    (lambda b: b['batches'][0].pop('index'), 'bundle.json: batches[0].index is required'),
+    (lambda b: b['batches'][0].update(nodes='gpu-1'), "bundle.json: batches[0].nodes: 'gpu-1' is not a list of node names"),
+    (lambda b: b['gates'].append('x'), "bundle.json: gates[6]: 'x' is not a dict"),
+    (lambda b: b['gates'][0].pop('passed'), 'bundle.json: gates[0] (node).passed is required (true or false)'),
+    (lambda b: b['tuple'].update(after='x'), "bundle.json: tuple.after: 'x' is not a dict"),
+    (lambda b: b['tuple']['after'].update(driver=5), 'bundle.json: tuple.after.driver: 5 must be a non-blank string'),
+    (lambda b: b.pop('id'), 'bundle.json: id: None must be lowercase letters and digits with . or - inside'),
+    (lambda b: b.update(id=['h100-canary-1']), "bundle.json: id: ['h100-canary-1'] must be lowercase letters and digits"),
+])
+def test_a_malformed_bundle_is_refused_where_it_is_read_naming_the_field(edit: Any, message: str) -> None:
+    load = _loaded(edit)
+    with pytest.raises(ev.EvidenceError) as err:
+        bundle = load()
+        qr.build_record(bundle, REV)  # the old code: AttributeError, KeyError or TypeError here
+    assert str(err.value).startswith(message)
+
+
+def test_a_gate_without_node_or_batch_reads_as_a_fleet_gate() -> None:
+    def edit(b: Any) -> None:
+        for g in b['gates']:
+            if g['name'] == 'metrics':
+                del g['node'], g['id'], g['category'], g['critical'], g['duration_s']
+    bundle = _loaded(edit)()
+    record, reasons = qr.build_record(bundle, REV)
+    assert reasons == [] and record['state'] == 'qualified'
+    assert 'metrics@fleet#0' in qr.claim_evidence(bundle)['monitoringPassed']
+
+
+def test_an_unedited_bundle_reads_back_as_written() -> None:
+    import json
+    bundle = canary_bundle()
+    assert ev.loads(ev.dumps(bundle), 'bundle.json') == json.loads(ev.dumps(bundle))
+
+
+@pytest.mark.parametrize('odd', ['\ud800', '\udcff', '\u2028state: failed', '\x85x', '\x1b[31m', '\r'])
+def test_odd_text_in_a_gate_id_stays_inside_its_comment_and_the_record_is_utf8(odd: str) -> None:
+    bundle = canary_bundle(extra=[{'name': 'odd', 'id': 'odd' + odd + '-end', 'kind': 'cuda', 'node': 'gpu-1', 'batch': 0,
+                                   'passed': False, 'finished': at(60)}])
+    record, reasons = qr.build_record(bundle, REV)
+    content = qr.dump_yaml(record, reasons, qr.claim_comments(qr.claim_evidence(bundle), bundle['id']))
+    content.encode('utf-8')  # the old code: UnicodeEncodeError for a lone surrogate (the module's write)
+    assert '# not qualified: other critical gate(s) failed: odd\\u%04x' % ord(odd[0]) in content
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _qualification as q
+    assert q.parse_record(content).to_dict()['state'] == 'failed'

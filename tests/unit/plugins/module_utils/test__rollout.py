@@ -985,3 +985,15 @@ def test_observation_verdict_a_failed_comparison_with_enough_traffic_is_not_inco
               'queries': [_traffic_result(5000.0), _traffic_result(3.0, critical=False, name='batch-jobs')]}
     v = _rollout.observation_verdict([_observed('n1'), _observed('n2')], OBS_PLAN, WINDOW, metric)
     assert v['inconclusive'] == [] and sorted(v['failed']) == ['n1', 'n2']
+
+
+# Review 2026-12-06 T3-16: plan_nodes raised TypeError on a plan whose canaries were not a list.
+@pytest.mark.parametrize('plan,message', [
+    ({'canaries': 1.5, 'batches': [['gpu-01']]}, 'plan.canaries: 1.5 is not a list of node names'),
+    ({'canaries': ['gpu-01', 3], 'batches': [['gpu-01']]}, "plan.canaries: ['gpu-01', 3] is not a list of node names"),
+    ({'batches': [['gpu-01', {'a': None}]]}, "plan.batches[0]: ['gpu-01', {'a': None}] is not a list of node names"),
+])
+def test_plan_nodes_refuses_a_malformed_plan_naming_the_field(plan, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.plan_nodes(plan)
+    assert str(err.value) == message

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import text_field, url_userinfo
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import show, text_field, url_userinfo
 
 
 class Bad(ValueError):
@@ -47,3 +47,10 @@ def test_numbers_are_taken_as_their_digits_when_allowed():
 ])
 def test_url_userinfo(url, userinfo):
     assert url_userinfo(url) == userinfo
+
+
+def test_show_bounds_an_int_too_long_for_repr():
+    # repr() of an int of more than 4300 digits raises ValueError: a message must not (review 2026-12-06 T3-14)
+    assert show(10 ** 5000) == '<a number of more than 4300 digits>'
+    assert show(-10 ** 5000) == '<a number of more than 4300 digits>'
+    assert show(10 ** 200, 20) == '1' + '0' * 16 + '...'
