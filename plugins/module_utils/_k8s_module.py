@@ -106,15 +106,18 @@ class K8sModule(AnsibleModule):
                  **kwargs: Any) -> None:
         kwargs.setdefault('supports_check_mode', True)
         super().__init__(argument_spec=k8s_argument_spec(argument_spec), **kwargs)
-        # A credential in a URL option (refused for proxy, unused for host) is masked as a no_log value is, so
-        # that the invocation in the task result does not carry it (2026-12-06 review T3-10).
+        self.mask_url_credentials()
+        self.module_name = name
+        self.count_requests = count_requests
+        self._client: Optional[K8sClient] = None
+
+    def mask_url_credentials(self) -> None:
+        """A credential in a URL option (refused for proxy, unused for host) is masked as a no_log value is, so
+        that the invocation in the task result does not carry it (2026-12-06 review T3-10)."""
         for option in ('proxy', 'host'):
             secret = url_userinfo(self.params.get(option))
             if secret:
                 self.no_log_values.add(secret)
-        self.module_name = name
-        self.count_requests = count_requests
-        self._client: Optional[K8sClient] = None
 
     @property
     def client(self) -> K8sClient:

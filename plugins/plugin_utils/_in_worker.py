@@ -96,6 +96,7 @@ class WorkerK8sModule(K8sModule):
                                                              'gpufleet.upgrade.%s' % name, **checks)
         except ArgumentError as exc:
             self.fail_json(msg=str(exc))
+        self.mask_url_credentials()
 
     def warn(self, warning: str) -> None:  # pylint: disable=arguments-differ
         self.warnings.append(warning)

@@ -82,3 +82,9 @@ def test_the_invocation_when_asked_for_carries_the_arguments_masked():
     assert result['invocation']['module_args']['node'] == 'gpu-1'
     assert 's3cret-token' not in repr(result) and result['invocation']['module_args']['api_key'] == 'VALUE_SPECIFIED_IN_NO_LOG_PARAMETER'
     assert 'invocation' not in _exit(lambda: _worker({'node': 'gpu-1'}).exit_json())
+
+
+def test_a_credential_in_a_url_option_is_masked_as_in_the_module_process():
+    module = _worker({'node': 'gpu-1', 'host': 'https://ops:Pr0xy@api:6443'}, invocation=True)
+    result = _exit(lambda: module.fail_json(msg='no'))
+    assert 'Pr0xy' not in repr(result) and result['invocation']['module_args']['host'].startswith('https://')
