@@ -730,6 +730,15 @@ def test_odd_keys_are_quoted_in_messages():
 HUGE = '9' * 5000
 
 
+def refused_everywhere(doc, shown):
+    """The loader, the gate and validate_record all refuse `doc` with the one problem `shown`."""
+    assert load_problems(doc) == [shown]
+    result = gate(doc)
+    assert result.passed is False and result.problems == [shown]
+    record, problems = q.validate_record(doc)
+    assert record is None and problems == [shown]
+
+
 @pytest.mark.parametrize('field,replace,shown', [
     ('id', ('id: v100-kernel-canary-1', 'id: ' + HUGE), 'field "id" must be a string, got a number of more than 300 '
      'digits (quote it)'),
@@ -743,11 +752,7 @@ HUGE = '9' * 5000
 def test_an_integer_over_the_digit_limit_is_a_problem_naming_the_field(field, replace, shown):
     doc = SEED_TEXT.replace(*replace)
     assert doc != SEED_TEXT
-    assert load_problems(doc) == [shown]
-    result = gate(doc)
-    assert result.passed is False and result.problems == [shown]
-    record, problems = q.validate_record(doc)
-    assert record is None and problems == [shown]
+    refused_everywhere(doc, shown)
 
 
 def test_an_integer_over_the_digit_limit_in_an_unknown_field_is_reported_too():
@@ -770,11 +775,7 @@ def test_an_integer_over_the_digit_limit_in_an_unknown_field_is_reported_too():
 def test_a_sexagesimal_float_too_large_for_a_float_is_a_problem_naming_the_field(parts, field, replace, shown):
     doc = SEED_TEXT.replace(replace[0], replace[1] % ('1:' * parts))
     assert doc != SEED_TEXT
-    assert load_problems(doc) == [shown]
-    result = gate(doc)
-    assert result.passed is False and result.problems == [shown]
-    record, problems = q.validate_record(doc)
-    assert record is None and problems == [shown]
+    refused_everywhere(doc, shown)
 
 
 def test_a_sexagesimal_float_that_fits_a_float_is_still_reported_as_a_number():
