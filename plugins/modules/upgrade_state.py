@@ -171,8 +171,8 @@ def _gpufleet(node):
     return {k: ann[k] for k in sorted(ann) if k.startswith('gpufleet.io/')}
 
 
-# The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them in
-# Ansible's worker when the task runs on the controller (plugins/action/upgrade_state.py).
+# The module's own options (the Kubernetes auth options are added) and its work, as the Kubernetes modules run in
+# Ansible's worker have them (plugin_utils/_in_worker.py); this one has no action plugin yet (docs/development.md).
 OPTIONS = dict(
     node={'type': 'str', 'required': True},
     target={'type': 'dict', 'required': True},

@@ -14,6 +14,8 @@ import k8s_scenario as S
 from k8s_support import load, mutations
 from tools.records import CURRENT, PCI_IDS, TARGET
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import digest_of
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHECK = {'plan': 'Plan | Check the inputs', 'preflight': 'Preflight | Check the inputs',
          'canary': 'Canary | Check the inputs', 'upgrade_check': 'Check the inputs',
@@ -109,8 +111,9 @@ def test_upgrade_check_collected_mode_takes_survey_answers(run_playbook, tmp_pat
     """What the AWX survey sends: the plan file, the qualification dir, an empty optional file answer. The gate
     runs per combination of the plan with the plan's tuples (here it blocks: no record in the dir)."""
     plan = tmp_path / 'plan.json'
-    plan.write_text(json.dumps({'target': dict(TARGET), 'combinations': [
-        {'id': 'c1', 'key': {'pci_ids': ','.join(PCI_IDS)}, 'source_tuples': [dict(CURRENT)]}]}))
+    content = {'target': dict(TARGET), 'combinations': [
+        {'id': 'c1', 'key': {'pci_ids': ','.join(PCI_IDS)}, 'source_tuples': [dict(CURRENT)]}]}
+    plan.write_text(json.dumps(dict(content, digest=digest_of(content))))     # as upgrade_plan writes it
     run = run_playbook(REPO / 'playbooks' / 'upgrade_check.yml', extravars={
         'gpufleet_plan_file': str(plan), 'gpufleet_qualification_dir': str(tmp_path / 'qualification'),
         'gpufleet_qualification_file': '', 'gpufleet_max_canary_age': '720h'})
