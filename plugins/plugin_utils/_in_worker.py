@@ -147,11 +147,11 @@ class K8sInWorker(ActionBase):
         environment: t.Dict[str, t.Any] = {}
         self._compute_environment_string(environment)     # what the module process would see
         os.environ.update({str(k): str(v) for k, v in environment.items()})    # this worker runs one task
+        outcome: t.Dict[str, t.Any] = {'failed': True, 'msg': '%s ended without a result' % fqcn}
         try:
             loaded.run(WorkerK8sModule(self.NAME, loaded.OPTIONS, self._task.args,
                                        check_mode=bool(self._task.check_mode), diff=bool(self._task.diff),
                                        invocation=inject_invocation(task_vars), **getattr(loaded, 'CHECKS', {})))
-            raise WorkerExit({'failed': True, 'msg': '%s ended without a result' % fqcn})
         except WorkerExit as done:
             outcome = done.result
         for warning in outcome.pop('warnings', []) if isinstance(outcome.get('warnings'), list) else []:

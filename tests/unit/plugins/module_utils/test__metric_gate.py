@@ -244,7 +244,7 @@ def test_a_redirect_to_another_origin_gets_no_token_and_fails_the_query():
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         client = mg.PrometheusClient('http://127.0.0.1:%d' % prom.server_port,
-                                     lambda url, headers, timeout: http_get(url, headers, timeout), timeout=5,
+                                     http_get, timeout=5,
                                      headers={'Authorization': 'Bearer s3cr3t-prometheus-token'})
         with pytest.raises(mg.PrometheusError) as exc:
             client.query('up', 0)
