@@ -21,6 +21,7 @@ import json
 import os
 import pathlib
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -59,6 +60,10 @@ AUDIT_POLICY = {
         {'level': 'None'},
     ],
 }
+
+
+# Starts on new ports after a component lost its port to another process (ControlPlane.start).
+PORT_ATTEMPTS = 3
 
 
 class ControlPlaneError(RuntimeError):
@@ -113,16 +118,29 @@ class ControlPlane:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / 'logs').mkdir(exist_ok=True)
         self.pki = Pki(self.dir / 'pki')
-        try:
-            self._start_etcd()
-            self._start_apiserver()
-            self._wait_ready()
-            self._start_controllers()
-            self._apply_crds()
-            self._wait_controllers()
-        except BaseException:
-            self.stop()
-            raise
+        fresh = not (self.dir / 'etcd').exists()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_etcd()
+                self._start_apiserver()
+                self._wait_ready()
+                self._start_controllers()
+                self._apply_crds()
+                self._wait_controllers()
+                break
+            except ControlPlaneError as exc:
+                self.stop()
+                # free_port() only finds a port free: another process can bind it before the component does
+                # (seen under load). Start again on new ports; anything else is the component's own failure.
+                if attempt == PORT_ATTEMPTS or 'address already in use' not in str(exc):
+                    raise
+                self.log('control plane: a port was taken before its component bound it; again on new ports '
+                         '(attempt %d of %d)' % (attempt + 1, PORT_ATTEMPTS))
+                if fresh:
+                    shutil.rmtree(self.dir / 'etcd', ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
         self.log('control plane: up at %s in %.1f s (Kubernetes %s)' % (
             self.url, time.monotonic() - t0, KUBERNETES_VERSION))
         return self

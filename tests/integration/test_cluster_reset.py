@@ -38,3 +38,35 @@ def test_the_reset_leaves_no_runtime_class(cluster):
     assert _classes(cluster) == ['nvidia-cdi']
     cluster.reset()
     assert _classes(cluster) == []
+
+
+def test_a_port_taken_before_its_component_binds_it_starts_the_control_plane_on_new_ports(tmp_path, monkeypatch):
+    # free_port() finds a port free, and under load another process bound it before kube-scheduler did
+    # ("bind: address already in use"): the whole test failed. Here the first port handed out (etcd's client
+    # port) is held by a listening socket; the start must go again on new ports and come up.
+    import socket
+
+    from cluster import controlplane as cpmod
+
+    taken = socket.socket()
+    taken.bind(('127.0.0.1', 0))
+    taken.listen(1)
+    held = taken.getsockname()[1]
+    handed = []
+    real = cpmod.free_port
+
+    def racing_free_port():
+        port = held if not handed else real()
+        handed.append(port)
+        return port
+
+    monkeypatch.setattr(cpmod, 'free_port', racing_free_port)
+    said = []
+    try:
+        with cpmod.ControlPlane(tmp_path / 'cp', log=said.append) as cp:
+            assert cp.etcd_port != held
+            assert cp._get('/readyz', cp.tokens['gpufleet-admin'])[0] == 200
+    finally:
+        taken.close()
+    assert handed[0] == held and handed.count(held) == 1
+    assert any('again on new ports (attempt 2 of' in line for line in said), said
