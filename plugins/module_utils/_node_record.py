@@ -34,7 +34,8 @@ ANN_DONE = 'gpufleet.io/upgraded-to'
 ANN_SNAPSHOT = 'gpufleet.io/snapshot-sha256'
 # The VMs node_drain halted, with their previous runStrategy, to start after the gates.
 ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
-# The timeAdded of the node.kubernetes.io/unschedulable taint of our own cordon.
+# The timeAdded of the node.kubernetes.io/unschedulable taint of our own cordon, as versions before issue 37 (4)
+# recorded it: no longer written (managedFields say whose the cordon is), removed where found.
 ANN_CORDON_TAINT = 'gpufleet.io/cordon-taint-added'
 # Who isolated a canary (node_isolation's owner): only that owner releases it.
 ANN_ISOLATED_BY = 'gpufleet.io/isolated-by'

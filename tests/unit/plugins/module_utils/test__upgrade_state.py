@@ -120,6 +120,9 @@ def test_validated_survives_the_uncordon_so_a_rerun_resumes_after_the_gates(cord
     from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
     n = node({S.ANN_STATE: 'validated', S.ANN_TARGET: KEY,
               S.ANN_INITIAL: 'true' if cordoned_before else 'false'}, unschedulable=True)
+    if not cordoned_before:     # our cordon, as managedFields record it
+        n['metadata']['managedFields'] = [{'manager': D.FIELD_MANAGER, 'operation': 'Update', 'fieldsType': 'FieldsV1',
+                                           'fieldsV1': {'f:spec': {'f:unschedulable': {}}}}]
     patch, kept = D.uncordon_patch(n)
     after = D.apply_merge_patch(n, patch)
     assert kept is cordoned_before
