@@ -29,8 +29,10 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
   of the rounds waits past `timeout` (K8sClient.bounded);
 - on failure the node stays cordoned and the result lists what remains and why;
 - uncordon lifts only a cordon this collection made (initial-unschedulable "false", refreshed
-  whenever we cordon a schedulable node, and the unschedulable taint's timeAdded recorded for our
-  cordon still the node's), unless uncordon_preexisting (`force` is only for unmanaged pods);
+  whenever we cordon a schedulable node, and spec.unschedulable owned by our own field manager in
+  the Node's managedFields: the API server's record of who set it, written with the cordon itself;
+  someone who uncordoned and cordoned again since owns it), unless uncordon_preexisting (`force` is
+  only for unmanaged pods). No owner recorded is not ours, unless this Drainer made the cordon;
 - start_vms (after the node passed its gates) restores each VirtualMachine recorded in
   `gpufleet.io/stopped-vms` to its exact previous runStrategy/running, then clears the record; it
   refuses on a node that records a failure (a VM is never started on a failed node).
@@ -48,15 +50,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ._poll import poll
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
+from ._managed_fields import FIELD_MANAGER, owned_only_by, owners
 from ._merge_patch import apply_merge_patch
-# ANN_CORDON_TAINT: the timeAdded of the node.kubernetes.io/unschedulable taint that the node lifecycle
-# controller put on for our cordon: ties initial-unschedulable "false" to that cordon (a cordon lifted
-# and set again by someone else since has another taint, and is not ours to lift).
+# ANN_CORDON_TAINT: the record of our cordon's taint that earlier versions wrote; only removed now
+# (ownership is read from managedFields, written by the cordon itself).
 from ._node_record import (
     ANN_CORDON_TAINT, ANN_INITIAL, ANN_SNAPSHOT, ANN_STATE, ANN_STOPPED_VMS, ANN_TARGET, snapshot_target,
 )
 
-UNSCHEDULABLE_TAINT = 'node.kubernetes.io/unschedulable'
 VMI_POLICIES = ('refuse', 'stop', 'evict')
 STATES = ('cordon', 'drain', 'uncordon', 'start_vms')
 # Progress recorded by the roles that uncordon keeps: `validated` (every gate passed) stays until
@@ -166,29 +167,20 @@ def initially_unschedulable(node: Dict[str, Any]) -> bool:
     return value == 'true'
 
 
-def unschedulable_taint_added(node: Dict[str, Any]) -> Optional[str]:
-    """The timeAdded of the node's node.kubernetes.io/unschedulable taint (None without one)."""
-    for taint in (node.get('spec') or {}).get('taints') or []:
-        if isinstance(taint, dict) and taint.get('key') == UNSCHEDULABLE_TAINT:
-            return str(taint.get('timeAdded') or '') or None
-    return None
+UNSCHEDULABLE = ('spec', 'unschedulable')
 
 
-def taint_record_patch(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """Annotations recording the unschedulable taint of our cordon, once the node lifecycle
-    controller has added it (to be applied only by the run that made the cordon)."""
-    ann = _annotations(node)
-    added = unschedulable_taint_added(node)
-    if is_unschedulable(node) and ann.get(ANN_INITIAL) == 'false' and ANN_CORDON_TAINT not in ann and added:
-        return {ANN_CORDON_TAINT: added}
-    return None
+def cordon_owners(node: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Who set the node's spec.unschedulable, from its managedFields ({manager, operation, time};
+    [] when the API records no owner)."""
+    return owners(node, UNSCHEDULABLE)
 
 
 def cordon_patch(node: Dict[str, Any], state: str = 'cordoned') -> Optional[Dict[str, Any]]:
     """Merge patch that cordons the node and records its initial state, or None if nothing to do.
 
-    Cordoning a schedulable node always records initial-unschedulable "false" (and forgets the
-    taint of an earlier cordon): a record left by an earlier run belongs to a cordon someone has
+    Cordoning a schedulable node always records initial-unschedulable "false" (and drops the taint
+    record of earlier versions): a record left by an earlier run belongs to a cordon someone has
     lifted since. On a node that is already cordoned the annotation is written only when absent
     (a rerun keeps the first value). `state` is written with a cordon, or when the node records no
     progress yet; a node that is already cordoned by this collection keeps the progress it records.
@@ -253,27 +245,29 @@ def state_patch(node: Dict[str, Any], state: str, stopped_vms: Optional[List[Dic
     return {'metadata': {'annotations': patch_ann}} if patch_ann else None
 
 
-def is_our_cordon(node: Dict[str, Any]) -> bool:
-    """This collection made the node's cordon: initial-unschedulable "false" and, when the taint
-    of our cordon was recorded, that same taint still on the node (someone who uncordoned and
-    cordoned again since made a new one)."""
-    ann = _annotations(node)
-    if ann.get(ANN_INITIAL) != 'false':
+def is_our_cordon(node: Dict[str, Any], made_here: bool = False) -> bool:
+    """This collection made the node's cordon: initial-unschedulable "false" and spec.unschedulable
+    owned by our field manager alone (someone who uncordoned and cordoned again since owns it). A
+    node whose managedFields name no owner of spec.unschedulable is not ours, unless `made_here`
+    (the caller made this cordon itself)."""
+    if _annotations(node).get(ANN_INITIAL) != 'false':
         return False
-    recorded = ann.get(ANN_CORDON_TAINT)
-    return recorded is None or recorded == unschedulable_taint_added(node)
+    if not cordon_owners(node):
+        return made_here
+    return owned_only_by(node, UNSCHEDULABLE, FIELD_MANAGER)
 
 
-def uncordon_patch(node: Dict[str, Any], uncordon_preexisting: bool = False) -> Tuple[Optional[Dict[str, Any]], bool]:
+def uncordon_patch(node: Dict[str, Any], uncordon_preexisting: bool = False,
+                   made_here: bool = False) -> Tuple[Optional[Dict[str, Any]], bool]:
     """(merge patch or None, cordon kept).
 
-    The cordon is lifted only when this collection made it (is_our_cordon) or with
-    uncordon_preexisting. Our initial-state and progress annotations are removed either way, except
+    The cordon is lifted only when this collection made it (is_our_cordon, `made_here` passed on) or
+    with uncordon_preexisting. Our initial-state and progress annotations are removed either way, except
     the progress `validated` (KEPT_ON_UNCORDON: upgrade_state clears it when it records the node
     done); the record of stopped VMs stays for start_vms.
     """
     ann = _annotations(node)
-    ours = is_our_cordon(node)
+    ours = is_our_cordon(node, made_here)
     lift = is_unschedulable(node) and (ours or uncordon_preexisting)
     kept = is_unschedulable(node) and not lift
     patch: Dict[str, Any] = {}
@@ -539,7 +533,8 @@ class KubeDrainClient(DrainClient):
         return self.k8s.get(path_for('v1', 'nodes', name))
 
     def update_node(self, name, compute, current=None):
-        return self.k8s.update(path_for('v1', 'nodes', name), compute, current)
+        # Our own field manager: managedFields then say that the collection set spec.unschedulable.
+        return self.k8s.update(path_for('v1', 'nodes', name), compute, current, field_manager=FIELD_MANAGER)
 
     def list_pods(self, node, label_selector=None):
         query: Dict[str, Any] = {'fieldSelector': 'spec.nodeName=%s' % node}
@@ -633,8 +628,6 @@ class Drainer:
         it) saves a read. In check mode nothing is written: the after is predicted."""
         if node is None:
             node = getattr(self, '_last_node', None)
-        if getattr(self, '_cordoned_here', False):
-            compute = self._recording_taint(compute)
         if self.check_mode:
             current = node if node is not None else self.client.get_node(name)
             after = apply_merge_patch(current, compute(current))
@@ -643,35 +636,22 @@ class Drainer:
         self._last_node = after
         return current, after, node_view(current) != node_view(after)
 
-    @staticmethod
-    def _recording_taint(compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]
-                         ) -> Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]:
-        """`compute`, plus the record of our cordon's taint once it is on the node."""
-        def wrapped(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-            patch = compute(node)
-            record = taint_record_patch(apply_merge_patch(node, patch))
-            if not record:
-                return patch
-            patch = json.loads(json.dumps(patch)) if patch else {}
-            patch.setdefault('metadata', {}).setdefault('annotations', {}).update(record)
-            return patch
-        return wrapped
-
     def cordon(self, name: str, state: str = 'cordoned') -> Dict[str, Any]:
         self._last_node = None
         self._cordoned_here = False
         target = self.opts.record_target
         before, after, changed = self._update_node(name, lambda n: with_target(n, cordon_patch(n, state), target))
-        # This run made the cordon: its later writes record the controller's taint for it.
+        # This Drainer made the cordon (what is_our_cordon accepts when the API names no owner).
         self._cordoned_here = not is_unschedulable(before) and is_unschedulable(after)
         return {'changed': changed, 'before': node_view(before), 'after': node_view(after),
                 'initially_unschedulable': initially_unschedulable(before), 'cordoned': not is_unschedulable(before)}
 
     def uncordon(self, name: str, uncordon_preexisting: bool = False) -> Dict[str, Any]:
         kept = {'value': False}
+        made_here = getattr(self, '_cordoned_here', False)
 
         def compute(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-            patch, kept['value'] = uncordon_patch(node, uncordon_preexisting)
+            patch, kept['value'] = uncordon_patch(node, uncordon_preexisting, made_here)
             return patch
 
         self._last_node = None

@@ -713,10 +713,14 @@ class K8sClient:
             return []
 
     # -- writes: never retried blindly ------------------------------------------------------
-    def patch(self, path: str, body: Dict[str, Any], patch_type: str = 'merge') -> Any:
+    def patch(self, path: str, body: Dict[str, Any], patch_type: str = 'merge',
+              field_manager: Optional[str] = None) -> Any:
+        """`field_manager`: the manager the API server records for the fields this patch sets
+        (metadata.managedFields); without it, a name it derives from the User-Agent."""
         ctype = {'merge': 'application/merge-patch+json', 'strategic': 'application/strategic-merge-patch+json',
                  'json': 'application/json-patch+json'}[patch_type]
-        return self.request('PATCH', path, body=body, content_type=ctype)
+        query = {'fieldManager': field_manager} if field_manager else None
+        return self.request('PATCH', path, query=query, body=body, content_type=ctype)
 
     def post(self, path: str, body: Dict[str, Any]) -> Any:
         return self.request('POST', path, body=body)
@@ -725,8 +729,10 @@ class K8sClient:
         return self.request('DELETE', path, body=body)
 
     def update(self, path: str, compute: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]],
-               current: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """Read, compute a merge patch from what was read, apply it with the read resourceVersion.
+               current: Optional[Dict[str, Any]] = None,
+               field_manager: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Read, compute a merge patch from what was read, apply it with the read resourceVersion
+        (as `field_manager`, see patch()).
 
         `compute(obj)` returns the patch, or None when nothing needs to change. On 409 the object
         is re-read and the patch re-computed (at most `update_attempts` times): safe, because the
@@ -751,7 +757,7 @@ class K8sClient:
             patch = copy.deepcopy(patch)
             patch.setdefault('metadata', {})['resourceVersion'] = (obj.get('metadata') or {}).get('resourceVersion')
             try:
-                after = self.patch(path, patch)
+                after = self.patch(path, patch, field_manager=field_manager)
             except ConflictError as exc:
                 last = exc
                 continue

@@ -34,7 +34,8 @@ ANN_DONE = 'gpufleet.io/upgraded-to'
 ANN_SNAPSHOT = 'gpufleet.io/snapshot-sha256'
 # The VMs node_drain halted, with their previous runStrategy, to start after the gates.
 ANN_STOPPED_VMS = 'gpufleet.io/stopped-vms'
-# The timeAdded of the node.kubernetes.io/unschedulable taint of our own cordon.
+# The timeAdded of the node.kubernetes.io/unschedulable taint of our own cordon, as versions before issue 37 (4)
+# recorded it: no longer written (managedFields say whose the cordon is), removed where found.
 ANN_CORDON_TAINT = 'gpufleet.io/cordon-taint-added'
 # Who isolated a canary (node_isolation's owner): only that owner releases it.
 ANN_ISOLATED_BY = 'gpufleet.io/isolated-by'
@@ -111,9 +112,23 @@ def step(name: str) -> Step:
     return _BY_NAME[name]
 
 
-def failure(name: str, rollback_on_failure: bool = True) -> Dict[str, Any]:
-    """What the rescue does when step `name` failed: whether the node is rolled back, and the hint."""
+# The hint of a failure because the node was not cordoned any more (upgrade_state require_cordoned).
+CORDON_LOST_HINT = ('someone uncordoned the node during its upgrade: it is cordoned again, but pods the scheduler '
+                    'placed on it since still run, and it is not rolled back (a rollback reboots or reloads the '
+                    'driver as well): drain it, then run gpufleet.upgrade.rollback or the rollout again')
+
+
+def failure(name: str, rollback_on_failure: bool = True, cordon_lost: bool = False) -> Dict[str, Any]:
+    """What the rescue does when step `name` failed: whether the node is rolled back, and the hint.
+
+    `cordon_lost`: the step failed because the node was found uncordoned before it took the node's pods
+    down (upgrade_state's require_cordoned). Then no rollback: its activation would take down, without
+    eviction, the pods placed on the node while it was schedulable (the rescue only cordons again)."""
     s = step(name)
+    if not isinstance(cordon_lost, bool):
+        raise RecordError('cordon_lost: %r is not a boolean' % (cordon_lost,))
+    if cordon_lost:
+        return {'phase': s.name, 'rollback': False, 'hint': CORDON_LOST_HINT}
     return {'phase': s.name, 'rollback': bool(rollback_on_failure and s.rolls_back), 'hint': s.hint}
 
 

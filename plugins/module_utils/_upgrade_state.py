@@ -29,6 +29,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from ._fleet import is_ready, node_identity
+from ._managed_fields import describe, owners
 
 # The keys and the phase vocabulary are the phase model's (_node_record); named here too for the callers.
 from ._node_record import (  # noqa: F401 (re-exported)
@@ -107,6 +108,30 @@ def view(node: Dict[str, Any], key: str) -> Dict[str, Any]:
         # Node UID, machine-id and system UUID: the evidence names the machine, not only the name.
         **node_identity(node),
     }
+
+
+def cordon_lost_message(node: Dict[str, Any]) -> Optional[str]:
+    """None while the node is cordoned; else why nothing that takes its pods down (a reboot, a trial
+    boot, a driver unload, an operand move) may run now, naming the node and, when the object records
+    one (a managedFields entry owning spec.unschedulable), who set it and when. The kube-apiserver
+    records none after an uncordon (the field is dropped, and with it its owner: measured on
+    tests/cluster for kubectl uncordon and for a PATCH of false), so the message points to its audit log."""
+    if (node.get('spec') or {}).get('unschedulable'):
+        return None
+    name = (node.get('metadata') or {}).get('name')
+    found = uncordoned_by(node)
+    who = ('spec.unschedulable was set to false by %s' % describe(found) if found else
+           'the API keeps no record of who uncordoned it: the API server\'s audit log does')
+    return ('node %s is no longer cordoned (%s): the scheduler may have placed pods on it since the drain, and '
+            'they would go down without eviction; nothing is activated on a schedulable node' % (name, who))
+
+
+def uncordoned_by(node: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Who set spec.unschedulable of a node that is not cordoned ({manager, operation, time}; [] when
+    the API records no owner, or the node is cordoned)."""
+    if (node.get('spec') or {}).get('unschedulable'):
+        return []
+    return owners(node, ('spec', 'unschedulable'))
 
 
 def set_patch(node: Dict[str, Any], phase: str, key: str,

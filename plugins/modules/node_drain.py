@@ -25,10 +25,10 @@ description:
     node stays cordoned, and RV(remaining) says what is left and why.
   - V(uncordon) lifts the cordon only when this collection made it, unless O(uncordon_preexisting=true). Ours
     means C(gpufleet.io/initial-unschedulable) is V(false) (written whenever this collection cordons a schedulable
-    node, so a record left by an earlier run never stands for a cordon made since) and, when recorded, the
-    C(timeAdded) of the C(node.kubernetes.io/unschedulable) taint that the node lifecycle controller put on for our
-    cordon (C(gpufleet.io/cordon-taint-added)) is still the node's; a cordon someone lifted and set again since is
-    kept. The initial-state and progress annotations are removed, except the progress V(validated) that the
+    node, so a record left by an earlier run never stands for a cordon made since) and the Node's
+    C(metadata.managedFields) say that the collection's field manager C(gpufleet.upgrade) (sent with every write of
+    this module) alone set C(spec.unschedulable). A cordon someone lifted and set again since is theirs and is
+    kept; so is one whose owner the API does not record. The initial-state and progress annotations are removed, except the progress V(validated) that the
     P(gpufleet.upgrade.node_upgrade#role) role records when every gate passed (M(gpufleet.upgrade.upgrade_state)
     clears it when it records the node done, so a controller killed in between resumes after the gates). The record
     of stopped VMs stays.

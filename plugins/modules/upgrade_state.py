@@ -23,6 +23,10 @@ description:
     again. V(done) removes both and writes C(gpufleet.io/upgraded-to).
   - C(gpufleet.io/initial-unschedulable) (written by M(gpufleet.upgrade.node_drain) when it cordons) tells whether
     the node was cordoned before the rollout; RV(state.was_cordoned) reports it.
+  - With O(require_cordoned=true) the task fails, recording nothing, when the Node is not cordoned. The role
+    P(gpufleet.upgrade.node_upgrade#role) reads it right before each step that takes the node's pods down (the trial
+    boot, the reboot, the driver unload, the operand move), so that a node someone uncordoned since the drain is
+    never rebooted or reloaded with pods the scheduler placed on it since.
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
@@ -31,6 +35,7 @@ attributes:
     support: full
     details:
       - Reports the state the node would record and writes nothing.
+      - O(require_cordoned) only warns in check mode (the drain before it predicted its cordon and wrote none).
   diff_mode:
     support: full
     details:
@@ -70,6 +75,14 @@ options:
     description: Seconds between readiness checks while waiting.
     type: float
     default: 5
+  require_cordoned:
+    description:
+      - Fail, recording nothing, when the Node is not cordoned (C(spec.unschedulable) not V(true)), read after
+        O(wait_ready) and before O(phase) is recorded. The message names the node. Who uncordoned it is in the API
+        server's audit log only (an uncordon drops C(spec.unschedulable), and C(metadata.managedFields) keep no
+        owner of a dropped field); the message says so.
+    type: bool
+    default: false
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
 seealso:
@@ -83,6 +96,12 @@ EXAMPLES = r"""
     target: {driver: 580.130.00}
   register: progress
 
+- name: Nothing takes the node's pods down unless it is still cordoned
+  gpufleet.upgrade.upgrade_state:
+    node: gpu-07
+    target: {driver: 580.130.00}
+    require_cordoned: true
+
 - name: Record that the driver is installed
   gpufleet.upgrade.upgrade_state:
     node: gpu-07
@@ -92,6 +111,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+cordon_lost:
+  description: With O(require_cordoned), the Node was not cordoned (the task failed, unless in check mode).
+  returned: when require_cordoned found the node not cordoned
+  type: bool
+  sample: true
 state:
   description: The node's progress after the task.
   returned: success
@@ -180,6 +204,7 @@ OPTIONS = dict(
     snapshot_sha256={'type': 'str'},
     wait_ready={'type': 'float', 'default': 0},
     interval={'type': 'float', 'default': 5},
+    require_cordoned={'type': 'bool', 'default': False},
 )
 
 
@@ -194,6 +219,7 @@ def run(module: K8sModule) -> None:
         module.fail_json(msg='wait_ready: %r must be 0 or more and interval: %r more than 0 seconds'
                          % (p['wait_ready'], p['interval']))
     path = path_for('v1', 'nodes', p['node'])
+    lost = None
     with module.errors(expected=(_upgrade_state.StateError,), context='node %s' % p['node'],
                        not_found={path: 'node: %r does not exist' % p['node']}):
         if p['wait_ready']:
@@ -201,12 +227,22 @@ def run(module: K8sModule) -> None:
             if not ready.done:
                 module.fail_json(msg='node %s did not become Ready within %ss (%d checks); nothing recorded'
                                  % (p['node'], p['wait_ready'], ready.attempts), ready=False)
+        if p['require_cordoned']:
+            node = module.client.get(path)
+            lost = _upgrade_state.cordon_lost_message(node)
+            if lost:
+                if not module.check_mode:
+                    module.fail_json(msg=lost + '; nothing recorded', cordon_lost=True,
+                                     state=_upgrade_state.view(node, key))
+                module.warn('check mode: ' + lost)
         if p['phase']:
             before, after = module.update(
                 path, lambda n: _upgrade_state.set_patch(n, p['phase'], key, p['snapshot_sha256']))
         else:
             before = after = module.client.get(path)
     result = {'changed': _gpufleet(before) != _gpufleet(after), 'state': _upgrade_state.view(after, key)}
+    if lost:
+        result['cordon_lost'] = True
     result.update(module.diff(_gpufleet(before), _gpufleet(after), 'node/%s' % p['node']))
     module.exit_json(**result)
 

@@ -540,7 +540,7 @@ def _wiring_play(kubeconfig, tasks, canaries, qdir, target):
     pre = [{'name': 'plan', 'ansible.builtin.set_fact': {'__canary_plan': {'target': target, 'canaries': canaries}}}]
     return [{'name': 'wiring', 'hosts': 'localhost', 'gather_facts': False,
              'module_defaults': {'group/gpufleet.upgrade.k8s': {'kubeconfig': kubeconfig}},
-             'vars': {'gpufleet_qualification_dir': str(qdir), 'gpufleet_kubeconfig': kubeconfig,
+             'vars': {'gpufleet_qualification_dir': str(qdir), 'gpufleet_kubeconfig': kubeconfig, 'gpufleet_target': target,
                       'gpufleet_gpu_operator_managed': True, 'gpufleet_gpu_operator_timeout': 120},
              'tasks': pre + tasks}]
 
@@ -597,7 +597,9 @@ def test_canary_cluster_step_node_windows_reload_path_and_the_failed_canarys_way
         chart = fleet.get('helm.cattle.io/v1', 'HelmChart', 'gpu-operator', 'kube-system')
         assert chart['spec']['version'] == NEW_OPERATOR
 
-        # gpu-1's window: node_upgrade's operands step moves every operand of gpu-1 and nothing else.
+        # gpu-1's window: node_upgrade's operands step moves every operand of gpu-1 and nothing else (on the
+        # node the drain cordoned: the step refuses a schedulable one, issue 37 (2)).
+        fleet.patch('v1', 'Node', 'gpu-1', {'spec': {'unschedulable': True}})
         run = run_playbook(_wiring_play(kubeconfig, [_role('operands', node_upgrade_node='gpu-1')], [], qdir, target))
         assert run.rc == 0, run.stdout
         moved = run.result("Operands | Move the node's operands to their DaemonSets' current revision, each Running "
@@ -608,6 +610,7 @@ def test_canary_cluster_step_node_windows_reload_path_and_the_failed_canarys_way
             uid: v for uid, v in start.items() if v[0] != 'gpu-1'}
 
         # gpu-2's reload path: the device holders leave before the (lab) unload and come back after it.
+        fleet.patch('v1', 'Node', 'gpu-2', {'spec': {'unschedulable': True}})
         holders = {uid for uid, v in start.items() if v[0] == 'gpu-2' and v[1] != 'nvidia-container-toolkit-daemonset'}
         run = run_playbook(_wiring_play(kubeconfig, [_role(
             'activate', node_upgrade_node='gpu-2', node_upgrade_activation='lab', node_upgrade_lab_hook=HOOK,
@@ -674,6 +677,7 @@ def test_canary_cluster_step_and_way_back_with_per_pool_drivers(pool_fleet, oper
     fleet.settle(horizon=3)
     assert _pods(operator) == start
 
+    fleet.patch('v1', 'Node', 'gpu-1', {'spec': {'unschedulable': True}})   # drained: activate.yml requires it
     run = run_playbook(play([_role('activate', node_upgrade_node='gpu-1', node_upgrade_activation='lab',
                                    node_upgrade_lab_hook=HOOK, __node_upgrade_how='operator',
                                    node_upgrade_gpu_operator_managed=True)], []))

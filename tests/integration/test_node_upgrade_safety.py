@@ -4,11 +4,13 @@ must be the one on this controller. On the real control plane (tests/cluster), w
 before anything reaches the node's packages."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import k8s_scenario as S
 from cluster import fixtures as f
-from k8s_support import load, mutations, play
+from k8s_support import WhenRequests, kubectl, load, mutations, play
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot as sn
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _snapshot_store as ss
@@ -55,7 +57,7 @@ def test_a_rerun_after_a_manual_uncordon_drains_again_and_the_failure_leaves_the
     # the cordon came before the failure record
     patches = [m for m in mutations(cluster) if m == ('PATCH', '/api/v1/nodes/' + S.NODE)]
     assert len(patches) >= 2
-    fail = run.result('Failure | Stop here')
+    fail = run.result("Failure | Stop here")
     assert 'drain failed' in fail['msg'] and 'the node stays cordoned' in fail['msg']
 
 
@@ -78,11 +80,11 @@ def test_a_recorded_snapshot_missing_here_fails_before_anything_is_drained(clust
     assert annotations(cluster)[U.ANN_STATE] == 'failed'
 
 
-def snapshot_document(modprobe: dict) -> bytes:
+def snapshot_document(modprobe: dict, **gpu_facts) -> bytes:
     snap = {'backend': 'apt', 'packages': {'nvidia-driver-580-server': '580.126.20-0ubuntu1'}, 'holds': [],
             'pins': {'pin_file': 'etc/apt/preferences.d/gpufleet-nvidia-driver.pref', 'content': None, 'pins': {}},
             'boot': {'running_kernel': '6.8.0-134-generic'}, 'modprobe': modprobe,
-            'gpu_facts': {'driver_version': '580.126.20'}}
+            'gpu_facts': dict({'driver_version': '580.126.20'}, **gpu_facts)}
     return sn.dump_document(sn.make_document(snap)).encode('utf-8')
 
 
@@ -138,3 +140,104 @@ def test_a_rollback_after_done_fetches_only_the_snapshot_the_node_recorded(clust
     assert run.rc != 0 and not path.exists()
     assert 'a Secret that only vouches for itself restores nothing' in run.result('Preflight | Refuse without a snapshot')['msg']
     assert not [r for r in cluster.requests if '/secrets' in r['path']]
+
+
+# -- issue 37 (2), T3-2: nothing is activated on a node that is no longer cordoned ------------------
+def require_cordoned(name='check', **flags):
+    return dict({'name': name, 'gpufleet.upgrade.upgrade_state': {'node': S.NODE, 'target': TARGET,
+                                                                  'require_cordoned': True}}, **flags)
+
+
+def test_require_cordoned_fails_on_an_uncordoned_node_naming_it(cluster, run_playbook):
+    load(cluster)
+    cluster.patch('v1', 'Node', S.NODE, {'spec': {'unschedulable': True}, 'metadata': {'annotations': {
+        U.ANN_STATE: 'installed', U.ANN_TARGET: KEY, U.ANN_INITIAL: 'false'}}})
+    run = run_playbook(play(cluster, require_cordoned('cordoned')))
+    assert run.rc == 0 and 'cordon_lost' not in run.result('cordoned'), run.stdout
+
+    # kubectl uncordon drops spec.unschedulable: the API keeps no owner of it, and the message says so
+    kubectl(cluster, 'uncordon', S.NODE)
+    cluster.clear_requests()
+    run = run_playbook(play(cluster, require_cordoned('by-kubectl', ignore_errors=True),
+                            require_cordoned('check-mode', check_mode=True)))
+    failed = run.result('by-kubectl')
+    assert failed['_event'] == 'runner_on_failed' and failed['cordon_lost'] is True
+    assert failed['msg'].startswith("node %s is no longer cordoned (the API keeps no record of who uncordoned it: the "
+                                    "API server's audit log does)" % S.NODE), failed['msg']
+    assert failed['msg'].endswith('nothing is activated on a schedulable node; nothing recorded'), failed['msg']
+    # check mode: the drain before it wrote no cordon; a warning, no failure
+    checked = run.result('check-mode')
+    assert checked['_event'] == 'runner_on_ok' and checked['cordon_lost'] is True, checked
+    assert any('is no longer cordoned' in w for w in checked.get('warnings') or []), checked
+    assert mutations(cluster) == []
+
+    # a remediation operator sets spec.unschedulable to false under its own field manager: dropped all the same
+    cluster.patch('v1', 'Node', S.NODE, {'spec': {'unschedulable': True}})
+    cluster.api.request('PATCH', '/api/v1/nodes/' + S.NODE, body={'spec': {'unschedulable': False}},
+                        query={'fieldManager': 'remediation-operator'}, content_type='application/merge-patch+json')
+    run = run_playbook(play(cluster, require_cordoned('by-operator', ignore_errors=True),
+                            {'name': 'record', 'ignore_errors': True, 'gpufleet.upgrade.upgrade_state': {
+                                'node': S.NODE, 'target': TARGET, 'phase': 'activated', 'require_cordoned': True}}))
+    failed = run.result('by-operator')
+    assert failed['cordon_lost'] is True and 'the API keeps no record of who uncordoned it' in failed['msg'], failed
+    assert not [e for e in cluster.get('v1', 'Node', S.NODE)['metadata']['managedFields']
+                if e['manager'] == 'remediation-operator'], 'the API now records who uncordoned: name it in the message'
+    # with a phase: nothing is recorded
+    assert run.result('record')['_event'] == 'runner_on_failed'
+    assert annotations(cluster)[U.ANN_STATE] == 'installed'
+
+
+def write_snapshot(tmp_path):
+    """The snapshot a resumed run finds here, as node_upgrade took it (its digest is what the Node records)."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rollout
+    doc = snapshot_document({'etc/modprobe.d/nvidia.conf': 'options nvidia NVreg_EnableGpuFirmware=1\n'},
+                            gpus=[{'index': 0, 'pci_bus_id': '00000000:17:00.0'}])
+    path = _rollout.snapshot_file(str(tmp_path / 'snapshots'), S.NODE, TARGET)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'wb') as fh:
+        fh.write(doc)
+    return sn.make_document(sn.verify_document(doc.decode()))['sha256']
+
+
+def test_a_node_uncordoned_after_its_install_is_not_activated_and_fails_cordoned(cluster, run_playbook, tmp_path):
+    """T3-2: the node records `installed` (cordoned by this rollout); someone uncordons it after the role read its
+    progress; the role reads the Node again right before the activation, refuses it (the lab's reboot/reload hook
+    never runs), and the rescue cordons it again and records `failed`, without a rollback (its own reboot would
+    take the pods placed on the node meanwhile down as well)."""
+    load(cluster)
+    sha = write_snapshot(tmp_path)
+    cluster.patch('v1', 'Node', S.NODE, {'spec': {'unschedulable': True}, 'metadata': {'annotations': {
+        U.ANN_STATE: 'installed', U.ANN_TARGET: KEY, U.ANN_INITIAL: 'false', U.ANN_SNAPSHOT: sha}}})
+    marker = tmp_path / 'activated'
+    plays = role_play(cluster, tmp_path)
+    plays[0]['tasks'][0]['vars'].update({
+        'node_upgrade_snapshot_store': 'local', 'node_upgrade_activation': 'lab',
+        'node_upgrade_lab_hook': ['sh', '-c', 'touch %s; echo "{\\"changed\\": true}"' % marker, 'hook']})
+    node_path = '/api/v1/nodes/' + S.NODE
+    # the uncordon lands once the role's progress read was answered; the next read of the Node (the check
+    # before the activation) waits for it
+    cluster.faults.add(method='GET', path='^%s$' % node_path, delay=2, skip=1, times=1)
+
+    def progress_read(reqs):
+        return any(r['verb'] == 'GET' and r['path'] == node_path and r.get('status') == 200 for r in reqs)
+
+    cluster.clear_requests()
+    with WhenRequests(cluster, progress_read, lambda: cluster.patch('v1', 'Node', S.NODE, {
+            'spec': {'unschedulable': None}})) as when:
+        run = run_playbook(plays)
+    assert when.fired.is_set()
+    assert run.rc != 0
+    assert run.result('Progress | Read what the Node records for this target')['state']['done_phases'][-1] == 'installed'
+    check = run.result('Activate | The node is still cordoned (nothing below takes its pods down on a schedulable node)')
+    assert check['_event'] == 'runner_on_failed' and check['cordon_lost'] is True, check
+    assert not marker.exists()
+    assert not run.task_results('Activate | Lab reboot path (emulated reboot or driver reload of a lab node)',
+                                event='runner_on_ok')
+    assert run.result('Failure | Cordon the node (before the failure is recorded)')['changed'] is True
+    assert cluster.get('v1', 'Node', S.NODE)['spec']['unschedulable'] is True
+    assert annotations(cluster)[U.ANN_STATE] == 'failed'
+    assert not run.task_results('Failure | Roll the node back from its snapshot (settings shared through the '
+                                'gpufleet_* variables)', event='runner_on_ok')
+    fail = run.result("Failure | Stop here")
+    assert fail['msg'].startswith('node %s: activate failed (node %s is no longer cordoned' % (S.NODE, S.NODE)), fail
+    assert 'the node stays cordoned' in fail['msg'] and 'someone uncordoned the node during its upgrade' in fail['msg']

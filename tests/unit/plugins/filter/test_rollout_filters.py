@@ -48,6 +48,8 @@ def test_values():
     assert F.node_failure('install') == {'phase': 'install', 'rollback': True, 'hint': ''}
     assert F.node_failure('install', False)['rollback'] is False
     assert F.node_failure('drain', True)['rollback'] is False
+    assert F.node_failure('activate', True, True)['rollback'] is False          # the cordon was lost (T3-2)
+    assert F.node_failure('activate', True, False)['rollback'] is True
     gates = F.gate_results({'gpu': {'passed': True, 'msg': 'ok'}, 'node': {'passed': False, 'msg': 'NotReady'}},
                            'gpu-02')
     assert (gates['passed'], gates['msg'], len(gates['evidence'])) == (

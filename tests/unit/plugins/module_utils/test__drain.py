@@ -37,8 +37,18 @@ def test_cordon_of_admin_cordoned_node_records_true_and_keeps_later_progress():
         'spec': {'unschedulable': True}, 'metadata': {'annotations': {D.ANN_STATE: 'draining'}}}
 
 
+def _set_by(node, manager=D.FIELD_MANAGER, time='2026-12-06T10:00:00Z'):
+    """`node` with the managedFields entry the API server writes for a cordon by `manager`."""
+    node['metadata']['managedFields'] = [
+        {'manager': 'kubelet', 'operation': 'Update', 'subresource': 'status', 'time': '2026-12-06T09:00:00Z',
+         'fieldsType': 'FieldsV1', 'fieldsV1': {'f:status': {'f:conditions': {}}}},
+        {'manager': manager, 'operation': 'Update', 'time': time, 'fieldsType': 'FieldsV1',
+         'fieldsV1': {'f:spec': {'f:unschedulable': {}}}}]
+    return node
+
+
 def test_uncordon_lifts_only_our_cordon():
-    ours = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'})
+    ours = _set_by(S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'}))
     assert D.uncordon_patch(ours) == ({'spec': {'unschedulable': None},
                                        'metadata': {'annotations': {D.ANN_INITIAL: None, D.ANN_STATE: None}}}, False)
     admin = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'true', D.ANN_STATE: 'drained'})
@@ -473,7 +483,7 @@ def test_option_defaults():
 
 # -- uncordon keeps `validated`; GPU VMs started again -------------------------------------------
 def test_uncordon_keeps_validated_until_upgrade_state_records_done():
-    n = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'validated'})
+    n = _set_by(S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'validated'}))
     patch, kept = D.uncordon_patch(n)
     assert (patch, kept) == ({'spec': {'unschedulable': None}, 'metadata': {'annotations': {D.ANN_INITIAL: None}}},
                              False)
@@ -482,7 +492,7 @@ def test_uncordon_keeps_validated_until_upgrade_state_records_done():
     assert D.uncordon_patch(after) == (None, False)
     # the roles' other phases and node_drain's own are removed as before
     for state in ('drained', 'rolled-back', 'failed'):
-        n = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: state})
+        n = _set_by(S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: state}))
         assert D.uncordon_patch(n)[0]['metadata'] == {'annotations': {D.ANN_INITIAL: None, D.ANN_STATE: None}}
 
 
@@ -731,12 +741,8 @@ def test_requests_and_get_retries_are_capped_by_the_client_deadline():
     assert pool.timeouts == [30, 30, 30, 30]
 
 
-# -- issue 12 (3): the record of who cordoned is tied to our own cordon --------------------------
+# -- issue 12 (3), issue 37 (4), T3-4: a cordon is ours only when the API says we set it ----------
 TAINT = 'node.kubernetes.io/unschedulable'
-
-
-def _taint(at):
-    return {'key': TAINT, 'effect': 'NoSchedule', 'timeAdded': at}
 
 
 def test_cordoning_a_schedulable_node_refreshes_a_stale_initial_record():
@@ -745,58 +751,114 @@ def test_cordoning_a_schedulable_node_refreshes_a_stale_initial_record():
         D.ANN_INITIAL: 'false', D.ANN_CORDON_TAINT: None, D.ANN_STATE: 'cordoned'}}}
 
 
-def test_uncordon_lifts_only_the_cordon_whose_taint_we_recorded():
-    ours = S.node('n', unschedulable=True,
-                  annotations={D.ANN_INITIAL: 'false', D.ANN_CORDON_TAINT: '2026-07-14T12:00:01Z'})
-    ours['spec']['taints'] = [_taint('2026-07-14T12:00:01Z')]
+def test_uncordon_lifts_only_a_cordon_our_field_manager_set():
+    ours = _set_by(S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false'}))
     patch, kept = D.uncordon_patch(ours)
     assert kept is False and patch['spec'] == {'unschedulable': None}
-    # uncordoned and cordoned again by someone else since: a new taint, not ours
-    theirs = json.loads(json.dumps(ours))
-    theirs['spec']['taints'] = [_taint('2026-07-20T08:30:00Z')]
+    # uncordoned and cordoned again by someone else since: kubectl cordon owns spec.unschedulable now
+    theirs = _set_by(S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false'}), 'kubectl-cordon')
     patch, kept = D.uncordon_patch(theirs)
     assert kept is True and 'spec' not in (patch or {})
     assert D.uncordon_patch(theirs, uncordon_preexisting=True)[0]['spec'] == {'unschedulable': None}
+    # a taint record of an earlier version says nothing either way: the owner decides (and the record goes)
+    legacy = _set_by(S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false',
+                                                                  D.ANN_CORDON_TAINT: '2026-07-14T12:00:01Z'}))
+    assert D.uncordon_patch(legacy) == ({'spec': {'unschedulable': None}, 'metadata': {'annotations': {
+        D.ANN_INITIAL: None, D.ANN_CORDON_TAINT: None}}}, False)
 
 
-class TaintingClient(FakeClient):
-    """FakeClient plus the node lifecycle controller: the unschedulable taint follows spec.unschedulable."""
+def test_no_recorded_owner_is_not_ours_unless_made_here():
+    """T3-4: "no record" used to mean "ours"; now only the caller that made the cordon may say so."""
+    bare = S.node('n', unschedulable=True, annotations={D.ANN_INITIAL: 'false', D.ANN_STATE: 'drained'})
+    assert D.is_our_cordon(bare) is False
+    patch, kept = D.uncordon_patch(bare)
+    assert kept is True and 'spec' not in patch
+    assert D.is_our_cordon(bare, made_here=True) is True
+    assert D.uncordon_patch(bare, made_here=True)[0]['spec'] == {'unschedulable': None}
+    # co-owned (a server-side apply of the same value by someone else): not ours alone
+    both = _set_by(json.loads(json.dumps(bare)))
+    both['metadata']['managedFields'].append({'manager': 'ops-apply', 'operation': 'Apply', 'fieldsType': 'FieldsV1',
+                                              'fieldsV1': {'f:spec': {'f:unschedulable': {}}}})
+    assert D.is_our_cordon(both) is False
+    # ownership of another field, or of status, is not ownership of the cordon
+    other = _set_by(json.loads(json.dumps(bare)))
+    other['metadata']['managedFields'][1]['fieldsV1'] = {'f:spec': {'f:taints': {}}}
+    assert D.is_our_cordon(other) is False
 
-    def __init__(self, *a, **kw):
+
+class ManagingClient(FakeClient):
+    """FakeClient plus what the API server and the node lifecycle controller do on a real cluster: the
+    manager of each write of spec.unschedulable is recorded in managedFields (the Drainer's writes are
+    node_drain's, FIELD_MANAGER; `operator` is kubectl), and the unschedulable taint follows the cordon
+    `lag` API calls later (asynchronously, from its informer)."""
+
+    def __init__(self, *a, lag=0, **kw):
         super().__init__(*a, **kw)
+        self.lag = lag
+        self.pending = None
         self.stamp = 0
 
-    def operator(self, name, unschedulable):
+    def _own(self, name, manager):
         n = self.nodes[name]
-        n['spec']['unschedulable'] = unschedulable or None
-        self.controller(name)
+        fields = [e for e in n['metadata'].get('managedFields') or []
+                  if 'f:unschedulable' not in (e.get('fieldsV1') or {}).get('f:spec', {})]
+        if n['spec'].get('unschedulable') is not None:
+            fields.append({'manager': manager, 'operation': 'Update', 'fieldsType': 'FieldsV1',
+                           'fieldsV1': {'f:spec': {'f:unschedulable': {}}}})
+        n['metadata']['managedFields'] = fields
+        self.pending = self.lag if n['spec'].get('unschedulable') else None
+        if not n['spec'].get('unschedulable'):
+            n['spec']['taints'] = [t for t in n['spec'].get('taints') or [] if t['key'] != TAINT]
+        self._tick()
 
-    def controller(self, name):
-        n = self.nodes[name]
-        taints = [t for t in n['spec'].get('taints') or [] if t['key'] != TAINT]
-        has = any(t['key'] == TAINT for t in n['spec'].get('taints') or [])
-        if n['spec'].get('unschedulable'):
-            if not has:
-                self.stamp += 1
-                taints.append(_taint('2026-07-14T12:00:%02dZ' % self.stamp))
+    def _tick(self):
+        if self.pending is not None:
+            if self.pending <= 0:
+                for n in self.nodes.values():
+                    if n['spec'].get('unschedulable') and not any(t['key'] == TAINT for t in n['spec'].get('taints') or []):
+                        self.stamp += 1
+                        n['spec'].setdefault('taints', []).append(
+                            {'key': TAINT, 'effect': 'NoSchedule', 'timeAdded': '2026-12-06T10:00:%02dZ' % self.stamp})
+                self.pending = None
             else:
-                taints = n['spec']['taints']
-        n['spec']['taints'] = taints
+                self.pending -= 1
+
+    def operator(self, name, unschedulable):   # kubectl cordon / uncordon
+        self.nodes[name]['spec']['unschedulable'] = True if unschedulable else None
+        self._own(name, 'kubectl-cordon')
+
+    def get_node(self, name):
+        self._tick()
+        return super().get_node(name)
+
+    def list_pods(self, node, label_selector=None):
+        self._tick()
+        return super().list_pods(node, label_selector)
 
     def update_node(self, name, compute, current=None):
         before, after = super().update_node(name, compute, current)
-        self.controller(name)
+        if (before['spec'].get('unschedulable') or None) != (after['spec'].get('unschedulable') or None):
+            self._own(name, D.FIELD_MANAGER)
         return before, copy.deepcopy(self.nodes[name])
 
 
-def test_a_stale_initial_record_does_not_lift_an_operators_later_cordon():
-    """Run 1 cordons and fails; an operator uncordons, later cordons by hand for a hardware ticket;
-    run 2's uncordon keeps that cordon."""
+def _daemonset_only():
+    return [S.node('n1'), S.pod('ds', node_name='n1', owner_ref=S.owner('DaemonSet', 'd'))]
+
+
+@pytest.mark.parametrize('objs', [lambda: [S.node('n1')], _daemonset_only], ids=['idle', 'daemonset-only'])
+@pytest.mark.parametrize('lag', [0, 3, 100])
+def test_a_stale_initial_record_does_not_lift_an_operators_later_cordon(objs, lag):
+    """Run 1 drains a node with nothing to evict (the node lifecycle controller taints it before, just
+    after or long after the drain's last write: T3-4's race) and fails later (the rescue records failed);
+    an operator uncordons, later cordons by hand for a hardware ticket; run 2's uncordon keeps that
+    cordon, whatever the timing (before issue 37 (4), only when the taint came first: lag 0)."""
     clock = Clock()
-    c = TaintingClient(clock, _simple(), pdb_until={'a': 10 ** 9})
-    res = _drainer(c, clock, timeout=10).drain('n1')             # run 1: fails, stays cordoned
-    assert res['failed'] and c.nodes['n1']['spec']['unschedulable'] is True
-    assert c.nodes['n1']['metadata']['annotations'][D.ANN_CORDON_TAINT] == '2026-07-14T12:00:01Z'
+    c = ManagingClient(clock, objs(), lag=lag)
+    res = _drainer(c, clock).drain('n1')                         # run 1: drained at once, nothing to evict
+    assert not res['failed'] and res['evicted'] == [] and c.nodes['n1']['spec']['unschedulable'] is True
+    assert D.ANN_CORDON_TAINT not in c.nodes['n1']['metadata']['annotations']
+    c.nodes['n1']['metadata']['annotations'][D.ANN_STATE] = 'failed'
     c.operator('n1', False)                                      # the operator uncordons ...
     c.operator('n1', True)                                       # ... and later cordons for a ticket
     r = _drainer(c, clock).uncordon('n1')                        # run 2
@@ -804,12 +866,44 @@ def test_a_stale_initial_record_does_not_lift_an_operators_later_cordon():
     assert c.nodes['n1']['spec']['unschedulable'] is True
 
 
-def test_our_cordon_is_lifted_after_a_successful_drain():
+@pytest.mark.parametrize('objs', [lambda: [S.node('n1')], _daemonset_only, _simple], ids=['idle', 'daemonset-only', 'pods'])
+def test_our_cordon_is_lifted_after_a_successful_drain(objs):
     clock = Clock()
-    c = TaintingClient(clock, _simple())
+    c = ManagingClient(clock, objs(), lag=3)
     assert not _drainer(c, clock).drain('n1')['failed']
     r = _drainer(c, clock).uncordon('n1')
     assert r['kept_cordon'] is False and not c.nodes['n1']['spec'].get('unschedulable')
+
+
+def test_the_same_drainer_lifts_its_own_cordon_where_the_api_records_no_owner():
+    clock = Clock()
+    c = FakeClient(clock, _simple())                             # keeps no managedFields
+    d = _drainer(c, clock)
+    d.cordon('n1')
+    assert d.uncordon('n1')['kept_cordon'] is False and not c.nodes['n1']['spec'].get('unschedulable')
+    d.cordon('n1')
+    assert _drainer(c, clock).uncordon('n1')['kept_cordon'] is True   # another run: no proof, kept
+
+
+def test_node_writes_name_the_collections_field_manager():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _k8s as K
+
+    class Answer:
+        def __init__(self, status, body):
+            self.status, self.data = status, json.dumps(body).encode()
+
+    class Pool:
+        urls = []
+
+        def request(self, method, url, **kw):
+            self.urls.append((method, url))
+            return Answer(200, S.node('n1'))
+
+    pool = Pool()
+    k8s = K.K8sClient(K.ApiConnection('https://api.test', pool, {}, [], True, 'options'))
+    D.KubeDrainClient(k8s).update_node('n1', D.cordon_patch)
+    assert pool.urls == [('GET', 'https://api.test/api/v1/nodes/n1'),
+                         ('PATCH', 'https://api.test/api/v1/nodes/n1?fieldManager=gpufleet.upgrade')]
 
 
 # -- issue 12 (13): `force` is for unmanaged pods; lifting a pre-existing cordon has its own option --

@@ -195,3 +195,16 @@ KEY = 'driver=580.126.20,kernel=6.8.0-134-generic'
 ])
 def test_finished(annotations, expected):
     assert _node_record.finished(annotations, KEY) is expected
+
+
+@pytest.mark.parametrize('name', ('activate', 'operands'))
+def test_a_lost_cordon_is_never_rolled_back(name):
+    """Issue 37 (2), T3-2: found uncordoned before the activation (or the operand move), the node is not rolled
+    back: the rollback's reboot or reload would take down the pods placed on it meanwhile, without eviction."""
+    assert _node_record.failure(name)['rollback'] is True
+    lost = _node_record.failure(name, True, cordon_lost=True)
+    assert lost == {'phase': name, 'rollback': False, 'hint': _node_record.CORDON_LOST_HINT}
+    assert 'drain it, then run gpufleet.upgrade.rollback' in lost['hint']
+    assert _node_record.failure(name, True, cordon_lost=False)['rollback'] is True
+    with pytest.raises(_node_record.RecordError, match=r"cordon_lost: 'yes' is not a boolean"):
+        _node_record.failure(name, True, cordon_lost='yes')

@@ -120,6 +120,8 @@ def test_validated_survives_the_uncordon_so_a_rerun_resumes_after_the_gates(cord
     from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as D
     n = node({S.ANN_STATE: 'validated', S.ANN_TARGET: KEY,
               S.ANN_INITIAL: 'true' if cordoned_before else 'false'}, unschedulable=True)
+    if not cordoned_before:
+        _owned(n, D.FIELD_MANAGER, value=True)     # our cordon, as managedFields record it
     patch, kept = D.uncordon_patch(n)
     after = D.apply_merge_patch(n, patch)
     assert kept is cordoned_before
@@ -208,3 +210,37 @@ def test_view_names_the_machine():
     v = S.view(n, KEY)
     assert (v['uid'], v['machine_id'], v['system_uuid'], v['kernel']) == ('u-7', 'm' * 32, 's-7', '6.8.0-134-generic')
     assert (S.view(node(), KEY)['uid'], S.view(node(), KEY)['machine_id']) == (None, None)
+
+
+# -- issue 37 (2), T3-2: nothing is activated on a node that is no longer cordoned ---------------
+def _owned(n, manager, time='2026-12-06T10:04:11Z', value=False):
+    n['spec']['unschedulable'] = value
+    n['metadata']['managedFields'] = [
+        {'manager': 'kubelet', 'operation': 'Update', 'subresource': 'status', 'time': '2026-12-06T10:00:00Z',
+         'fieldsType': 'FieldsV1', 'fieldsV1': {'f:status': {'f:conditions': {}}}},
+        {'manager': manager, 'operation': 'Update', 'time': time, 'fieldsType': 'FieldsV1',
+         'fieldsV1': {'f:spec': {'f:unschedulable': {}}}}]
+    return n
+
+
+def test_a_cordoned_node_passes_the_cordon_check():
+    n = _owned(node({S.ANN_STATE: 'installed', S.ANN_TARGET: KEY}), 'gpufleet.upgrade', value=True)
+    assert S.cordon_lost_message(n) is None and S.uncordoned_by(n) == []
+
+
+def test_the_cordon_check_names_who_uncordoned_the_node_when_the_api_tells():
+    n = _owned(node({S.ANN_STATE: 'installed', S.ANN_TARGET: KEY}), 'remediation-operator')
+    assert S.uncordoned_by(n) == [{'manager': 'remediation-operator', 'operation': 'Update',
+                                   'time': '2026-12-06T10:04:11Z'}]
+    assert S.cordon_lost_message(n) == (
+        'node gpu-07 is no longer cordoned (spec.unschedulable was set to false by remediation-operator (Update, '
+        '2026-12-06T10:04:11Z)): the scheduler may have placed pods on it since the drain, and they would go down '
+        'without eviction; nothing is activated on a schedulable node')
+
+
+def test_the_cordon_check_says_when_the_api_does_not_tell():
+    n = node({S.ANN_STATE: 'installed', S.ANN_TARGET: KEY})         # an uncordon drops the field and its owner
+    assert S.uncordoned_by(n) == []
+    assert S.cordon_lost_message(n).startswith(
+        "node gpu-07 is no longer cordoned (the API keeps no record of who uncordoned it: the API server's audit "
+        "log does): the scheduler may have placed pods on it since the drain")
