@@ -59,8 +59,8 @@ def batch_admission(nodes: t.List[t.Dict[str, t.Any]], batch: t.List[str], plan:
     return _call('batch_admission', _plan.batch_admission, nodes, batch, plan)
 
 
-def node_failure(step: str, rollback_on_failure: bool = True) -> t.Dict[str, t.Any]:
-    return _call('node_failure', _node_record.failure, step, bool(rollback_on_failure))
+def node_failure(step: str, rollback_on_failure: bool = True, progress: t.Optional[t.Dict[str, t.Any]] = None) -> t.Dict[str, t.Any]:
+    return _call('node_failure', _node_record.failure, step, bool(rollback_on_failure), progress)
 
 
 def gate_results(results: t.Dict[str, t.Any], node: str) -> t.Dict[str, t.Any]:

@@ -111,10 +111,39 @@ def step(name: str) -> Step:
     return _BY_NAME[name]
 
 
-def failure(name: str, rollback_on_failure: bool = True) -> Dict[str, Any]:
-    """What the rescue does when step `name` failed: whether the node is rolled back, and the hint."""
+# The first step that changes the node: node_drain cordons it before anything else.
+FIRST_CHANGE = 'drain'
+
+
+def records_progress(progress: Optional[Dict[str, Any]]) -> bool:
+    """Whether the Node records progress of the rollout's target (upgrade_state's `state`: any phase,
+    `drain-failed` and `failed` too, a cordon lost since included): an earlier run of this target
+    changed the node, so it is mid-upgrade. None (not read) counts as recorded."""
+    if progress is None:
+        return True
+    if not isinstance(progress, dict):
+        raise RecordError('progress: expected the state upgrade_state returns (a mapping), got %r' % (progress,))
+    recorded = progress.get('recorded')
+    if recorded is not None and not isinstance(recorded, str):
+        raise RecordError('progress.recorded: expected a phase name or none, got %r' % (recorded,))
+    # stale_target is None when the record is this target's (or nothing is recorded).
+    return bool(recorded) and progress.get('stale_target') is None
+
+
+def failure(name: str, rollback_on_failure: bool = True,
+            progress: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """What the rescue does when step `name` failed: whether the node is cordoned and the failure
+    recorded on it, whether it is rolled back, and the hint.
+
+    `cordon` (T3-19): from the drain on, this run cordoned the node (or may have); before it, the
+    node is cordoned only when it records progress of this target (`progress`, upgrade_state's
+    `state`; an earlier run left it mid-upgrade). A failure before the drain on a node no run of this
+    target touched leaves it as it was: not cordoned by the rescue, no failure recorded, and a
+    cordon someone else set stays."""
     s = step(name)
-    return {'phase': s.name, 'rollback': bool(rollback_on_failure and s.rolls_back), 'hint': s.hint}
+    before_change = STEP_NAMES.index(s.name) < STEP_NAMES.index(FIRST_CHANGE)
+    return {'phase': s.name, 'rollback': bool(rollback_on_failure and s.rolls_back), 'hint': s.hint,
+            'cordon': not before_change or records_progress(progress)}
 
 
 def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]:
