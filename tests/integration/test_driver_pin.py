@@ -451,16 +451,23 @@ sys.stdin.readline()     # held until the test writes a line (or closes stdin)
 
 
 def apt_get_waiting(root: AptRoot) -> bool:
-    """An apt-get of the collection (its DPkg::Lock::Timeout) is running on this root: it waits for the lock."""
+    """An apt-get of the collection (its DPkg::Lock::Timeout) is running on this root: it waits for the lock.
+    On this root: its APT_CONFIG sets Dir to it (another test's apt-get, on another pytest-xdist worker, does not
+    count)."""
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
             cmdline = pathlib.Path('/proc/%s/cmdline' % pid).read_bytes().split(b'\0')
-            environ = pathlib.Path('/proc/%s/environ' % pid).read_bytes()
+            environ = pathlib.Path('/proc/%s/environ' % pid).read_bytes().split(b'\0')
         except OSError:
             continue
-        if (cmdline[0].endswith(b'apt-get') and any(a.startswith(b'DPkg::Lock::Timeout=') for a in cmdline)
-                and b'APT_CONFIG=' in environ):
-            return True
+        if not (cmdline[0].endswith(b'apt-get') and any(a.startswith(b'DPkg::Lock::Timeout=') for a in cmdline)):
+            continue
+        conf = [e[len(b'APT_CONFIG='):] for e in environ if e.startswith(b'APT_CONFIG=')]
+        try:
+            if conf and ('Dir "%s/";' % root.path) in pathlib.Path(os.fsdecode(conf[0])).read_text():
+                return True
+        except OSError:
+            continue
     return False
 
 
