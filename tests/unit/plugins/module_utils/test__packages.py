@@ -302,8 +302,8 @@ def test_apt_mark_is_retried_while_the_lock_is_held_then_runs(tmp_path):
         b.set_holds(['drv'], [])
     finally:
         b.close()
-    assert [(t, argv) for t, argv in calls] == [(0.0, ['apt-mark', 'hold', 'drv']), (2.0, ['apt-mark', 'hold', 'drv']),
-                                                (4.0, ['apt-mark', 'hold', 'drv']), (6.0, ['apt-mark', 'hold', 'drv'])]
+    assert calls == [(0.0, ['apt-mark', 'hold', 'drv']), (2.0, ['apt-mark', 'hold', 'drv']),
+                     (4.0, ['apt-mark', 'hold', 'drv']), (6.0, ['apt-mark', 'hold', 'drv'])]
 
 
 def test_apt_get_waits_for_the_lock_itself_within_what_is_left(tmp_path):
@@ -312,7 +312,7 @@ def test_apt_get_waits_for_the_lock_itself_within_what_is_left(tmp_path):
         b.install({'drv': '1'})
     finally:
         b.close()
-    assert [argv[-2:] for _, argv in calls] == [['-o', 'DPkg::Lock::Timeout=10'], ['-o', 'DPkg::Lock::Timeout=8']]
+    assert [call[1][-2:] for call in calls] == [['-o', 'DPkg::Lock::Timeout=10'], ['-o', 'DPkg::Lock::Timeout=8']]
     assert calls[0][1][:4] == ['apt-get', '-q', '-y', 'install']
 
 
