@@ -59,8 +59,9 @@ def batch_admission(nodes: t.List[t.Dict[str, t.Any]], batch: t.List[str], plan:
     return _call('batch_admission', _plan.batch_admission, nodes, batch, plan)
 
 
-def node_failure(step: str, rollback_on_failure: bool = True, cordon_lost: bool = False) -> t.Dict[str, t.Any]:
-    return _call('node_failure', _node_record.failure, step, bool(rollback_on_failure), cordon_lost)
+def node_failure(step: str, rollback_on_failure: bool = True, progress: t.Optional[t.Dict[str, t.Any]] = None,
+                 cordon_lost: bool = False) -> t.Dict[str, t.Any]:
+    return _call('node_failure', _node_record.failure, step, bool(rollback_on_failure), progress, cordon_lost)
 
 
 def gate_results(results: t.Dict[str, t.Any], node: str) -> t.Dict[str, t.Any]:

@@ -24,9 +24,10 @@ Semantics (kubectl drain, not kubernetes.core k8s_drain):
 - evictions run in parallel with a bound; 429 (a PodDisruptionBudget) and transient errors are
   retried every `retry_interval` seconds until the deadline, each eviction carrying the pod's UID
   as precondition; a 409 (the precondition failed, or the API server's own PodDisruptionBudget
-  status update conflicted) re-reads the pod: the same UID still there is retried, not counted as
-  gone; deletion is awaited by UID (a new pod with the same name is not the old one); no request
-  of the rounds waits past `timeout` (K8sClient.bounded);
+  status update conflicted) or a 404 (the pod is gone, or a misrouting proxy answered) re-reads the
+  pod: the same UID still there is retried, not counted as gone; deletion is awaited by UID (a new
+  pod with the same name is not the old one); no request of the rounds waits past `timeout`
+  (K8sClient.bounded);
 - on failure the node stays cordoned and the result lists what remains and why;
 - uncordon lifts only a cordon this collection made (initial-unschedulable "false", refreshed
   whenever we cordon a schedulable node, and spec.unschedulable owned by our own field manager in
@@ -840,13 +841,17 @@ class Drainer:
                 return 'wait', ''
             # Pods awaited for their deletion are checked together in _round, never here.
             return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')
-        except NotFoundError:
-            return 'done', ''
+        except NotFoundError as exc:
+            # Usually the pod is already gone; but a misrouting proxy or an API aggregation error
+            # answers 404 too. Only a read by UID tells which.
+            return self._confirm_gone(it, '%s answered 404 Not Found (%s) while the pod is still there'
+                                      % (self._verb(), exc.reason or exc.msg))
         except ConflictError as exc:
             # Either the UID precondition failed (the pod we classified is gone, a new one took its
             # name) or the API server's own update of the PodDisruptionBudget's status conflicted
             # (the pod is still running). Only a read by UID tells which.
-            return self._after_conflict(it, exc)
+            return self._confirm_gone(it, '%s answered 409 Conflict (%s) while the pod is still there'
+                                      % (self._verb(), exc.reason or exc.msg))
         except TooManyRequestsError as exc:
             return 'retry', 'eviction refused by a PodDisruptionBudget (429): %s' % (exc.reason or exc.msg)
         except K8sError as exc:
@@ -856,8 +861,12 @@ class Drainer:
                 return 'retry', 'transient API error: %s' % exc.msg
             return 'failed', str(exc)
 
-    def _after_conflict(self, it: _Item, exc: K8sError) -> Tuple[str, str]:
-        reason = 'eviction answered 409 Conflict (%s) while the pod is still there' % (exc.reason or exc.msg)
+    def _verb(self) -> str:
+        return 'deletion' if self.opts.disable_eviction else 'eviction'
+
+    def _confirm_gone(self, it: _Item, reason: str) -> Tuple[str, str]:
+        """After an eviction answered 404 or 409: 'done' only if a read of the pod by name finds it
+        gone or replaced (another UID); the same pod still there is retried with `reason`."""
         try:
             gone = self.client.pod_gone(it.obj)
         except K8sError as read:

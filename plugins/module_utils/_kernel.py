@@ -699,6 +699,7 @@ def apply(node: AptKernel, p: KernelPlan) -> Dict[str, str]:
     """One apt transaction for kernel and driver; pins and holds put back when it fails."""
     b = node.backend
     kpath = node.path_of('etc/apt/preferences.d/' + KERNEL_PIN_FILE)
+    b.check_dpkg()
     holds_now = node.holds()
     try:
         if p.driver.before.pin_text != p.driver.after.pin_text:
@@ -716,7 +717,7 @@ def apply(node: AptKernel, p: KernelPlan) -> Dict[str, str]:
         b.set_holds([h for h in holds_now if h not in now], [h for h in now if h not in holds_now])
         raise
     if p.protect:
-        node.runner(['apt-mark', 'manual'] + sorted(p.protect), env=b.env())
+        b.write(['apt-mark', 'manual'] + sorted(p.protect))
     if p.protect_after != p.protect_before:
         _fsio.write_text(node.path_of(PROTECT_FILE), p.protect_after, 0o644)
     installed = node.installed()
@@ -757,7 +758,7 @@ def plan_release(node: AptKernel) -> ReleasePlan:
 
 def apply_release(node: AptKernel, p: ReleasePlan) -> None:
     if p.unmark:
-        node.runner(['apt-mark', 'auto'] + p.unmark, env=node.backend.env())
+        node.backend.write(['apt-mark', 'auto'] + p.unmark)
     _fsio.write_text(node.path_of(PROTECT_FILE), None)
 
 

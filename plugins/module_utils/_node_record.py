@@ -118,18 +118,48 @@ CORDON_LOST_HINT = ('someone uncordoned the node during its upgrade: it is cordo
                     'driver as well): drain it, then run gpufleet.upgrade.rollback or the rollout again')
 
 
-def failure(name: str, rollback_on_failure: bool = True, cordon_lost: bool = False) -> Dict[str, Any]:
-    """What the rescue does when step `name` failed: whether the node is rolled back, and the hint.
+# The first step that changes the node: node_drain cordons it before anything else.
+FIRST_CHANGE = 'drain'
 
-    `cordon_lost`: the step failed because the node was found uncordoned before it took the node's pods
-    down (upgrade_state's require_cordoned). Then no rollback: its activation would take down, without
+
+def records_progress(progress: Optional[Dict[str, Any]]) -> bool:
+    """Whether the Node records progress of the rollout's target (upgrade_state's `state`: any phase,
+    `drain-failed` and `failed` too, a cordon lost since included): an earlier run of this target
+    changed the node, so it is mid-upgrade. None (not read) counts as recorded."""
+    if progress is None:
+        return True
+    if not isinstance(progress, dict):
+        raise RecordError('progress: expected the state upgrade_state returns (a mapping), got %r' % (progress,))
+    recorded = progress.get('recorded')
+    if recorded is not None and not isinstance(recorded, str):
+        raise RecordError('progress.recorded: expected a phase name or none, got %r' % (recorded,))
+    # stale_target is None when the record is this target's (or nothing is recorded).
+    return bool(recorded) and progress.get('stale_target') is None
+
+
+def failure(name: str, rollback_on_failure: bool = True,
+            progress: Optional[Dict[str, Any]] = None, cordon_lost: bool = False) -> Dict[str, Any]:
+    """What the rescue does when step `name` failed: whether the node is cordoned and the failure
+    recorded on it, whether it is rolled back, and the hint.
+
+    `cordon` (T3-19): from the drain on, this run cordoned the node (or may have); before it, the
+    node is cordoned only when it records progress of this target (`progress`, upgrade_state's
+    `state`; an earlier run left it mid-upgrade). A failure before the drain on a node no run of this
+    target touched leaves it as it was: not cordoned by the rescue, no failure recorded, and a
+    cordon someone else set stays.
+
+    `cordon_lost` (T3-2): the step failed because the node was found uncordoned before it took the node's
+    pods down (upgrade_state's require_cordoned). Then no rollback: its activation would take down, without
     eviction, the pods placed on the node while it was schedulable (the rescue only cordons again)."""
     s = step(name)
     if not isinstance(cordon_lost, bool):
         raise RecordError('cordon_lost: %r is not a boolean' % (cordon_lost,))
+    recorded = records_progress(progress)        # checked whatever the step: bad input is refused
+    cordon = STEP_NAMES.index(s.name) >= STEP_NAMES.index(FIRST_CHANGE) or recorded
     if cordon_lost:
-        return {'phase': s.name, 'rollback': False, 'hint': CORDON_LOST_HINT}
-    return {'phase': s.name, 'rollback': bool(rollback_on_failure and s.rolls_back), 'hint': s.hint}
+        return {'phase': s.name, 'rollback': False, 'hint': CORDON_LOST_HINT, 'cordon': True}
+    return {'phase': s.name, 'rollback': bool(rollback_on_failure and s.rolls_back), 'hint': s.hint,
+            'cordon': cordon}
 
 
 def steps_through(failed: Optional[str], applicable: Sequence[str]) -> List[str]:

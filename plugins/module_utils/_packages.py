@@ -18,6 +18,7 @@ import functools
 import os
 import re
 import tempfile
+import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _fsio
@@ -30,6 +31,43 @@ VERSIONLOCK_CONF = 'etc/dnf/plugins/versionlock.conf'
 
 class PackageError(Exception):
     """A clear, user-facing error (the module turns it into fail_json(msg=...))."""
+
+
+# The longest an apt/dpkg write waits for the dpkg lock another process holds (unattended-upgrades
+# often does for minutes), then the write fails naming the holder; the retry interval of the commands
+# that do not wait themselves (apt-mark runs `dpkg --set-selections`, which fails at once).
+DPKG_LOCK_TIMEOUT = 300
+DPKG_LOCK_RETRY = 2.0
+_LOCK_RES = (
+    re.compile(r'Could not get lock (\S+?)\.? It is held by process (\d+)(?: \(([^)]*)\))?'),
+    re.compile(r'Unable to acquire the dpkg frontend lock \((\S+)\)'),
+    re.compile(r'dpkg (?:frontend lock|status database) (?:was|is) locked by another process(?: with pid (\d+))?'),
+)
+
+
+def lock_holder(output: str) -> Optional[str]:
+    """Pure: what apt's or dpkg's `output` says holds the dpkg lock (the lock, the process), or None when it does
+    not say the lock is held."""
+    for rx in _LOCK_RES:
+        m = rx.search(output or '')
+        if m:
+            return m.group(0).rstrip('.')
+    return None
+
+
+def dpkg_interrupted(journal: Sequence[str], audit: str) -> Optional[str]:
+    """Pure: why dpkg's database is not ready for a new transaction, or None. `journal`: the names of the
+    files in ``var/lib/dpkg/updates`` (a dpkg killed before it folded its journal into the status file
+    leaves numbered ones: apt refuses with "dpkg was interrupted"); `audit`: what ``dpkg --audit`` says
+    (packages unpacked but not configured, half-configured, half-installed, triggers pending)."""
+    pending = sorted(name for name in journal if name.isdigit())
+    if pending:
+        return 'dpkg was interrupted: its journal holds %d unapplied update(s) (var/lib/dpkg/updates/%s)' % (
+            len(pending), ', '.join(pending))
+    lines = [line.strip() for line in (audit or '').splitlines() if line.strip()]
+    if lines:
+        return 'dpkg --audit reports an unfinished package transaction: %s' % ' '.join(lines)[:1500]
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,10 +284,14 @@ class Runner:
         self.commands.append(list(argv))
         rc, out, err = self._run(list(argv), dict(env or {}))
         if check and rc not in ok_rcs:
-            # apt explains on stdout (unmet dependencies) and concludes on stderr: keep both tails.
-            detail = ' | '.join(x.strip()[-1500:] for x in (out or '', err or '') if x.strip())
-            raise PackageError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), detail))
+            raise command_failed(argv, rc, out, err)
         return CommandResult(rc, out, err)
+
+
+def command_failed(argv: Sequence[str], rc: int, out: str, err: str) -> PackageError:
+    # apt explains on stdout (unmet dependencies) and concludes on stderr: keep both tails.
+    detail = ' | '.join(x.strip()[-1500:] for x in (out or '', err or '') if x.strip())
+    return PackageError('command failed (rc=%d): %s: %s' % (rc, ' '.join(argv), detail))
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,10 +510,54 @@ def apt_config_for_root(root: str, as_root: bool = True) -> str:
 class AptBackend:
     name = 'apt'
 
-    def __init__(self, runner: Runner, pin_file: str = PIN_FILE) -> None:
+    def __init__(self, runner: Runner, pin_file: str = PIN_FILE, lock_timeout: float = DPKG_LOCK_TIMEOUT,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.runner = runner
         self.pin_path = runner.path('etc/apt/preferences.d/' + pin_file)
         self._conf: Optional[str] = None
+        self.lock_timeout = lock_timeout
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- before a write (T3-18 of the 2026-12-06 review)
+    def check_dpkg(self) -> None:
+        """Refuse, before anything is changed, when dpkg's database holds an unfinished transaction. It is
+        not finished here (no ``dpkg --configure -a``): it may be another tool's or an operator's half-done
+        change, and this module cannot tell it apart from its own killed run; configuring it could run
+        maintainer scripts nobody reviewed on a node the rollout is about to reboot."""
+        updates = self.runner.path('var/lib/dpkg/updates')
+        journal = sorted(os.listdir(updates)) if os.path.isdir(updates) else []
+        audit = ''
+        if not any(name.isdigit() for name in journal):
+            audit = self.runner(['dpkg'] + self._admindir() + ['--audit'], env=self.env(), ok_rcs=(0, 1)).stdout
+        why = dpkg_interrupted(journal, audit)
+        if why:
+            raise PackageError(
+                '%s. This module does not finish a package transaction it did not start: find out what it was '
+                "(/var/log/dpkg.log, /var/log/apt/history.log), finish it (dpkg --configure -a) or undo it by hand, "
+                'then rerun; nothing was changed' % why)
+
+    def write(self, argv: List[str]) -> CommandResult:
+        """Run an apt/dpkg write that needs the dpkg lock, waiting at most `lock_timeout` seconds for it while
+        another process holds it: apt-get waits itself (DPkg::Lock::Timeout, apt >= 1.9.11), apt-mark is retried
+        every DPKG_LOCK_RETRY seconds. At the deadline the command fails naming the holder."""
+        deadline = self.clock() + self.lock_timeout
+        while True:
+            cmd = list(argv)
+            if cmd[0] == 'apt-get':
+                cmd += ['-o', 'DPkg::Lock::Timeout=%d' % max(0, int(deadline - self.clock()))]
+            r = self.runner(cmd, env=self.env(), check=False)
+            if r.rc == 0:
+                return r
+            held = lock_holder('%s\n%s' % (r.stdout, r.stderr))
+            if held is None:
+                raise command_failed(cmd, r.rc, r.stdout, r.stderr)
+            now = self.clock()
+            if now >= deadline:
+                raise PackageError(
+                    'the dpkg lock is held by another process for more than %gs (%s; unattended-upgrades or another '
+                    'apt run?): %s did not run; rerun once the lock is free' % (self.lock_timeout, held, ' '.join(argv)))
+            self.sleep(min(DPKG_LOCK_RETRY, deadline - now))
 
     # -- environment
     def env(self) -> Dict[str, str]:
@@ -543,13 +629,13 @@ class AptBackend:
         argv += ['%s=%s' % kv for kv in sorted(versions.items())]
         # apt's `name-`: removed in the same transaction.
         argv += ['%s-' % n for n in sorted(remove)]
-        self.runner(argv, env=self.env())
+        self.write(argv)
 
     def set_holds(self, hold: Sequence[str], unhold: Sequence[str]) -> None:
         if unhold:
-            self.runner(['apt-mark', 'unhold'] + sorted(unhold), env=self.env())
+            self.write(['apt-mark', 'unhold'] + sorted(unhold))
         if hold:
-            self.runner(['apt-mark', 'hold'] + sorted(hold), env=self.env())
+            self.write(['apt-mark', 'hold'] + sorted(hold))
 
     def write_pins(self, text: Optional[str]) -> None:
         _fsio.write_text(self.pin_path, text, 0o644)
@@ -871,6 +957,8 @@ def apply_pin(backend, plan: PinPlan) -> PinState:
         return backend.read_state(list(plan.after.installed) + list(plan.resolved))
     before, after = plan.before, plan.after
     names = sorted(set(plan.resolved) | set(before.holds) | set(after.holds))
+    if backend.name == 'apt':
+        backend.check_dpkg()
     try:
         if plan.state == 'unpinned':
             backend.set_holds([], [h for h in before.holds if h not in after.holds])

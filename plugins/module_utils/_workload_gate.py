@@ -13,7 +13,9 @@ the result: a log line, a regex match or a JSON value. It compares that result w
 value within a tolerance. The gate fails on any mismatch, any initialisation failure (init
 container failed, image pull, container config, crash loop), any failed Job, or any timeout.
 Every Job it creates carries the ``gpufleet.io/workload-gate`` label and is deleted afterwards,
-together with its pods.
+together with its pods. Before its first Job, the gate deletes the unfinished Jobs (and their pods)
+of an earlier run on the same node (T3-17: a killed controller never ran its cleanup, and their pods
+would hold the node's GPUs), and waits, within ``timeout``, until their pods are gone.
 
 Pure helpers (build_job, extract, compare, pod_failure, observe, judge) are tested alone. `run_gate`
 drives them over the collection's K8sClient for one node. `run_gate_nodes` runs the same cases on many
@@ -34,8 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 
-__all__ = ['DEFAULT_TOLERATION', 'WorkloadGateError', 'build_job', 'compare', 'extract', 'judge', 'normalize_cases',
-           'normalize_nodes', 'observe', 'pod_failure', 'run_gate', 'run_gate_nodes']
+__all__ = ['DEFAULT_TOLERATION', 'WorkloadGateError', 'build_job', 'clear_stale', 'compare', 'extract', 'judge',
+           'normalize_cases', 'normalize_nodes', 'observe', 'pod_failure', 'run_gate', 'run_gate_nodes', 'stale_jobs']
 
 DEFAULT_TOLERATION = {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'}
 # The gate runs before the node is uncordoned: its Jobs tolerate the cordon.
@@ -108,6 +110,12 @@ def normalize_cases(cases: Any) -> List[Dict[str, Any]]:
     return out
 
 
+def node_label(node: str) -> str:
+    """The value of the node label on the gate's Jobs: a label value is at most 63 characters and ends
+    alphanumeric (node names may be longer)."""
+    return re.sub(r'[^A-Za-z0-9]+$', '', node[:63])
+
+
 def build_job(case: Dict[str, Any], node: str, attempt: int, run_id: str, namespace: str,
               node_selector: Dict[str, str], toleration: Dict[str, Any], timeout: int,
               tolerate_cordon: bool = True, name_suffix: str = '') -> Dict[str, Any]:
@@ -120,8 +128,7 @@ def build_job(case: Dict[str, Any], node: str, attempt: int, run_id: str, namesp
     job.pop('status', None)
     meta['name'] = '%s-%s-%d%s' % (case['name'], run_id, attempt + 1, name_suffix)
     meta['namespace'] = namespace
-    # A label value is at most 63 characters and ends alphanumeric (node names may be longer).
-    labels = {LABEL_RUN: run_id, LABEL_CASE: case['name'], LABEL_NODE: re.sub(r'[^A-Za-z0-9]+$', '', node[:63])}
+    labels = {LABEL_RUN: run_id, LABEL_CASE: case['name'], LABEL_NODE: node_label(node)}
     meta['labels'] = dict(meta.get('labels') or {}, **labels)
     spec = job.setdefault('spec', {})
     spec.setdefault('backoffLimit', 0)
@@ -252,6 +259,88 @@ def read_log(k8s: Any, namespace: str, pod: str, container: Optional[str]) -> st
     return k8s.request('GET', path, {'container': container} if container else None, text=True)
 
 
+# -- the Jobs of an earlier run (T3-17) -------------------------------------------------------------
+
+def stale_jobs(jobs: List[Dict[str, Any]], nodes: List[str], run_id: str) -> Dict[str, List[Dict[str, Any]]]:
+    """Pure: the gate's Jobs among `jobs` that an earlier run left unfinished on one of `nodes` (another
+    run id; no Complete or Failed condition), by node. A finished Job holds no GPU and is left to its
+    ttlSecondsAfterFinished (or kept, as O(cleanup=false) asked); Jobs of other nodes are not this gate's."""
+    by_label = {node_label(node): node for node in nodes}
+    out: Dict[str, List[Dict[str, Any]]] = {node: [] for node in nodes}
+    for job in jobs:
+        labels = (job.get('metadata') or {}).get('labels') or {}
+        node = by_label.get(labels.get(LABEL_NODE))
+        if node is None or labels.get(LABEL_RUN) in (None, run_id) or _job_state(job):
+            continue
+        out[node].append(job)
+    return out
+
+
+def clear_stale(k8s: Any, namespace: str, nodes: List[str], run_id: str, timeout: float,
+                poll_interval: float, clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> Dict[str, Dict[str, Any]]:
+    """Delete the unfinished Jobs an earlier run of the gate left on `nodes` (stale_jobs) and their pods, then
+    wait, at most `timeout` seconds, until those pods are gone. By node: {deleted: [Job names], problem: str
+    or None}; a problem (a request refused, pods still there at the deadline) names the Jobs to delete by hand."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError, path_for
+    out: Dict[str, Dict[str, Any]] = {node: {'deleted': [], 'problem': None} for node in nodes}
+    jobs_path = path_for('batch/v1', 'jobs', namespace=namespace)
+    pods_path = path_for('v1', 'pods', namespace=namespace)
+    selector = {'labelSelector': LABEL_RUN}
+    try:
+        stale = stale_jobs(k8s.list_all(jobs_path, selector), nodes, run_id)
+    except K8sError as exc:
+        for node in nodes:
+            out[node]['problem'] = 'could not list the Jobs of earlier workload gate runs: %s' % exc
+        return out
+    owner: Dict[str, str] = {}      # a stale Job's uid -> its node
+    for node, jobs in stale.items():
+        for job in jobs:
+            meta = job.get('metadata') or {}
+            try:
+                k8s.delete(path_for('batch/v1', 'jobs', meta.get('name'), namespace),
+                           {'apiVersion': 'v1', 'kind': 'DeleteOptions', 'propagationPolicy': 'Background',
+                            'preconditions': {'uid': meta.get('uid')}})
+            except NotFoundError:
+                pass
+            except K8sError as exc:
+                out[node]['problem'] = 'could not delete Job %s of an earlier run: %s' % (meta.get('name'), exc)
+                continue
+            out[node]['deleted'].append(meta.get('name'))
+            owner[meta.get('uid')] = node
+    if not owner:
+        return out
+
+    def remaining() -> Dict[str, List[str]]:
+        """Delete the pods the stale Jobs own (force: gracePeriodSeconds 0) and name those still listed."""
+        left: Dict[str, List[str]] = {}
+        for pod in k8s.list_all(pods_path, selector):
+            meta = pod.get('metadata') or {}
+            node = next((owner[ref.get('uid')] for ref in meta.get('ownerReferences') or [] if ref.get('uid') in owner),
+                        None)
+            if node is None:
+                continue
+            left.setdefault(node, []).append(meta.get('name'))
+            if not meta.get('deletionTimestamp'):
+                try:
+                    k8s.delete(path_for('v1', 'pods', meta.get('name'), namespace),
+                               {'apiVersion': 'v1', 'kind': 'DeleteOptions', 'gracePeriodSeconds': 0})
+                except NotFoundError:
+                    pass
+        return left
+
+    try:
+        polled = poll(remaining, timeout, poll_interval, clock, sleep, done=lambda left: not left)
+        left = polled.value
+    except K8sError as exc:
+        left = {node: ['(unknown: %s)' % exc] for node in set(owner.values())}
+    for node, pods in left.items():
+        out[node]['problem'] = out[node]['problem'] or (
+            'the pods %s of Job(s) %s of an earlier run were still there after %gs: delete them by hand (label %s)'
+            % (', '.join(pods), ', '.join(out[node]['deleted']), timeout, LABEL_RUN))
+    return out
+
+
 def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 'default', repeat: int = 3,
              node_selector: Optional[Dict[str, str]] = None, toleration: Optional[Dict[str, Any]] = None,
              timeout: int = 600, poll_interval: float = 2.0, cleanup: bool = True, tolerate_cordon: bool = True,
@@ -268,6 +357,10 @@ def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 
     created: List[str] = []
     deleted: List[str] = []
     left: List[str] = []
+    stale = clear_stale(k8s, namespace, [node], run_id, timeout, poll_interval, clock, sleep)[node]
+    if stale['problem']:
+        # The earlier run's pods would hold the node's GPUs: no case is run.
+        return _node_result(node, len(cases), repeat, checks, run_id, (created, deleted, left), cleanup, stale)
     for case in cases:
         runs: List[Dict[str, Any]] = []
         for attempt in range(repeat):
@@ -295,7 +388,7 @@ def run_gate(k8s: Any, node: str, cases: List[Dict[str, Any]], namespace: str = 
                         run.setdefault('cleanup_error', str(exc))
             runs.append(run)
         checks[case['name']] = _check(case, runs, repeat)
-    return _node_result(node, len(cases), repeat, checks, run_id, (created, deleted, left), cleanup)
+    return _node_result(node, len(cases), repeat, checks, run_id, (created, deleted, left), cleanup, stale)
 
 
 def _check(case: Dict[str, Any], runs: List[Dict[str, Any]], repeat: int) -> Dict[str, Any]:
@@ -310,10 +403,14 @@ def _check(case: Dict[str, Any], runs: List[Dict[str, Any]], repeat: int) -> Dic
 
 
 def _node_result(node: str, case_count: int, repeat: int, checks: Dict[str, Dict[str, Any]], run_id: str,
-                 jobs: Tuple[List[str], List[str], List[str]], cleanup: bool) -> Dict[str, Any]:
-    """One node's verdict: {node, passed, msg, problems, checks, run_id, jobs}; `jobs` is (created, deleted, left)."""
+                 jobs: Tuple[List[str], List[str], List[str]], cleanup: bool,
+                 stale: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """One node's verdict: {node, passed, msg, problems, checks, run_id, jobs, stale_jobs}; `jobs` is (created,
+    deleted, left); `stale` what clear_stale did on the node."""
     created, deleted, left = jobs
-    problems = [line for check in checks.values() for line in check['problems']]
+    stale = stale or {'deleted': [], 'problem': None}
+    problems = ([stale['problem']] if stale['problem'] else []) + [
+        line for check in checks.values() for line in check['problems']]
     if left:
         problems.append('could not delete Job(s) %s: delete them by hand (label %s=%s)' % (
             ', '.join(left), LABEL_RUN, run_id))
@@ -324,7 +421,8 @@ def _node_result(node: str, case_count: int, repeat: int, checks: Dict[str, Dict
     if passed and busy:
         msg += '; not run for lack of a free GPU (its tenants hold them): %s' % ', '.join(busy)
     return {'node': node, 'passed': passed, 'msg': msg, 'problems': problems, 'checks': checks, 'busy': busy,
-            'run_id': run_id, 'jobs': {'created': created, 'deleted': deleted, 'left': left if cleanup else created}}
+            'run_id': run_id, 'jobs': {'created': created, 'deleted': deleted, 'left': left if cleanup else created},
+            'stale_jobs': list(stale['deleted'])}
 
 
 _NO_FREE_GPU_RE = re.compile(r'\b\d+ Insufficient (nvidia\.com/[A-Za-z0-9._-]+)')
@@ -531,6 +629,8 @@ class _NodesGate:
 
     def run(self, cases: List[Dict[str, Any]]) -> Dict[str, Any]:
         checks: Dict[str, Dict[str, Dict[str, Any]]] = {node: {} for node in self.nodes}
+        stale = clear_stale(self.k8s, self.namespace, self.nodes, self.run_id, self.timeout, self.poll_interval,
+                            self.clock, self.sleep)
         for case in cases:
             runs: Dict[str, List[Dict[str, Any]]] = {node: [] for node in self.nodes}
             for attempt in range(self.repeat):
@@ -539,7 +639,8 @@ class _NodesGate:
             for node in self.nodes:
                 checks[node][case['name']] = _check(case, runs[node], self.repeat)
         results = {node: _node_result(node, len(cases), self.repeat, checks[node], self.run_id,
-                                      (self.created[node], self.deleted[node], self.left[node]), self.cleanup)
+                                      (self.created[node], self.deleted[node], self.left[node]), self.cleanup,
+                                      stale[node])
                    for node in self.nodes}
         failed = [node for node in self.nodes if not results[node]['passed']]
         problems = ['%s: %s' % (node, line) for node in self.nodes for line in results[node]['problems']]
@@ -556,7 +657,8 @@ class _NodesGate:
         return {'passed': not problems, 'msg': msg, 'problems': problems, 'nodes': results, 'failed_nodes': failed,
                 'busy_nodes': busy,
                 'run_id': self.run_id, 'jobs': {'created': created, 'deleted': deleted,
-                                                'left': left if self.cleanup else created}}
+                                                'left': left if self.cleanup else created},
+                'stale_jobs': [name for node in self.nodes for name in stale[node]['deleted']]}
 
     def _attempt(self, case: Dict[str, Any], attempt: int) -> Dict[str, Dict[str, Any]]:
         """One attempt of a case on every node: create, watch together, judge, clean up. The run of each node."""

@@ -21,8 +21,10 @@ description:
     the task fails, nothing is evicted, and the node stays cordoned. Mirror and DaemonSet pods are skipped.
   - Pods are evicted in parallel (at most O(parallel) requests at a time), each eviction carrying the pod's UID as
     precondition. An eviction refused by a PodDisruptionBudget (HTTP 429) or by a transient API error is retried every
-    O(retry_interval) seconds until O(timeout); the deletion is awaited by UID. At the deadline the task B(fails), the
-    node stays cordoned, and RV(remaining) says what is left and why.
+    O(retry_interval) seconds until O(timeout); the deletion is awaited by UID. An eviction answered HTTP 409 or
+    HTTP 404 counts as done only when a read of the pod by name finds it gone or replaced (another UID); the same pod
+    still there is evicted again. At the deadline the task B(fails), the node stays cordoned, and RV(remaining) says
+    what is left and why.
   - V(uncordon) lifts the cordon only when this collection made it, unless O(uncordon_preexisting=true). Ours
     means C(gpufleet.io/initial-unschedulable) is V(false) (written whenever this collection cordons a schedulable
     node, so a record left by an earlier run never stands for a cordon made since) and the Node's

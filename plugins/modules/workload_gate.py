@@ -28,7 +28,14 @@ description:
   - B(Not strictly read-only.) The gate creates Jobs, labelled C(gpufleet.io/workload-gate=<run id>),
     in O(namespace). It deletes each Job and its pods after the run (O(cleanup)), so the cluster is left
     as it was and the task reports C(changed=false). With O(cleanup=false) the Jobs stay and the task
-    reports C(changed=true). In check mode nothing is created and the gate is skipped.
+    reports C(changed=true). In check mode nothing is created or deleted and the gate is skipped.
+  - B(Jobs of an earlier run.) Before its first Job the gate deletes, in O(namespace), the unfinished Jobs
+    of an earlier gate run on the same node (labelled C(gpufleet.io/workload-gate) with another run id and
+    C(gpufleet.io/node) with the node; a controller killed mid-gate never ran its cleanup, and their pods would
+    hold the node's GPUs), together with their pods, and waits at most O(timeout) until those pods are gone. They
+    are listed in RV(stale_jobs) and the task reports C(changed=true). Finished Jobs hold no GPU and are left
+    to their C(ttlSecondsAfterFinished). When they cannot be cleared, the node fails the gate naming them (with
+    O(node), no case is run).
   - Needs create, get, list and delete on Jobs, and get, list, delete and C(pods/log) get on Pods, in O(namespace).
   - B(Several nodes at once.) With O(nodes) instead of O(node) the gate runs the same cases on every node listed
     (the rollout's observation windows re-run it on every node upgraded so far). Each attempt of a case creates
@@ -222,6 +229,14 @@ jobs:
   description: Job names C(created), C(deleted), and C(left) behind (with O(nodes), those of all the nodes).
   returned: always
   type: dict
+stale_jobs:
+  description:
+    - The unfinished Jobs of an earlier gate run on the node (with O(nodes), on any of them) that this call
+      deleted before its first Job.
+  returned: always
+  type: list
+  elements: str
+  sample: [device-query-9b07e2-2]
 run_id:
   description: The value of the C(gpufleet.io/workload-gate) label on this call's Jobs.
   returned: always
@@ -233,7 +248,7 @@ node:
 nodes:
   description:
     - Each node of O(nodes) by name with its own verdict, the same as the result for one O(node) - C(node),
-      C(passed), C(msg), C(problems), C(checks), C(jobs) and C(run_id).
+      C(passed), C(msg), C(problems), C(checks), C(jobs), C(stale_jobs) and C(run_id).
     - Empty in check mode.
   returned: when O(nodes) is given
   type: dict
@@ -245,6 +260,7 @@ nodes:
       problems: []
       checks: {}
       jobs: {created: [device-query-3f9a1c-1-1], deleted: [device-query-3f9a1c-1-1], left: []}
+      stale_jobs: []
       run_id: 3f9a1c
 failed_nodes:
   description: The nodes of O(nodes) that failed the gate, in the order given.
@@ -322,14 +338,14 @@ def run(module: K8sModule) -> None:
         run_nodes(module, nodes, cases)
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, passed=None, node=params['node'], problems=[], checks={},
-                         jobs={'created': [], 'deleted': [], 'left': []}, run_id='',
+                         jobs={'created': [], 'deleted': [], 'left': []}, stale_jobs=[], run_id='',
                          msg='check mode: would run %d case(s) x %d on %s' % (len(cases), params['repeat'], params['node']))
     with module.errors(passed=False):
         result = _workload_gate.run_gate(
             module.client, params['node'], cases, namespace=params['namespace'], repeat=params['repeat'],
             node_selector=params['node_selector'], toleration=params['toleration'], timeout=params['timeout'],
             poll_interval=params['poll_interval'], cleanup=params['cleanup'], tolerate_cordon=params['tolerate_cordon'])
-    result.update(changed=bool(result['jobs']['left']), skipped=False)
+    result.update(changed=bool(result['jobs']['left'] or result['stale_jobs']), skipped=False)
     if not result['passed']:
         module.fail_json(**result)
     module.exit_json(**result)
@@ -344,7 +360,7 @@ def run_nodes(module: K8sModule, nodes: List[str], cases: List[Dict[str, Any]]) 
     params = module.params
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, passed=None, nodes={}, failed_nodes=[], busy_nodes=[], problems=[],
-                         jobs={'created': [], 'deleted': [], 'left': []}, run_id='',
+                         jobs={'created': [], 'deleted': [], 'left': []}, stale_jobs=[], run_id='',
                          msg='check mode: would run %d case(s) x %d on %d node(s) (%s)' % (
                              len(cases), params['repeat'], len(nodes), ', '.join(nodes)))
     with module.errors(passed=False):
@@ -352,7 +368,7 @@ def run_nodes(module: K8sModule, nodes: List[str], cases: List[Dict[str, Any]]) 
             module.client, nodes, cases, namespace=params['namespace'], repeat=params['repeat'], toleration=params['toleration'],
             timeout=params['timeout'], poll_interval=params['poll_interval'], cleanup=params['cleanup'],
             tolerate_cordon=params['tolerate_cordon'], busy=params['busy'])
-    result.update(changed=bool(result['jobs']['left']), skipped=False)
+    result.update(changed=bool(result['jobs']['left'] or result['stale_jobs']), skipped=False)
     if not result['passed']:
         module.fail_json(**result)
     module.exit_json(**result)

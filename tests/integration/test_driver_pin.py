@@ -7,7 +7,12 @@ the root back with the real `dpkg-query`/`apt-mark`.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -433,3 +438,80 @@ def test_restore_fails_when_the_default_boot_kernel_is_gone(apt_root, run_playbo
             "installed kernels: %s); install it before restoring, nothing was changed"
             % (KERNEL_OLD, KERNEL_OLD, root.path, KERNEL_NEW))
         assert (root.state_digest(), boot_files(root)) == before
+
+
+# -- T3-18: a held dpkg lock is waited for, an interrupted dpkg is refused ---------------------------
+LOCK_HOLDER = '''
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o640)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print('locked', flush=True)
+sys.stdin.readline()     # held until the test writes a line (or closes stdin)
+'''
+
+
+def apt_get_waiting(root: AptRoot) -> bool:
+    """An apt-get of the collection (its DPkg::Lock::Timeout) is running on this root: it waits for the lock.
+    On this root: its APT_CONFIG sets Dir to it (another test's apt-get, on another pytest-xdist worker, does not
+    count)."""
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            cmdline = pathlib.Path('/proc/%s/cmdline' % pid).read_bytes().split(b'\0')
+            environ = pathlib.Path('/proc/%s/environ' % pid).read_bytes().split(b'\0')
+        except OSError:
+            continue
+        if not (cmdline[0].endswith(b'apt-get') and any(a.startswith(b'DPkg::Lock::Timeout=') for a in cmdline)):
+            continue
+        conf = [e[len(b'APT_CONFIG='):] for e in environ if e.startswith(b'APT_CONFIG=')]
+        try:
+            if conf and ('Dir "%s/";' % root.path) in pathlib.Path(os.fsdecode(conf[0])).read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_held_dpkg_lock_is_waited_for_and_the_install_runs_once_it_is_free(apt_root, run_playbook):
+    """unattended-upgrades holds the dpkg lock when the transaction starts: apt-get waits for it (bounded) instead
+    of failing at once; the test frees the lock once it sees apt-get waiting."""
+    root = apt_root
+    assert run_playbook(play(pin_task(root, OLD, install=True))).rc == 0
+    holder = subprocess.Popen([sys.executable, '-c', LOCK_HOLDER, str(root.path / 'var/lib/dpkg/lock-frontend')],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(run=run_playbook(play(pin_task(root, NEW, install=True)))))
+        worker.start()
+        deadline = time.monotonic() + 120
+        while worker.is_alive() and not apt_get_waiting(root) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        waited = worker.is_alive() and apt_get_waiting(root)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    worker.join(timeout=300)
+    assert waited, 'the module did not wait for the lock: %s' % result['run'].result('pin').get('msg')
+    assert result['run'].rc == 0, result['run'].result('pin').get('msg')
+    expect(root, NEW, DRIVER_SET)
+    assert root.holds() == set(DRIVER_SET)
+
+
+def test_an_interrupted_dpkg_is_refused_before_anything_changes(apt_root, run_playbook):
+    """A package unpacked but never configured (a transaction killed half-way, someone else's or ours): the module
+    does not finish it (no dpkg --configure -a); it fails naming the state and changes nothing."""
+    root = apt_root
+    assert run_playbook(play(pin_task(root, OLD, install=True))).rc == 0
+    deb = sorted(root.repo.glob('libnvidia-nscq-580_%s*.deb' % NEW))[0]
+    dpkg = ['dpkg', '--root=%s' % root.path, '--admindir=%s/var/lib/dpkg' % root.path, '--force-script-chrootless']
+    if os.geteuid() != 0:
+        dpkg.append('--force-not-root')
+    root.run(dpkg + ['--unpack', str(deb)])
+    before = root.state_digest()
+    r = run_playbook(play(pin_task(root, NEW, install=True)))
+    assert r.rc != 0
+    msg = r.result('pin')['msg']
+    assert msg.startswith('dpkg --audit reports an unfinished package transaction: The following packages have been '
+                          'unpacked but not yet configured.'), msg
+    assert 'libnvidia-nscq-580' in msg and msg.endswith('then rerun; nothing was changed')
+    assert root.state_digest() == before

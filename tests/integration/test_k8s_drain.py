@@ -500,6 +500,37 @@ def test_eviction_409_until_the_deadline_fails_the_drain_with_the_pod_listed(clu
     assert node(cluster, S.OTHER)['spec']['unschedulable'] is True
 
 
+MISROUTED = 'the server could not find the requested resource'
+
+
+def test_eviction_404_while_the_pod_is_there_is_retried_not_counted_as_gone(cluster, run_playbook):
+    """T3-24: a misrouting proxy or an API aggregation error answers the eviction 404 with the pod
+    still running. The drain reads the pod by name, finds the same UID, and evicts again."""
+    load(cluster)
+    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=404, times=2, message=MISROUTED)
+    run = run_playbook(play(cluster, drain_task(node=S.OTHER)))
+    assert run.rc == 0, run.stdout
+    res = run.result('drain')
+    assert res['upgrade_state'] == 'drained'
+    assert evictions_of(cluster.requests, 'other-gpu') == 3
+    assert node_pods(cluster, S.OTHER) == []
+    assert [r['verb'] for r in cluster.requests if r['path'] == '/api/v1/namespaces/ml/pods/other-gpu'][:2] == [
+        'GET', 'GET']
+
+
+def test_eviction_404_until_the_deadline_fails_the_drain_with_the_pod_listed(cluster, run_playbook):
+    load(cluster)
+    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=404, message=MISROUTED)
+    run = run_playbook(play(cluster, dict(drain_task(node=S.OTHER, timeout=3), ignore_errors=True)))
+    res = run.result('drain')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['upgrade_state'] == 'drain-failed'
+    assert [(r['name'], r['reason']) for r in res['remaining']] == [
+        ('other-gpu', 'eviction answered 404 Not Found (%s) while the pod is still there' % MISROUTED)]
+    assert 'ml/other-gpu' in node_pods(cluster, S.OTHER)
+    assert node(cluster, S.OTHER)['spec']['unschedulable'] is True
+
+
 def test_unknown_node_and_bad_options(cluster, run_playbook):
     load(cluster)
     run = run_playbook(play(

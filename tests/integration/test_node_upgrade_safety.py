@@ -61,6 +61,35 @@ def test_a_rerun_after_a_manual_uncordon_drains_again_and_the_failure_leaves_the
     assert 'drain failed' in fail['msg'] and 'the node stays cordoned' in fail['msg']
 
 
+@pytest.mark.parametrize('cordoned_before', [False, True], ids=['schedulable', 'cordoned-by-someone-else'])
+def test_a_failure_before_the_drain_leaves_an_untouched_node_as_it_was(cluster, run_playbook, tmp_path, cordoned_before):
+    """T3-19: the kernel's preflight (kernel_check) fails before the drain, on a node that records no
+    progress of this target: nothing was changed on it, so the rescue neither cordons it nor records
+    `failed` (a cordon someone else set stays as it is), and the message says so."""
+    load(cluster)
+    if cordoned_before:
+        cluster.patch('v1', 'Node', S.NODE, {'spec': {'unschedulable': True}})
+    before = annotations(cluster)
+    cluster.clear_requests()
+    plays = role_play(cluster, tmp_path)
+    plays[0]['tasks'][0]['vars'].update({'node_upgrade_target': dict(TARGET, kernel='6.8.0-999-generic'),
+                                         'node_upgrade_installroot': str(tmp_path / 'no-such-root')})
+    run = run_playbook(plays)
+    assert run.rc != 0
+    check = run.result('Kernel | The repositories offer the target kernel with the driver\'s modules, and the way back is '
+                       'on the node')
+    assert check['_event'] == 'runner_on_failed'
+    assert run.result('Failure | Cordon the node (before the failure is recorded)')['_event'] == 'runner_on_skipped'
+    n = cluster.get('v1', 'Node', S.NODE)
+    assert bool(n['spec'].get('unschedulable')) is cordoned_before
+    assert annotations(cluster) == before
+    assert not [m for m in mutations(cluster) if m[1] == '/api/v1/nodes/' + S.NODE]
+    fail = run.result('Failure | Stop here')
+    assert 'kernel_check failed' in fail['msg']
+    assert ('this run changed nothing on the node and left it as it was (%s); it was not cordoned and no failure is '
+            'recorded on it' % ('cordoned' if cordoned_before else 'schedulable')) in fail['msg'], fail['msg']
+
+
 def test_a_recorded_snapshot_missing_here_fails_before_anything_is_drained(cluster, run_playbook, tmp_path):
     load(cluster)
     cluster.patch('v1', 'Node', S.NODE, {'spec': {'unschedulable': True}, 'metadata': {'annotations': {

@@ -199,6 +199,37 @@ def test_workload_gate_check_mode_and_no_cleanup(emu, run_playbook):
     assert leftovers(emu)[0] == res['jobs']['left'] == res['jobs']['created']
 
 
+def test_workload_gate_clears_the_jobs_a_killed_run_left_before_its_first_job(emu, run_playbook):
+    """T3-17: a controller killed mid-gate never ran its cleanup; its Job's pod still runs on the node and holds
+    every GPU. The rerun (a new run id) deletes that Job and its pod first, so its own Job gets a GPU; a finished
+    Job of the earlier run and a running one on another node are left as they are."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _workload_gate as W
+    held = job('never', duration='600')
+    held['spec']['template']['spec']['containers'][0]['resources']['limits']['nvidia.com/gpu'] = '8'
+    quick = job('ok')
+    del quick['spec']['template']['spec']['containers'][0]['resources']
+    earlier = W.normalize_cases([{'name': 'q', 'manifest': held, 'expected': 'ok'},
+                                 {'name': 'fin', 'manifest': quick, 'expected': 'ok'}])
+    emu.apply([W.build_job(earlier[0], name, 0, 'old123', NS, {'kubernetes.io/hostname': name}, W.DEFAULT_TOLERATION,
+                           600, name_suffix=suffix) for name, suffix in ((NODE, ''), ('gpu-0', '-0'))]
+              + [W.build_job(earlier[1], NODE, 0, 'old123', NS, {'kubernetes.io/hostname': NODE}, W.DEFAULT_TOLERATION,
+                             600)])
+
+    def settled():
+        running = [p for p in emu.list('v1', 'Pod', namespace=NS) if (p.get('status') or {}).get('phase') == 'Running']
+        finished = [j for j in emu.list('batch/v1', 'Job', namespace=NS)
+                    if any(c.get('type') == 'Complete' for c in (j.get('status') or {}).get('conditions') or [])]
+        return len(running) == 2 and len(finished) == 1
+    emu.wait_for(settled, timeout=60, message="the earlier run's pods to run and its short Job to finish")
+    r = run_playbook(play(emu, [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}], repeat=1, timeout=20))
+    res = r.result('gate')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert res['passed'] is True and res['changed'] is True
+    assert res['stale_jobs'] == ['q-old123-1']
+    emu.wait_for(lambda: sorted(leftovers(emu)[0]) == ['fin-old123-1', 'q-old123-1-0'], timeout=30,
+                 message="only the finished Job and gpu-0's to be left")
+
+
 def test_workload_gate_bad_case(emu, run_playbook):
     r = run_playbook(play(emu, [{'name': 'q', 'manifest': {'kind': 'Pod', 'apiVersion': 'v1'}, 'expected': 1}]))
     assert r.result('gate')['msg'] == "cases[0] (q).manifest: not a batch/v1 Job manifest (kind 'Pod', apiVersion 'v1')"
@@ -268,7 +299,8 @@ def test_workload_gate_nodes_run_at_once_on_every_node(emu, run_playbook):
     reads = [request['path'] for request in emu.requests if request['verb'] == 'GET']
     assert not [path for path in reads if path.startswith(jobs_path + '/')]
     job_lists, pod_lists = reads.count(jobs_path), reads.count('/api/v1/namespaces/%s/pods' % NS)
-    assert job_lists and pod_lists == job_lists + 4   # and one LIST of pods per attempt's cleanup
+    # one LIST of Jobs first (an earlier run's, none here); then one LIST of pods per attempt's cleanup too
+    assert job_lists and pod_lists == (job_lists - 1) + 4
     assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests) == []
 
 

@@ -45,11 +45,12 @@ def test_values():
         '/snap/gpu-01--driver_580.126.20_kernel_6.8.0-134-generic_rke2_v1.35.3_rke2r3.json'
     assert F.snapshot_file('/', 'gpu-01', TARGET) == \
         '/gpu-01--driver_580.126.20_kernel_6.8.0-134-generic_rke2_v1.35.3_rke2r3.json'
-    assert F.node_failure('install') == {'phase': 'install', 'rollback': True, 'hint': ''}
+    assert F.node_failure('install') == {'phase': 'install', 'rollback': True, 'hint': '', 'cordon': True}
+    assert F.node_failure('kernel_check', True, {'recorded': None, 'stale_target': None})['cordon'] is False
     assert F.node_failure('install', False)['rollback'] is False
     assert F.node_failure('drain', True)['rollback'] is False
-    assert F.node_failure('activate', True, True)['rollback'] is False          # the cordon was lost (T3-2)
-    assert F.node_failure('activate', True, False)['rollback'] is True
+    assert F.node_failure('activate', True, None, True)['rollback'] is False    # the cordon was lost (T3-2)
+    assert F.node_failure('activate', True, None, False)['rollback'] is True
     gates = F.gate_results({'gpu': {'passed': True, 'msg': 'ok'}, 'node': {'passed': False, 'msg': 'NotReady'}},
                            'gpu-02')
     assert (gates['passed'], gates['msg'], len(gates['evidence'])) == (
@@ -117,6 +118,8 @@ def test_in_a_template():
      'results: expected a mapping of gate name to registered result, got NoneType'),
     ('node_failure', ('holders',), {}, "step: 'holders' is not one of " + ', '.join(STEP_NAMES)),
     ('node_failure', ('Install | Step',), {}, "step: 'Install | Step' is not one of " + ', '.join(STEP_NAMES)),
+    ('node_failure', ('progress', True, 'none'), {},
+     "progress: expected the state upgrade_state returns (a mapping), got 'none'"),
     ('rollout_node_entry', (PLAN, 'gpu-99'), {}, "host 'gpu-99' is in no combination of the plan"),
     ('rollout_node_entry', (PLAN, 'gpu-02'), {'failed_phase': 'unknown'},
      "step: 'unknown' is not one of " + ', '.join(STEP_NAMES)),

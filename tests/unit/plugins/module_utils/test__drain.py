@@ -664,6 +664,49 @@ def test_eviction_409_for_a_replaced_pod_counts_as_gone():
     assert c.pods[key]['metadata']['uid'] == 'new-uid'
 
 
+# -- T3-24: a 404 from the eviction subresource is confirmed by a read of the pod --------------
+MISROUTED = 'the server could not find the requested resource'
+
+
+def test_eviction_404_while_the_same_pod_is_there_is_retried():
+    """A misrouting proxy or an API aggregation error answers 404 with the pod still running: the
+    drain reads the pod by name, finds the same UID and evicts again."""
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={'a': [NotFoundError('POST eviction: HTTP 404', status=404,
+                                                                 reason=MISROUTED)] * 2})
+    res = _drainer(c, clock).drain('n1')
+    assert not res['failed'], res['msg']
+    assert res['state'] == 'drained'
+    assert ('ml', 'a') not in c.pods
+    assert [call for call in c.calls if call == ('evict', 'a')] == [('evict', 'a')] * 3
+
+
+def test_eviction_404_persisting_to_the_deadline_fails_the_drain():
+    clock = Clock()
+    c = FakeClient(clock, _simple(), errors={'a': [NotFoundError('POST eviction: HTTP 404', status=404,
+                                                                 reason=MISROUTED)] * 1000})
+    res = _drainer(c, clock, timeout=30).drain('n1')
+    assert res['failed'] is True and res['state'] == 'drain-failed'
+    assert [(r['name'], r['reason']) for r in res['remaining']] == [
+        ('a', 'eviction answered 404 Not Found (%s) while the pod is still there' % MISROUTED)]
+    assert any(p['metadata']['name'] == 'a' for p in c.pods.values())
+
+
+def test_deletion_404_under_disable_eviction_is_confirmed_too():
+    clock = Clock()
+    c = FakeClient(clock, _simple())
+
+    def misrouted(pod, grace):
+        c.log('delete', pod['metadata']['name'])
+        raise NotFoundError('DELETE pod: HTTP 404', status=404)
+    c.delete_pod = misrouted
+    res = _drainer(c, clock, timeout=10, disable_eviction=True).drain('n1')
+    assert res['failed'] is True and res['state'] == 'drain-failed'
+    assert sorted((r['name'], r['reason']) for r in res['remaining']) == [
+        ('a', 'deletion answered 404 Not Found (DELETE pod: HTTP 404) while the pod is still there'),
+        ('b', 'deletion answered 404 Not Found (DELETE pod: HTTP 404) while the pod is still there')]
+
+
 # -- issue 12: every wait of a drain round stays inside the drain's timeout --------------------
 class SlowPool:
     """A urllib3 pool stand-in on a fake clock: every request takes its whole timeout and times out."""

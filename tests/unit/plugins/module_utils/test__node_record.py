@@ -33,7 +33,7 @@ def test_phase_vocabulary():
 @pytest.mark.parametrize('name', ROLLED_BACK)
 def test_a_failure_after_the_packages_changed_is_rolled_back(name):
     assert _node_record.step(name).rolls_back is True
-    assert _node_record.failure(name) == {'phase': name, 'rollback': True, 'hint': ''}
+    assert _node_record.failure(name) == {'phase': name, 'rollback': True, 'hint': '', 'cordon': True}
     assert _node_record.failure(name, rollback_on_failure=True)['rollback'] is True
 
 
@@ -55,6 +55,49 @@ def test_failure_hints():
     assert _node_record.failure('ready')['hint'].startswith('it did not come back Ready within node_upgrade_reboot_timeout')
     assert 'gpufleet.upgrade.rollback' in _node_record.failure('ready')['hint']
     assert _node_record.failure('drain')['hint'] == ''
+
+
+# -- T3-19: a failure before the drain leaves a node no run of this target touched as it was ------
+BEFORE_DRAIN = ('preflight', 'progress', 'kernel_check')
+UNTOUCHED = {'recorded': None, 'stale_target': None, 'phase': None, 'done_phases': [], 'unschedulable': False}
+
+
+@pytest.mark.parametrize('name', BEFORE_DRAIN)
+def test_a_failure_before_the_drain_on_an_untouched_node_is_not_cordoned(name):
+    assert _node_record.failure(name, True, UNTOUCHED)['cordon'] is False
+    # a record of another target (stale) is not this target's progress
+    assert _node_record.failure(name, True, dict(UNTOUCHED, recorded='installed', stale_target='driver=1'))[
+        'cordon'] is False
+
+
+@pytest.mark.parametrize('name', [n for n in _node_record.STEP_NAMES if n not in BEFORE_DRAIN])
+def test_a_failure_from_the_drain_on_is_cordoned(name):
+    assert _node_record.failure(name, True, UNTOUCHED)['cordon'] is True
+    assert _node_record.failure(name, False, UNTOUCHED)['cordon'] is True
+
+
+@pytest.mark.parametrize('recorded', ['cordoned', 'draining', 'drain-failed', 'drained', 'snapshotted', 'installed',
+                                      'failed', 'rolled-back'])
+@pytest.mark.parametrize('name', BEFORE_DRAIN)
+def test_a_failure_before_the_drain_on_a_node_mid_upgrade_is_cordoned(name, recorded):
+    """An earlier run of this target changed the node (a cordon lost since included): it stays the rollout's."""
+    assert _node_record.failure(name, True, dict(UNTOUCHED, recorded=recorded))['cordon'] is True
+
+
+@pytest.mark.parametrize('name', BEFORE_DRAIN)
+def test_progress_not_given_cordons_as_before(name):
+    assert _node_record.failure(name)['cordon'] is True
+
+
+@pytest.mark.parametrize('progress, message', [
+    ('installed', "progress: expected the state upgrade_state returns (a mapping), got 'installed'"),
+    ([], 'progress: expected the state upgrade_state returns (a mapping), got []'),
+    ({'recorded': 3}, 'progress.recorded: expected a phase name or none, got 3'),
+])
+def test_a_malformed_progress_is_refused_naming_the_value(progress, message):
+    with pytest.raises(_node_record.RecordError) as err:
+        _node_record.failure('kernel_check', True, progress)
+    assert str(err.value) == message
 
 
 def test_step_records():
@@ -131,7 +174,7 @@ def test_evidence_phases_with_the_gpu_operators_operands():
 
 
 def test_an_operands_failure_rolls_the_node_back():
-    assert _node_record.failure('operands') == {'phase': 'operands', 'rollback': True, 'hint': ''}
+    assert _node_record.failure('operands') == {'phase': 'operands', 'rollback': True, 'hint': '', 'cordon': True}
     assert _node_record.failure('operands', rollback_on_failure=False)['rollback'] is False
 
 
@@ -203,7 +246,8 @@ def test_a_lost_cordon_is_never_rolled_back(name):
     back: the rollback's reboot or reload would take down the pods placed on it meanwhile, without eviction."""
     assert _node_record.failure(name)['rollback'] is True
     lost = _node_record.failure(name, True, cordon_lost=True)
-    assert lost == {'phase': name, 'rollback': False, 'hint': _node_record.CORDON_LOST_HINT}
+    # cordoned again by the rescue (the step is past the drain: this run cordoned the node)
+    assert lost == {'phase': name, 'rollback': False, 'hint': _node_record.CORDON_LOST_HINT, 'cordon': True}
     assert 'drain it, then run gpufleet.upgrade.rollback' in lost['hint']
     assert _node_record.failure(name, True, cordon_lost=False)['rollback'] is True
     with pytest.raises(_node_record.RecordError, match=r"cordon_lost: 'yes' is not a boolean"):

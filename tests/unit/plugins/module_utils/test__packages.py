@@ -247,6 +247,122 @@ def test_runner_error_names_command():
         r(['apt-get', 'install', 'x'])
 
 
+# -- T3-18: a held dpkg lock is waited for (bounded), an interrupted dpkg is refused ------------------
+APT_LOCKED = ('E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (unattended-upgr)\n'
+              'E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?')
+DPKG_LOCKED = 'dpkg: error: dpkg frontend lock was locked by another process with pid 4242\nE: Sub-process dpkg --set-selections returned an error code (2)'
+
+
+@pytest.mark.parametrize('output, held', [
+    (APT_LOCKED, 'Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (unattended-upgr)'),
+    (DPKG_LOCKED, 'dpkg frontend lock was locked by another process with pid 4242'),
+    ('dpkg: error: dpkg status database is locked by another process', 'dpkg status database is locked by another process'),
+    ('E: Unable to locate package x', None),
+    ('', None),
+])
+def test_lock_holder(output, held):
+    assert pk.lock_holder(output) == held
+
+
+@pytest.mark.parametrize('journal, audit, why', [
+    ([], '', None),
+    (['tmp.i'], '', None),
+    (['0001', '0000', 'tmp.i'], '', 'dpkg was interrupted: its journal holds 2 unapplied update(s) (var/lib/dpkg/updates/0000, 0001)'),
+    ([], 'The following packages have been unpacked but not yet configured.\n libnvidia-nscq-580  stand-in\n',
+     'dpkg --audit reports an unfinished package transaction: The following packages have been unpacked but not yet '
+     'configured. libnvidia-nscq-580  stand-in'),
+])
+def test_dpkg_interrupted(journal, audit, why):
+    assert pk.dpkg_interrupted(journal, audit) == why
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def locked_backend(tmp_path, answers):
+    """An apt backend whose commands answer in turn from `answers` (rc, stdout, stderr), on a fake clock."""
+    calls = []
+    clock = Clock()
+
+    def run(argv, env):
+        calls.append((clock.now, argv))
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+    b = pk.AptBackend(pk.Runner(run, str(tmp_path)), lock_timeout=10, clock=lambda: clock.now, sleep=clock.sleep)
+    return b, calls, clock
+
+
+def test_apt_mark_is_retried_while_the_lock_is_held_then_runs(tmp_path):
+    b, calls, clock = locked_backend(tmp_path, [(2, '', DPKG_LOCKED)] * 3 + [(0, '', '')])
+    try:
+        b.set_holds(['drv'], [])
+    finally:
+        b.close()
+    assert calls == [(0.0, ['apt-mark', 'hold', 'drv']), (2.0, ['apt-mark', 'hold', 'drv']),
+                     (4.0, ['apt-mark', 'hold', 'drv']), (6.0, ['apt-mark', 'hold', 'drv'])]
+
+
+def test_apt_get_waits_for_the_lock_itself_within_what_is_left(tmp_path):
+    b, calls, clock = locked_backend(tmp_path, [(100, '', APT_LOCKED), (0, '', '')])
+    try:
+        b.install({'drv': '1'})
+    finally:
+        b.close()
+    assert [call[1][-2:] for call in calls] == [['-o', 'DPkg::Lock::Timeout=10'], ['-o', 'DPkg::Lock::Timeout=8']]
+    assert calls[0][1][:4] == ['apt-get', '-q', '-y', 'install']
+
+
+def test_a_lock_held_past_the_deadline_fails_naming_the_holder(tmp_path):
+    b, calls, clock = locked_backend(tmp_path, [(2, '', DPKG_LOCKED)])
+    with pytest.raises(pk.PackageError) as err:
+        b.set_holds([], ['drv'])
+    b.close()
+    assert str(err.value) == (
+        'the dpkg lock is held by another process for more than 10s (dpkg frontend lock was locked by another process '
+        'with pid 4242; unattended-upgrades or another apt run?): apt-mark unhold drv did not run; rerun once the lock '
+        'is free')
+    assert clock.now == 10 and len(calls) == 6
+
+
+def test_another_failure_is_not_retried(tmp_path):
+    b, calls, clock = locked_backend(tmp_path, [(100, '', 'E: Unable to locate package drv')])
+    with pytest.raises(pk.PackageError, match=r'^command failed \(rc=100\): apt-get -q -y install .* drv=1 -o '
+                                              r'DPkg::Lock::Timeout=10: E: Unable to locate package drv$'):
+        b.install({'drv': '1'})
+    b.close()
+    assert len(calls) == 1
+
+
+def test_an_interrupted_dpkg_is_refused_before_anything_changes(tmp_path):
+    (tmp_path / 'var/lib/dpkg/updates').mkdir(parents=True)
+    (tmp_path / 'var/lib/dpkg/updates/0003').write_text('')
+    b, calls, clock = locked_backend(tmp_path, [(0, '', '')])
+    with pytest.raises(pk.PackageError) as err:
+        b.check_dpkg()
+    b.close()
+    assert str(err.value).startswith('dpkg was interrupted: its journal holds 1 unapplied update(s) '
+                                     '(var/lib/dpkg/updates/0003). This module does not finish a package transaction '
+                                     'it did not start')
+    assert str(err.value).endswith('then rerun; nothing was changed')
+    assert calls == []
+
+
+def test_unconfigured_packages_are_refused_and_a_clean_database_passes(tmp_path):
+    audit = 'The following packages have been unpacked but not yet configured.\n drv   the driver\n'
+    b, calls, clock = locked_backend(tmp_path, [(0, audit, '')])
+    with pytest.raises(pk.PackageError, match='^dpkg --audit reports an unfinished package transaction: The following'):
+        b.check_dpkg()
+    assert calls[0][1] == ['dpkg', '--admindir=%s/var/lib/dpkg' % tmp_path, '--audit']
+    b.close()
+    b, calls, clock = locked_backend(tmp_path, [(0, '', '')])
+    b.check_dpkg()
+    b.close()
+
+
 # -- dnf ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('os_release,mode', [

@@ -155,9 +155,11 @@ class FakeK8s:
 
     @staticmethod
     def _selected(obj, query):
-        wanted = dict(term.split('=', 1) for term in (query or {}).get('labelSelector', '').split(',') if term)
+        terms = [term for term in (query or {}).get('labelSelector', '').split(',') if term]
         labels = obj['metadata'].get('labels') or {}
-        return all(labels.get(key) == value for key, value in wanted.items())
+        # key=value, or a bare key: the label exists
+        return all(labels.get(term.split('=', 1)[0]) == term.split('=', 1)[1] if '=' in term
+                   else term in labels for term in terms)
 
     def post(self, path, body):
         from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError
@@ -255,11 +257,12 @@ def test_run_gate_nodes_all_pass_pinned_and_cleaned_up():
     res, clock = gate_nodes(fake, NODES, [case(result={'regex': r'sum=(\S+)'}), case(name='second', expected='sum=42.0')])
     assert res['passed'] is True and res['failed_nodes'] == [] and res['problems'] == []
     assert res['msg'] == 'workload gate: PASS on 3 node(s) (gpu-1, gpu-2, gpu-3) (2 case(s) x 2 run(s))'
-    assert sorted(res) == ['busy_nodes', 'failed_nodes', 'jobs', 'msg', 'nodes', 'passed', 'problems', 'run_id']
+    assert sorted(res) == ['busy_nodes', 'failed_nodes', 'jobs', 'msg', 'nodes', 'passed', 'problems', 'run_id',
+                           'stale_jobs']
     assert list(res['nodes']) == NODES
     for node in NODES:
         one = res['nodes'][node]
-        assert sorted(one) == ['busy', 'checks', 'jobs', 'msg', 'node', 'passed', 'problems', 'run_id']
+        assert sorted(one) == ['busy', 'checks', 'jobs', 'msg', 'node', 'passed', 'problems', 'run_id', 'stale_jobs']
         assert one['passed'] is True and one['node'] == node and one['run_id'] == res['run_id']
         assert one['msg'] == 'workload gate: PASS on %s (2 case(s) x 2 run(s))' % node
         runs = one['checks']['matmul']['evidence']['runs']
@@ -272,9 +275,11 @@ def test_run_gate_nodes_all_pass_pinned_and_cleaned_up():
     assert len(res['jobs']['created']) == len(set(res['jobs']['created'])) == 12
     assert res['jobs']['deleted'] == res['jobs']['created'] and res['jobs']['left'] == []
     assert fake.jobs == {} and fake.pods == {}
-    # the Jobs of one attempt were all created before the first look (they run at the same time)
-    first_list = fake.requests.index(('LIST', '/apis/batch/v1/namespaces/gate/jobs'))
-    assert [verb for verb, path in fake.requests[:first_list]] == ['POST'] * 3
+    # the Jobs of one attempt were all created before the first look (they run at the same time), after the
+    # one LIST of an earlier run's Jobs
+    assert fake.requests[0] == ('LIST', '/apis/batch/v1/namespaces/gate/jobs')
+    first_list = fake.requests.index(('LIST', '/apis/batch/v1/namespaces/gate/jobs'), 1)
+    assert [verb for verb, path in fake.requests[1:first_list]] == ['POST'] * 3
     assert clock.now <= 2 * 2 * 30
 
 
@@ -389,8 +394,9 @@ def requests_of_the_watch(node_count):
 
 def test_run_gate_nodes_requests_per_poll_do_not_grow_with_the_nodes():
     two, ten = requests_of_the_watch(2), requests_of_the_watch(10)
-    # 4 looks of one LIST of Jobs and one LIST of pods each, then one LIST of pods for the cleanup
-    assert two['job lists'] == ten['job lists'] == 4
+    # one LIST of Jobs for an earlier run's (none here), 4 looks of one LIST of Jobs and one LIST of pods each,
+    # then one LIST of pods for the cleanup
+    assert two['job lists'] == ten['job lists'] == 1 + 4
     assert two['pod lists'] == ten['pod lists'] == 4 + 1
     assert two['job gets'] == ten['job gets'] == 0
     # what does grow with the nodes: one Job, one log read per node
@@ -447,3 +453,72 @@ def test_bad_nodes(nodes, message):
     with pytest.raises(W.WorkloadGateError) as exc:
         gate_nodes(fake, nodes, [case()])
     assert str(exc.value) == message and fake.requests == []
+
+
+# -- T3-17: the unfinished Jobs of an earlier (killed) run are cleared before the gate's first Job ----
+def stale(fake, name, node, run_id='0ld0ld', finished=False):
+    """A Job (and its running pod) an earlier gate run left on `node`, as the API server holds it."""
+    job = W.build_job(case(), node, 0, run_id, 'gate', {'kubernetes.io/hostname': node}, W.DEFAULT_TOLERATION, 600)
+    job['metadata']['name'] = name
+    job['metadata']['uid'] = fake._uid()
+    job['looks'] = -10 ** 6     # the fake's reads never finish it
+    if finished:
+        job['status'] = {'conditions': [{'type': 'Complete', 'status': 'True'}]}
+    fake.jobs[name] = job
+    fake.pods[name + '-pod'] = {
+        'metadata': {'name': name + '-pod', 'labels': dict(job['spec']['template']['metadata']['labels']),
+                     'ownerReferences': [{'kind': 'Job', 'uid': job['metadata']['uid']}]},
+        'spec': {'nodeName': node}, 'status': {'phase': 'Succeeded' if finished else 'Running'}, 'node': node}
+    return job
+
+
+def test_stale_jobs_are_the_unfinished_ones_of_another_run_on_the_nodes():
+    fake = FakeK8s({})
+    mine = stale(fake, 'matmul-0ld0ld-1', 'gpu-1')
+    done = stale(fake, 'matmul-0ld0ld-2', 'gpu-1', finished=True)
+    other_node = stale(fake, 'matmul-0ld0ld-3', 'gpu-9')
+    this_run = stale(fake, 'matmul-abcdef-1', 'gpu-1', run_id='abcdef')
+    found = W.stale_jobs([mine, done, other_node, this_run], ['gpu-1', 'gpu-2'], 'abcdef')
+    assert {node: [j['metadata']['name'] for j in jobs] for node, jobs in found.items()} == {
+        'gpu-1': ['matmul-0ld0ld-1'], 'gpu-2': []}
+
+
+def test_run_gate_deletes_an_earlier_runs_unfinished_job_and_its_pod_first():
+    fake = FakeK8s({'gpu-1': '42'})
+    stale(fake, 'matmul-0ld0ld-1', 'gpu-1')
+    stale(fake, 'matmul-0ld0ld-2', 'gpu-1', finished=True)
+    stale(fake, 'matmul-0ld0ld-3', 'gpu-9')
+    clock = FakeClock()
+    res = W.run_gate(fake, 'gpu-1', [case()], namespace='gate', repeat=1, timeout=30, poll_interval=2,
+                     clock=clock.clock, sleep=clock.sleep, log_reader=fake.read_log)
+    assert res['passed'] is True, res['msg']
+    assert res['stale_jobs'] == ['matmul-0ld0ld-1']
+    first_post = fake.requests.index(('POST', '/apis/batch/v1/namespaces/gate/jobs'))
+    assert ('DELETE', '/apis/batch/v1/namespaces/gate/jobs/matmul-0ld0ld-1') in fake.requests[:first_post]
+    assert ('DELETE', '/api/v1/namespaces/gate/pods/matmul-0ld0ld-1-pod') in fake.requests[:first_post]
+    # a finished Job and another node's are left as they are
+    assert sorted(fake.jobs) == ['matmul-0ld0ld-2', 'matmul-0ld0ld-3']
+
+
+def test_run_gate_fails_naming_an_earlier_runs_job_it_cannot_delete_and_runs_nothing():
+    fake = FakeK8s({'gpu-1': '42'}, fail_delete=('0ld0ld-1',))
+    stale(fake, 'matmul-0ld0ld-1', 'gpu-1')
+    clock = FakeClock()
+    res = W.run_gate(fake, 'gpu-1', [case()], namespace='gate', repeat=1, timeout=30, poll_interval=2,
+                     clock=clock.clock, sleep=clock.sleep, log_reader=fake.read_log)
+    assert res['passed'] is False
+    assert res['problems'] == [
+        'could not delete Job matmul-0ld0ld-1 of an earlier run: DELETE /apis/batch/v1/namespaces/gate/jobs/'
+        'matmul-0ld0ld-1: HTTP 500 etcd unavailable']
+    assert fake.count('POST') == 0 and res['checks'] == {}
+
+
+def test_run_gate_nodes_clears_the_earlier_runs_jobs_of_every_node_with_one_list():
+    fake = FakeK8s({node: '42' for node in NODES})
+    stale(fake, 'matmul-0ld0ld-1', 'gpu-1')
+    stale(fake, 'matmul-0ld0ld-2', 'gpu-3')
+    res = gate_nodes(fake, NODES, [case()], repeat=1)[0]
+    assert res['passed'] is True, res['msg']
+    assert res['stale_jobs'] == ['matmul-0ld0ld-1', 'matmul-0ld0ld-2']
+    assert res['nodes']['gpu-3']['stale_jobs'] == ['matmul-0ld0ld-2'] and res['nodes']['gpu-2']['stale_jobs'] == []
+    assert fake.jobs == {} and fake.pods == {}
