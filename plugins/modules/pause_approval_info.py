@@ -58,7 +58,7 @@ options:
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
   - "Approving: C(kubectl -n gpufleet-approvals create configmap gpufleet-approve-<digest12>-batch-<k>
-    --from-literal=by=\"$USER\"); who may approve is the ClusterRole C(gpufleet-upgrade-approve) of docs/rbac,
+    --from-literal=by=\"$USER\"); who may approve is the Role C(gpufleet-upgrade-approve) of docs/rbac,
     bound in that namespace; the rollout reads it with C(gpufleet-upgrade-approvals-reader)."
 seealso:
   - module: gpufleet.upgrade.upgrade_plan

@@ -94,7 +94,8 @@ options:
     default: true
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
-  - Needs the ClusterRole C(gpufleet-upgrade-snapshots) of docs/rbac, bound with a RoleBinding in O(namespace).
+  - Needs the Role C(gpufleet-upgrade-snapshots) of docs/rbac, in O(namespace) (change its C(metadata.namespace) for
+    another), bound with a RoleBinding there.
   - A Secret holds at most 1 MiB; a larger snapshot is refused (set the roles' snapshot store to C(local)).
 seealso:
   - module: gpufleet.upgrade.node_snapshot

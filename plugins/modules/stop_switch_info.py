@@ -48,7 +48,7 @@ options:
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
   - "Setting the switch: C(kubectl -n gpufleet-system create configmap gpufleet-stop --from-literal=reason='...'
-    --from-literal=by=\"$USER\"); who may set it is the ClusterRole C(gpufleet-upgrade-stop) of docs/rbac."
+    --from-literal=by=\"$USER\"); who may set it is the Role C(gpufleet-upgrade-stop) of docs/rbac."
 seealso:
   - module: gpufleet.upgrade.upgrade_state
 """

@@ -1,8 +1,9 @@
 """gpufleet.upgrade.gpu_operator_info and gpu_operator_update on the real control plane with NVIDIA's real GPU
 Operator (tests/cluster/gpuoperator.py: built from its Go module, reconciling the real ClusterPolicy CRD into
 its operand DaemonSets, which the real DaemonSet controller runs and KWOK plays). The modules run as service
-accounts bound to docs/rbac's roles (the reader for the info module, gpufleet-upgrade-gpu-operator for the
-update), so the API server's authorizer refuses what a role lacks.
+accounts bound to docs/rbac's roles (the reader for the info module; for the update, modules.yml's three: the
+ClusterRole gpufleet-upgrade-gpu-operator cluster-wide, the Roles for the operand pods in gpu-operator and the
+HelmChart in kube-system by RoleBindings there), so the API server's authorizer refuses what a role lacks.
 
 What the operator cannot do here (no containers, no Helm): its operands run nothing (the validator's pod
 is Ready when KWOK says so), and the RKE2 HelmChart is rendered by HelmChartStandIn, not by helm-controller.
@@ -20,6 +21,7 @@ import yaml
 from cluster import fixtures as f
 from cluster import rbac
 from cluster.gpuoperator import GpuOperator, HelmChartStandIn, deployment
+from rbac_check import module_roles
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +31,8 @@ OLD_DCGM = f.DCGM_EXPORTER_VERSION
 NEW_DCGM = '4.4.1-4.5.0-ubuntu22.04'
 NEW_OPERATOR = 'v26.3.4'
 EXPORTER = 'nvidia-dcgm-exporter'
+# the update's roles (docs/rbac/modules.yml), bound to the service account gpufleet-system/gpu-operator
+UPDATE_ROLES = module_roles()['gpu_operator_update']
 
 
 @pytest.fixture(scope='module')
@@ -57,7 +61,7 @@ def _deploy(cluster, operator, extra_labels=None, operands=5, driver_crd=False, 
     cluster.wait_for(lambda: len(operator.operand_pods()) >= operands * len(NODES), timeout=60,
                      message='%d operand pods on every node' % operands)
     cluster.info_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')
-    cluster.update_kubeconfig = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-gpu-operator')
+    cluster.update_kubeconfig = rbac.kubeconfig_for(cluster, UPDATE_ROLES)
     return cluster
 
 
@@ -567,7 +571,7 @@ def test_canary_cluster_step_node_windows_reload_path_and_the_failed_canarys_way
     way back (playbooks/tasks/gpu_operator_back.yml), as the playbooks run them, on the real operator: gpu-3,
     never in a window, keeps every operand pod it had from the start to the end."""
     kubeconfig = rbac.kubeconfig_for(fleet, 'gpufleet-upgrade-reader', sa='gpu-operator')
-    kubeconfig = rbac.kubeconfig_for(fleet, 'gpufleet-upgrade-gpu-operator')
+    kubeconfig = rbac.kubeconfig_for(fleet, UPDATE_ROLES)
     values = f.operator_values()
     fleet.apply([f.helm_chart(values=values)], settle=False)
     qdir = tmp_path / 'qualification'
@@ -653,7 +657,7 @@ def test_canary_cluster_step_and_way_back_with_per_pool_drivers(pool_fleet, oper
     (gpu_operator_back.yml) puts the pool's version back and gpu-1 runs the old driver again. gpu-2 and gpu-3 keep
     every pod they had."""
     fleet = pool_fleet
-    kubeconfig = rbac.kubeconfig_for(fleet, 'gpufleet-upgrade-gpu-operator')
+    kubeconfig = rbac.kubeconfig_for(fleet, UPDATE_ROLES)
     qdir = tmp_path / 'qualification'
     qdir.mkdir()
     target = {'gpu_operator': f.OPERATOR_VERSION, 'dcgm_exporter': OLD_DCGM, 'driver': NEW_DRIVER}

@@ -222,3 +222,60 @@ def test_snapshot_store_with_the_example_bindings_in_gpufleet_system_only(cluste
     assert rbac.refused(cluster.audit_events(since=mark, user=rbac.user('gpufleet-upgrade'))) == []
     cp = kubectl(As(kubeconfig), '-n', 'default', 'get', 'secrets', check=False)
     assert cp.returncode != 0 and 'forbidden' in cp.stderr.lower()
+
+
+def test_the_gpu_operator_and_snapshot_write_rights_end_at_their_namespace(cluster):
+    """Issue 37 (9): gpu_operator_update's pod rights (create, delete) hold in the operator's namespace only and its
+    HelmChart patch in kube-system only, bound as docs/rbac says (modules.yml's three roles); the snapshots Role,
+    bound by bindings-example.yml, writes Secrets in gpufleet-system only; and no ClusterRoleBinding can take a Role
+    beyond its namespace. The real authorizer answers (requests, and SubjectAccessReviews for the CRDs)."""
+    from cluster.client import ApiError
+    load(cluster)
+    roles = R.role_names(R.module_roles()['gpu_operator_update'])
+    updater = As(rbac.kubeconfig_for(cluster, roles))
+    username = rbac.user(rbac.SERVICE_ACCOUNTS[roles[0]])
+    cluster.apply([{'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'victim', 'namespace': ns},
+                    'spec': {'containers': [{'name': 'c', 'image': 'busybox'}]}}
+                   for ns in ('gpu-operator', 'default')], settle=False)
+
+    def refused(who, *args):
+        cp = kubectl(who, *args, check=False)
+        return cp.returncode != 0 and 'forbidden' in cp.stderr.lower()
+
+    def can(verb, resource, group='', namespace=None):
+        return rbac._can(cluster, username, verb, resource, group, namespace)
+
+    run = ('run', 'p', '--image=busybox', '--restart=Never', '--dry-run=server')
+    kubectl(updater, '-n', 'gpu-operator', *run)
+    for ns in ('default', 'kube-system', 'gpufleet-system'):
+        assert refused(updater, '-n', ns, *run), ns
+        assert refused(updater, '-n', ns, 'delete', 'pod', 'victim', '--dry-run=server'), ns
+    kubectl(updater, '-n', 'gpu-operator', 'delete', 'pod', 'victim', '--dry-run=server')
+    assert cluster.get('v1', 'Pod', 'victim', 'default')
+    assert [can(v, 'pods', namespace='gpu-operator') for v in ('create', 'delete')] == [True, True]
+    assert [can(v, 'pods', namespace='default') for v in ('create', 'delete')] == [False, False]
+    assert not can('create', 'pods')                                     # not cluster-wide either
+    assert can('patch', 'helmcharts', 'helm.cattle.io', 'kube-system')
+    assert not can('patch', 'helmcharts', 'helm.cattle.io', 'gpu-operator')
+    assert not can('patch', 'helmcharts', 'helm.cattle.io', 'default')
+    assert can('patch', 'clusterpolicies', 'nvidia.com') and can('patch', 'nvidiadrivers', 'nvidia.com')
+    assert can('patch', 'nodes') and not can('delete', 'nodes')
+
+    # the rollout's identity (bindings-example.yml): Secrets in gpufleet-system, none elsewhere
+    rollout = As(rbac.apply_example_bindings(cluster))
+    secret = ('create', 'secret', 'generic', 's', '--from-literal=a=b', '--dry-run=server')
+    kubectl(rollout, '-n', 'gpufleet-system', *secret)
+    for ns in ('default', 'gpu-operator', 'kube-system'):
+        assert refused(rollout, '-n', ns, *secret), ns
+        assert refused(rollout, '-n', ns, 'delete', 'secret', 's', '--dry-run=server'), ns
+    assert not rbac._can(cluster, rbac.user('gpufleet-upgrade'), 'create', 'secrets')
+
+    # a Role cannot be bound cluster-wide: the API refuses a ClusterRoleBinding to it
+    for name in ('gpufleet-upgrade-gpu-operator-operands', 'gpufleet-upgrade-snapshots'):
+        with pytest.raises(ApiError) as exc:
+            cluster.api.request('POST', '/apis/rbac.authorization.k8s.io/v1/clusterrolebindings', body={
+                'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'ClusterRoleBinding',
+                'metadata': {'name': 'widen-' + name},
+                'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': name},
+                'subjects': [{'kind': 'ServiceAccount', 'name': 'gpufleet-upgrade', 'namespace': 'gpufleet-system'}]})
+        assert exc.value.status == 422, exc.value

@@ -116,7 +116,7 @@ def test_workload_gate_passes_pinned_repeated_and_cleaned_up(emu, run_playbook):
     assert {'key': 'gpufleet.io/canary', 'operator': 'Exists', 'effect': 'NoSchedule'} in pspec['tolerations']
     assert {'key': 'node.kubernetes.io/unschedulable', 'operator': 'Exists', 'effect': 'NoSchedule'} in pspec['tolerations']
     assert body['metadata']['labels']['gpufleet.io/workload-gate'] == res['run_id']
-    assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests) == []
+    assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests, namespace=NS) == []
 
 
 def test_workload_gate_mismatch_and_failed_job(emu, run_playbook):
@@ -301,7 +301,7 @@ def test_workload_gate_nodes_run_at_once_on_every_node(emu, run_playbook):
     job_lists, pod_lists = reads.count(jobs_path), reads.count('/api/v1/namespaces/%s/pods' % NS)
     # one LIST of Jobs first (an earlier run's, none here); then one LIST of pods per attempt's cleanup too
     assert job_lists and pod_lists == (job_lists - 1) + 4
-    assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests) == []
+    assert rbac_check.violations('gpufleet-upgrade-workload-gate', emu.requests, namespace=NS) == []
 
 
 def test_workload_gate_nodes_one_node_fails(emu, run_playbook):

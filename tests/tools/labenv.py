@@ -310,40 +310,37 @@ RBAC_DIR = HERE.parents[1] / 'docs' / 'rbac'
 
 def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = False) -> str:
     """The identity the lab's playbooks run as: the ServiceAccount gpufleet-system/gpufleet-upgrade
-    bound to the collection's ClusterRoles (docs/rbac) as docs/rbac/bindings-example.yml and the
-    roles' own comments say (reader and operator cluster-wide, the SUC Plans role in the controller's
-    namespace, the snapshots role in gpufleet-system), never cluster-admin. A token kubeconfig
-    through the fault proxy, written to `path`."""
+    bound to the collection's roles (docs/rbac) as docs/rbac/bindings-example.yml and the roles' own
+    comments say (the ClusterRoles reader and operator, and gpu-operator's, cluster-wide; each Role by a
+    RoleBinding in its namespace: the SUC Plans role in the controller's namespace, the snapshots role in
+    gpufleet-system, the approvals reader in gpufleet-approvals, the workload gate's in the lab's
+    qualification namespace, gpu-operator's for the operand pods and the HelmChart in gpu-operator and
+    kube-system), never cluster-admin. A token kubeconfig through the fault proxy, written to `path`."""
     import yaml
     ns, sa = OPERATOR_SA
-    roles = {}
-    bound = ('reader', 'operator') + (('gpu-operator',) if gpu_operator else ())
-    for name in bound + ('rke2-plans', 'snapshots', 'approvals-reader', 'workload-gate'):
-        doc = yaml.safe_load((RBAC_DIR / ('gpufleet-upgrade-%s.yml' % name)).read_text())
-        roles[name] = doc
+    names = ['reader', 'operator', 'rke2-plans', 'snapshots', 'approvals-reader', 'workload-gate']
+    if gpu_operator:
+        names.append('gpu-operator')
+    # where a Role is bound when not in its file's namespace (the lab's qualification namespace)
+    moved = {'gpufleet-upgrade-workload-gate': WORKLOAD_NAMESPACE}
+    roles = []
+    for name in names:
+        for doc in yaml.safe_load_all((RBAC_DIR / ('gpufleet-upgrade-%s.yml' % name)).read_text()):
+            if doc and doc.get('kind') in ('ClusterRole', 'Role'):
+                if doc['kind'] == 'Role' and doc['metadata']['name'] in moved:
+                    doc = dict(doc, metadata=dict(doc['metadata'], namespace=moved[doc['metadata']['name']]))
+                roles.append(doc)
     subject = [{'kind': 'ServiceAccount', 'name': sa, 'namespace': ns}]
-    ref = {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'ClusterRole'}
-    objs: list[dict] = list(roles.values()) + [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': n}}
-                                               for n in (ns, 'system-upgrade', APPROVALS_NAMESPACE, WORKLOAD_NAMESPACE)]
-    for name in bound:
-        objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'ClusterRoleBinding',
-                     'metadata': {'name': 'gpufleet-upgrade-' + name},
-                     'roleRef': dict(ref, name='gpufleet-upgrade-' + name), 'subjects': subject})
-    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
-                 'metadata': {'name': 'gpufleet-upgrade-rke2-plans', 'namespace': 'system-upgrade'},
-                 'roleRef': dict(ref, name='gpufleet-upgrade-rke2-plans'), 'subjects': subject})
-    # the rollback snapshots (snapshot_store's Secrets) in the collection's namespace only
-    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
-                 'metadata': {'name': 'gpufleet-upgrade-snapshots', 'namespace': ns},
-                 'roleRef': dict(ref, name='gpufleet-upgrade-snapshots'), 'subjects': subject})
-    # the workload gate's Jobs (the canaries' workload suite): in the qualification namespace only
-    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
-                 'metadata': {'name': 'gpufleet-upgrade-workload-gate', 'namespace': WORKLOAD_NAMESPACE},
-                 'roleRef': dict(ref, name='gpufleet-upgrade-workload-gate'), 'subjects': subject})
-    # the pause points' approvals (pause_approval_info): read in their own namespace only
-    objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
-                 'metadata': {'name': 'gpufleet-upgrade-approvals-reader', 'namespace': APPROVALS_NAMESPACE},
-                 'roleRef': dict(ref, name='gpufleet-upgrade-approvals-reader'), 'subjects': subject})
+    objs: list[dict] = [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': n}}
+                        for n in (ns, 'system-upgrade', APPROVALS_NAMESPACE, WORKLOAD_NAMESPACE)] + roles
+    for role in roles:
+        ref = {'apiGroup': 'rbac.authorization.k8s.io', 'kind': role['kind'], 'name': role['metadata']['name']}
+        meta = {'name': role['metadata']['name']}
+        if role['kind'] == 'Role':   # a RoleBinding in the Role's namespace: its rights end there
+            meta['namespace'] = role['metadata']['namespace']
+        objs.append({'apiVersion': 'rbac.authorization.k8s.io/v1',
+                     'kind': 'RoleBinding' if role['kind'] == 'Role' else 'ClusterRoleBinding',
+                     'metadata': meta, 'roleRef': ref, 'subjects': subject})
     cluster.apply(objs, settle=False)
     return cluster.sa_kubeconfig(ns, sa, path=str(path), seconds=24 * 3600)
 

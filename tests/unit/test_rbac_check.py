@@ -45,7 +45,8 @@ def test_every_k8s_module_has_a_role():
     roles = R.module_roles()
     assert sorted(roles) == sorted(runtime['action_groups']['k8s'])
     for role in roles.values():
-        R.load_role(role)
+        for name in R.role_names(role):
+            R.load_role(name)
 
 
 def test_the_operator_role_cannot_delete_pods_only_the_opt_in_role_can():
@@ -57,3 +58,108 @@ def test_the_operator_role_cannot_delete_pods_only_the_opt_in_role_can():
     assert R.violations(['gpufleet-upgrade-operator', 'gpufleet-upgrade-pod-delete'], delete) == []
     extra = R.load_role('gpufleet-upgrade-pod-delete')
     assert extra['rules'] == [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete']}]
+
+
+def test_no_cluster_role_writes_a_namespaced_resource_unless_it_says_why():
+    """Issue 37 (9): a ClusterRole bound cluster-wide grants its writes in every namespace; every write on a
+    namespaced resource is in a Role of the objects' namespace, or listed with its reason (the drain's)."""
+    assert R.role_problems() == []
+    allowed = {R.load_role(n)['metadata']['name']: R.load_role(n)['metadata'].get('annotations', {}).get(R.WRITES_ANNOTATION)
+               for n in ('gpufleet-upgrade-operator', 'gpufleet-upgrade-pod-delete')}
+    assert all(allowed.values()), allowed
+    kinds = {doc['metadata']['name']: (doc['kind'], doc['metadata'].get('namespace')) for _f, doc in R.role_docs()}
+    assert {n: k for n, k in kinds.items() if k[0] == 'Role'} == {
+        'gpufleet-upgrade-approve': ('Role', 'gpufleet-approvals'),
+        'gpufleet-upgrade-approvals-reader': ('Role', 'gpufleet-approvals'),
+        'gpufleet-upgrade-gpu-operator-helmchart': ('Role', 'kube-system'),
+        'gpufleet-upgrade-gpu-operator-operands': ('Role', 'gpu-operator'),
+        'gpufleet-upgrade-rke2-plans': ('Role', 'system-upgrade'),
+        'gpufleet-upgrade-snapshots': ('Role', 'gpufleet-system'),
+        'gpufleet-upgrade-stop': ('Role', 'gpufleet-system'),
+        'gpufleet-upgrade-workload-gate': ('Role', 'default')}
+
+
+def _cluster_role(rules, annotation=None):
+    role = {'kind': 'ClusterRole', 'metadata': {'name': 'r'}, 'rules': rules}
+    if annotation is not None:
+        role['metadata']['annotations'] = {R.WRITES_ANNOTATION: annotation}
+    return role
+
+
+def test_cluster_wide_writes_names_the_rule_the_verbs_and_the_resource():
+    pods = {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'create', 'delete']}
+    assert R.cluster_wide_writes(_cluster_role([pods]), 'x.yml') == [
+        "x.yml: ClusterRole r: rules[0] grants create, delete on pods, a namespaced resource, and a ClusterRoleBinding "
+        "would grant it in every namespace: make it a Role in the objects' namespace, or list 'pods' with its reason "
+        "in metadata.annotations['gpufleet.io/cluster-wide-writes']"]
+    # listed with a reason: allowed; listed without one, or another resource listed: refused
+    assert R.cluster_wide_writes(_cluster_role([pods], 'pods: the drain')) == []
+    assert R.cluster_wide_writes(_cluster_role([pods], 'pods: ""')) == [
+        "ClusterRole r: metadata.annotations['gpufleet.io/cluster-wide-writes'] lists 'pods' without a reason",
+        "ClusterRole r: rules[0] grants create, delete on pods, a namespaced resource, and a ClusterRoleBinding would "
+        "grant it in every namespace: make it a Role in the objects' namespace, or list 'pods' with its reason in "
+        "metadata.annotations['gpufleet.io/cluster-wide-writes']"]
+    assert len(R.cluster_wide_writes(_cluster_role([pods], 'pods/eviction: the drain'))) == 1
+    assert R.cluster_wide_writes(_cluster_role([pods], 'just text')) == [
+        "ClusterRole r: metadata.annotations['gpufleet.io/cluster-wide-writes'] is 'just text', not "
+        '"<resource>[.<group>]: reason" lines']
+    # a group's resource is named resource.group; wildcards are never cluster-scoped
+    plans = {'apiGroups': ['upgrade.cattle.io'], 'resources': ['plans'], 'verbs': ['patch']}
+    assert "on plans.upgrade.cattle.io," in R.cluster_wide_writes(_cluster_role([plans]))[0]
+    assert len(R.cluster_wide_writes(_cluster_role([{'apiGroups': ['*'], 'resources': ['nodes'], 'verbs': ['*']}]))) == 1
+    # cluster-scoped writes, reads, and any Role pass
+    ok = [{'apiGroups': [''], 'resources': ['nodes', 'nodes/status'], 'verbs': ['patch']},
+          {'apiGroups': ['nvidia.com'], 'resources': ['clusterpolicies', 'nvidiadrivers'], 'verbs': ['patch']},
+          {'apiGroups': [''], 'resources': ['secrets'], 'verbs': ['get', 'list']}]
+    assert R.cluster_wide_writes(_cluster_role(ok)) == []
+    assert R.cluster_wide_writes(dict(_cluster_role([pods]), kind='Role')) == []
+
+
+def test_role_problems_refuses_a_role_without_its_namespace(tmp_path):
+    (tmp_path / 'x.yml').write_text('kind: Role\nmetadata: {name: r}\nrules: []\n')
+    assert R.role_problems(tmp_path) == [
+        'x.yml: Role r has no metadata.namespace (the namespace its objects live in, the default to change)']
+
+
+def _req(verb, path):
+    return [{'verb': verb, 'path': path}]
+
+
+def test_gpu_operator_update_writes_pods_in_the_operators_namespace_only():
+    """Issue 37 (9): gpu_operator_update's roles let it create and delete pods in gpu-operator and patch the
+    HelmChart in kube-system, nowhere else; ClusterPolicies, NVIDIADrivers and Nodes cluster-wide."""
+    roles = R.module_roles()['gpu_operator_update']
+    for verb, path in (('POST', '/api/v1/namespaces/gpu-operator/pods'),
+                       ('DELETE', '/api/v1/namespaces/gpu-operator/pods/nvidia-driver-daemonset-x'),
+                       ('GET', '/api/v1/namespaces/gpu-operator/pods'),
+                       ('GET', '/apis/apps/v1/namespaces/gpu-operator/controllerrevisions'),
+                       ('PATCH', '/apis/helm.cattle.io/v1/namespaces/kube-system/helmcharts/gpu-operator'),
+                       ('PATCH', '/apis/nvidia.com/v1/clusterpolicies/cluster-policy'),
+                       ('PATCH', '/apis/nvidia.com/v1alpha1/nvidiadrivers/gpu-pool'),
+                       ('PATCH', '/api/v1/nodes/gpu-1')):
+        assert R.violations(roles, _req(verb, path)) == [], (verb, path)
+    for verb, path in (('POST', '/api/v1/namespaces/default/pods'),
+                       ('POST', '/api/v1/namespaces/kube-system/pods'),
+                       ('DELETE', '/api/v1/namespaces/default/pods/p'),
+                       ('POST', '/api/v1/pods'),
+                       ('PATCH', '/apis/helm.cattle.io/v1/namespaces/default/helmcharts/gpu-operator'),
+                       ('PATCH', '/apis/helm.cattle.io/v1/namespaces/gpu-operator/helmcharts/gpu-operator')):
+        assert len(R.violations(roles, _req(verb, path))) == 1, (verb, path)
+    # applied in another namespace (metadata.namespace changed), the operand Role follows it
+    other = '/api/v1/namespaces/nvidia-gpu-operator/pods'
+    assert R.violations('gpufleet-upgrade-gpu-operator-operands', _req('POST', other), namespace='nvidia-gpu-operator') == []
+    assert R.violations('gpufleet-upgrade-gpu-operator-operands', _req('POST', other)) != []
+
+
+@pytest.mark.parametrize('module,namespace,verb,path', [
+    ('snapshot_store', 'gpufleet-system', 'POST', '/api/v1/namespaces/{ns}/secrets'),
+    ('snapshot_store', 'gpufleet-system', 'DELETE', '/api/v1/namespaces/{ns}/secrets/s'),
+    ('pause_approval_info', 'gpufleet-approvals', 'GET', '/api/v1/namespaces/{ns}/configmaps/c'),
+    ('suc_plan', 'system-upgrade', 'POST', '/apis/upgrade.cattle.io/v1/namespaces/{ns}/plans'),
+    ('workload_gate', 'default', 'POST', '/apis/batch/v1/namespaces/{ns}/jobs'),
+])
+def test_the_namespaced_roles_end_at_their_namespace(module, namespace, verb, path):
+    """A Role of docs/rbac grants in its own namespace and not in another, whatever binds it."""
+    role = R.module_roles()[module]
+    assert R.violations(role, _req(verb, path.format(ns=namespace))) == []
+    assert len(R.violations(role, _req(verb, path.format(ns='ml')))) == 1
