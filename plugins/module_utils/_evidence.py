@@ -142,6 +142,11 @@ def _check_stored(doc: Dict[str, Any]) -> None:
     so an unedited bundle reads back the same), so that every reader finds every field of its shape."""
     if not isinstance(doc.get('id'), str) or not _ID.match(doc['id']):
         raise EvidenceError('id: %r must be lowercase letters and digits with . or - inside' % (doc.get('id'),))
+    for key in ('created', 'updated'):
+        # new_bundle writes both and merge keeps them; the report shows them.
+        if not isinstance(doc.get(key), str):
+            raise EvidenceError('%s: %r is not an RFC 3339 time (every bundle has one)' % (key, doc.get(key)))
+        parse_rfc3339(doc[key], key)
     unknown = sorted(str(k) for k in doc['tuple'] if k not in ('before', 'after'))
     if unknown:
         raise EvidenceError('tuple: unknown key(s) %s (use before, after)' % ', '.join(unknown))

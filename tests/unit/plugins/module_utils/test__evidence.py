@@ -152,6 +152,25 @@ def test_new_bundle_id_and_loads() -> None:
         ev.loads('{', 'x.json')
 
 
+@pytest.mark.parametrize('key,value,message', [
+    ('updated', None, "b.json: updated: None is not an RFC 3339 time"),
+    ('created', 1752494400, "b.json: created: 1752494400 is not an RFC 3339 time"),
+    ('created', '2026-07-14', "b.json: created: '2026-07-14' is not an RFC 3339 time such as"),
+    ('updated', '9999-12-31T23:59:59-01:00', "b.json: updated: '9999-12-31T23:59:59-01:00' is outside the years"),
+])
+def test_loads_refuses_a_bundle_without_its_created_and_updated_times(key: str, value: Any, message: str) -> None:
+    """Found by test_fuzz_parsers.py: a bundle file without `updated` (or with another value) loaded, and the evidence
+    module's report (render_html) then raised KeyError when the task changed nothing."""
+    doc = json.loads(ev.dumps(sample_bundle()))
+    if value is None:
+        del doc[key]
+    else:
+        doc[key] = value
+    with pytest.raises(ev.EvidenceError) as exc:
+        ev.loads(json.dumps(doc), 'b.json')
+    assert str(exc.value).startswith(message)
+
+
 def test_summary_and_categories() -> None:
     b = sample_bundle()
     s = ev.summary(b)
