@@ -432,6 +432,11 @@ def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetim
     updates touched: the cost of a call grows with the bundle only by copying its top-level lists and
     its node index, not by copying or serialising every entry (issue 18: a rollout calls this a few
     times per node)."""
+    if not isinstance(updates, dict):
+        raise EvidenceError('updates: %r is not a mapping of entries' % (updates,))
+    for key in ('nodes', 'artifacts', 'batches', 'gates', 'actions', 'omitted'):
+        if updates.get(key) is not None and not isinstance(updates[key], list):
+            raise EvidenceError('%s: %r is not a list of entries' % (key, updates[key]))
     new = dict(bundle)
     new['tuple'] = dict(bundle['tuple'])
     changed = False

@@ -125,6 +125,10 @@ def test_merge_never_changes_its_input_and_judges_change_on_what_it_touched() ->
     ({'tuple_after': {'driver': ''}}, r"tuple_after.driver: '' must be a non-blank string"),
     ({'batches': [{'nodes': []}]}, r'batches\[0\].index is required'),
     ({'omitted': [{'nodes': 3}]}, r'omitted\[0\].key is required'),
+    # Found by test_fuzz_parsers.py (a TypeError before): an option that is not a list of entries.
+    ({'nodes': True}, r'nodes: True is not a list of entries'),
+    ({'gates': 2.5}, r'gates: 2.5 is not a list of entries'),
+    ({'omitted': 'x'}, r"omitted: 'x' is not a list of entries"),
 ])
 def test_merge_rejects_bad_entries(updates: dict[str, Any], message: str) -> None:
     with pytest.raises(ev.EvidenceError, match=message):
