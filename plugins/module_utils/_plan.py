@@ -463,11 +463,15 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
     except PauseError as exc:
         raise PlanInputError(str(exc))
     observed = check_observation(observation)
+    if target is not None and not isinstance(target, dict):
+        raise PlanInputError('target: %s is not a mapping (the target tuple)' % _shown(target))
     target = dict(target or {})
     if isinstance(canaries_per_combination, bool) or not isinstance(canaries_per_combination, int) \
             or canaries_per_combination < 0:
         raise PlanInputError('canaries_per_combination: %r is not a non-negative integer' % (canaries_per_combination,))
-    keys = _validate_keys(list(combination_keys))
+    keys = _validate_keys(combination_keys)
+    if exclude is not None and not isinstance(exclude, (list, tuple)):
+        raise PlanInputError('exclude: %s is not a list of node names or globs' % _shown(exclude))
     exclude = list(exclude or ())
     for pat in exclude:
         if not isinstance(pat, str) or not pat:
