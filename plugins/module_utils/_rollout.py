@@ -338,8 +338,13 @@ def install_method_verdict(plan: Any, install_method: Any) -> Dict[str, Any]:
     combos = plan.get('combinations')
     if not isinstance(combos, list):
         raise RolloutError('plan.combinations: %r is not a list' % (combos,))
+    for i, c in enumerate(combos):
+        if not isinstance(c, dict):
+            raise RolloutError('plan.combinations[%d]: %r is not a combination (a mapping with a key; re-plan)' % (i, c))
+        if c.get('key') is not None and not isinstance(c['key'], dict):
+            raise RolloutError('plan.combinations[%d].key: %r is not a mapping (re-plan)' % (i, c['key']))
     planned = sorted({str((c.get('key') or {}).get('install_method')) for c in combos
-                      if isinstance(c, dict) and 'install_method' in (c.get('key') or {})})
+                      if 'install_method' in (c.get('key') or {})})
     other = [m for m in planned if m != install_method]
     if other:
         return {'ok': False, 'msg': 'the plan was made with install method %s, this run has gpufleet_install_method '

@@ -690,6 +690,10 @@ def test_install_method_verdict():
     (({'combinations': []}, ''), "gpufleet_install_method: '' is not a name"),
     (([], 'apt'), 'plan: a list is not a plan'),
     (({'combinations': None}, 'apt'), 'plan.combinations: None is not a list'),
+    # Found by test_fuzz_parsers.py (TypeError before): a combination whose key is not a mapping.
+    (({'combinations': [{'key': 2.5}]}, 'apt'), 'plan.combinations[0].key: 2.5 is not a mapping (re-plan)'),
+    (({'combinations': [{'key': {'install_method': 'apt'}}, 'x']}, 'apt'),
+     "plan.combinations[1]: 'x' is not a combination (a mapping with a key; re-plan)"),
 ])
 def test_install_method_verdict_bad_input(args, message):
     with pytest.raises(_rollout.RolloutError) as err:
