@@ -175,6 +175,39 @@ def test_loads_refuses_a_bundle_without_its_created_and_updated_times(key: str, 
     assert str(exc.value).startswith(message)
 
 
+@pytest.mark.parametrize('edit,message', [
+    (lambda d: d['nodes']['gpu-1'].update(duration_s='long'), "b.json: nodes[0].duration_s: 'long' is not a number of seconds"),
+    (lambda d: d['nodes']['gpu-1'].update(duration_s=-4), 'b.json: nodes[0].duration_s: -4 is not a number of seconds'),
+])
+def test_loads_refuses_a_node_duration_that_is_not_seconds(edit: Any, message: str) -> None:
+    """Found by test_fuzz_parsers.py: the report formatted a node's stored duration_s with %g (TypeError)."""
+    doc = json.loads(ev.dumps(sample_bundle()))
+    edit(doc)
+    with pytest.raises(ev.EvidenceError) as exc:
+        ev.loads(json.dumps(doc), 'b.json')
+    assert str(exc.value) == message
+
+
+def test_loads_gives_the_checked_form_of_nodes_and_artifacts() -> None:
+    """Found by test_fuzz_parsers.py: an artifact's version written as a number (the checker takes numbers as text)
+    was kept as stored, and summary() and the report concatenated it with a string (TypeError)."""
+    b = sample_bundle()
+    b, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'artifacts': [
+        {'kind': 'driver-package', 'name': 'nvidia-driver', 'version': '580', 'sha256': 'b' * 64}]}]})
+    doc = json.loads(ev.dumps(b))
+    doc['artifacts'][0]['version'] = 580
+    doc['nodes']['gpu-1']['artifacts'][0]['version'] = 580
+    doc['nodes']['gpu-1']['batch'] = '0'
+    loaded = ev.loads(json.dumps(doc), 'b.json')
+    assert loaded['artifacts'][0]['version'] == '580'
+    assert loaded['nodes']['gpu-1']['artifacts'][0]['version'] == '580'
+    assert loaded['nodes']['gpu-1']['batch'] == 0
+    assert ev.summary(loaded)['tuple_artifacts_without_digest'] == ev.summary(b)['tuple_artifacts_without_digest']
+    ev.render_html(loaded)
+    # An unedited bundle still reads back as written.
+    assert ev.loads(ev.dumps(b)) == b
+
+
 def test_summary_and_categories() -> None:
     b = sample_bundle()
     s = ev.summary(b)
