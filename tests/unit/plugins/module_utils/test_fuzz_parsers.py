@@ -10,8 +10,9 @@ qualification_record writes loads; a bundle that the evidence module merges and 
 The run is deterministic: GPUFLEET_FUZZ_SEED (default 20261206) seeds it and GPUFLEET_FUZZ_N (default 1000,
 about 10 s of CPU) sets how many records it makes, with as many bundles and twice as many plans and planner
 inputs (each with a count and a duration value); the records cost most (PyYAML in pure Python). At
-GPUFLEET_FUZZ_N=20400 it is at least the 2026-12-06 review's campaign (docs/reliability.md, "Parser fuzz").
-A failure names the target, the exception, where it was raised and the seed and index to run it again.
+GPUFLEET_FUZZ_N=20400 it is at least the 2026-12-06 review's campaign (docs/reliability.md, "the parsers answer
+every input"); pytest -s prints the counts. A failure names the target, the exception, where it was raised and the
+seed and index to run it again.
 """
 from __future__ import annotations
 
@@ -375,11 +376,20 @@ def _qualified_bundle() -> t.Dict[str, t.Any]:
     return bundle
 
 
+# Values an evidence entry may well hold: a bundle edited within its shape (another verdict, node, kind or time).
+BUNDLE_VALUES = [True, False, 0, 1, 2, 'gpu-a', 'gpu-b', 'gpu-z', 'canary', 'batch', 'node', 'workload', 'metric',
+                 'gpu', 'rollback', 'cuda', 'upgraded', 'failed', _stamp(3), _stamp(600), '2026-07-14T12:30:00+02:00',
+                 '10de:20b5/10de:1533', '10de:2330/10de:16c1', ['10de:20b5/10de:1533'], ['gpu-a'], ['gpu-a', 'gpu-z'],
+                 '580.130.00', '580.126.20', 'v26.3.4', 'e' * 64, 'sha256:' + 'e' * 64, {}, None]
+
+
 def _bundle_text(rng: random.Random, base: str) -> str:
     doc = json.loads(base)
-    odd = _odd_scalars()
     for _ in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
-        mutate_tree(rng, doc, odd)
+        values = BUNDLE_VALUES if rng.random() < 0.5 else _odd_scalars()
+        part = rng.choice(['nodes', 'gates', 'gates', 'batches', 'artifacts', 'actions', 'tuple', ''])
+        # Mostly inside an entry (where people edit), sometimes the bundle's own fields.
+        mutate_tree(rng, doc[part] if part and doc.get(part) else doc, values)
     text = json.dumps(doc, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 2]))
     if rng.random() < 0.05:
         text = text[:rng.randrange(len(text) + 1)]
@@ -605,6 +615,8 @@ def fuzz_planner(camp: Campaign, rng: random.Random, count: int) -> None:
 def test_fuzz_every_input_is_accepted_or_refused_cleanly(name: str, run: t.Callable[..., None], size: int) -> None:
     camp = Campaign(name)
     run(camp, random.Random('%d/%s' % (SEED, name)), size)
+    # The campaign's counts (pytest -s shows them): inputs, and per entry point ok, refused and CRASH.
+    print('\nfuzz %s, seed %d: %s' % (name, SEED, ', '.join('%s %d' % kv for kv in sorted(camp.counts.items()))))
     camp.assert_clean()
     # The campaign reached both sides of each parser (a generator that only makes garbage tests nothing).
     accepted = {'records': 'parse_record:ok', 'bundles': 'qualification_record:ok', 'plans': 'workflow_verdict:ok',
