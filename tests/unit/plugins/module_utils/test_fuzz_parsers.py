@@ -179,7 +179,7 @@ def _record_text(rng: random.Random) -> t.Union[str, bytes]:
         data = yaml.safe_load(SEED_TEXT)
         data['canary']['completedAt'] = rng.choice(TIMES)
         odd = _odd_scalars() + [datetime.date(2026, 7, 14), datetime.datetime(2026, 7, 14, 12), b'\x00\xff']
-        for _ in range(rng.randint(1, 3)):
+        for _change in range(rng.randint(1, 3)):
             mutate_tree(rng, data, odd)
         try:
             return yaml.dump(data, default_flow_style=rng.choice([None, True, False]), sort_keys=rng.random() < 0.5,
@@ -187,7 +187,7 @@ def _record_text(rng: random.Random) -> t.Union[str, bytes]:
         except yaml.YAMLError:
             return SEED_TEXT
     text: t.Union[str, bytes] = SEED_TEXT
-    for _ in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
+    for _change in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
         if isinstance(text, bytes):
             break
         text = _edit_record_text(rng, text)
@@ -297,7 +297,7 @@ def _gate_args(rng: random.Random) -> t.Tuple[t.Any, t.Any, t.Any, t.Any, t.Any]
                       {'a': 'b'}, ['\udcff'], PCI_IDS[0] + ',' + PCI_IDS[0]])
     current, target = dict(CURRENT), dict(TARGET)
     for tup in (current, target):
-        for _ in range(rng.choice([0, 0, 1, 3])):
+        for _change in range(rng.choice([0, 0, 1, 3])):
             tup[rng.choice(sorted(tup) + ['cuda'])] = rng.choice(odd)
     if rng.random() < 0.08:
         current = rng.choice(odd)
@@ -360,7 +360,7 @@ def _qualified_bundle() -> t.Dict[str, t.Any]:
              {'name': 'metrics', 'kind': 'metric', 'batch': 0, 'passed': True, 'finished': _stamp(40)},
              {'name': 'rollback', 'kind': 'rollback', 'node': 'gpu-a', 'batch': 0, 'passed': True, 'finished': _stamp(30)},
              {'name': 'cuda', 'kind': 'cuda', 'node': 'gpu-b', 'batch': 0, 'passed': True, 'finished': _stamp(25)}]
-    bundle, _ = ev.merge(ev.new_bundle('a100-canary-7', now=T0), {
+    bundle, _changed = ev.merge(ev.new_bundle('a100-canary-7', now=T0), {
         'tuple_before': dict(AFTER, driver='580.126.20', kernel='6.8.0-134-generic'), 'tuple_after': AFTER,
         'nodes': [{'name': 'gpu-a', 'role': 'canary', 'pci_ids': ['10de:20b5/10de:1533'], 'labels': {'pool': 'a'}},
                   {'name': 'gpu-b', 'pci_ids': ['10de:20b5/10de:1533'], 'started': _stamp(1), 'finished': _stamp(21)},
@@ -371,7 +371,7 @@ def _qualified_bundle() -> t.Dict[str, t.Any]:
         'actions': [{'name': 'drain', 'node': 'gpu-a', 'started': _stamp(1), 'finished': _stamp(2)}],
     }, now=T0)
     for name in ('gpu-a', 'gpu-b'):
-        bundle, _ = ev.merge(bundle, {'nodes': qr.canary_measured_nodes(
+        bundle, _changed = ev.merge(bundle, {'nodes': qr.canary_measured_nodes(
             name, {'node': name, 'outcome': 'upgraded', 'measured': AFTER})}, now=T0)
     return bundle
 
@@ -385,7 +385,7 @@ BUNDLE_VALUES = [True, False, 0, 1, 2, 'gpu-a', 'gpu-b', 'gpu-z', 'canary', 'bat
 
 def _bundle_text(rng: random.Random, base: str) -> str:
     doc = json.loads(base)
-    for _ in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
+    for _change in range(rng.choice([1, 1, 1, 2, 2, 3, 5])):
         values = BUNDLE_VALUES if rng.random() < 0.5 else _odd_scalars()
         part = rng.choice(['nodes', 'gates', 'gates', 'batches', 'artifacts', 'actions', 'tuple', ''])
         # Mostly inside an entry (where people edit), sometimes the bundle's own fields.
@@ -409,7 +409,7 @@ def _update(rng: random.Random) -> t.Dict[str, t.Any]:
         'omitted': [{'id': 'combo-2', 'reason': 'no canary'}],
         'tuple_after': dict(AFTER)}
     odd = _odd_scalars()
-    for _ in range(rng.choice([0, 1, 1, 2])):
+    for _change in range(rng.choice([0, 1, 1, 2])):
         mutate_tree(rng, upd, odd)
     return upd
 
@@ -464,7 +464,7 @@ def fuzz_bundles(camp: Campaign, rng: random.Random, count: int) -> None:
         camp.call('evidence summary', text, (), ev.summary, after)
         camp.call('evidence report', text, (), ev.render_html, after)
         if okw:
-            okr, _ = camp.call('evidence reads its write', written, (ev.EvidenceError,), ev.loads, written, 'bundle.json')
+            okr, _back = camp.call('evidence reads its write', written, (ev.EvidenceError,), ev.loads, written, 'bundle.json')
             camp.check('evidence reads its write', written, okr, 'the bundle the evidence module wrote is refused')
 
 
@@ -508,7 +508,7 @@ PLAN_VALUES = [[1], [2, 2], [0], ['1'], [True], [2 ** 64], '20%', '100%', '101%'
 def _plan_changed(rng: random.Random, base: str) -> t.Dict[str, t.Any]:
     plan = json.loads(base)
     odd = _odd_scalars() + PLAN_VALUES
-    for _ in range(rng.choice([1, 1, 2, 3])):
+    for _change in range(rng.choice([1, 1, 2, 3])):
         if rng.random() < 0.3:
             plan[rng.choice(['batches', 'canaries', 'pauses', 'observation', 'max_unavailable', 'budget', 'digest',
                              'combinations', 'target', 'nodes', 'policy'])] = copy.deepcopy(rng.choice(odd))
@@ -571,7 +571,7 @@ def _planner_args(rng: random.Random) -> t.Dict[str, t.Any]:
         'max_unavailable': 4, 'failure_allowance': {'nodes': '10%'}, 'combination_keys': list(P.DEFAULT_COMBINATION_KEYS),
         'exclude': ['hgx-6'], 'pause_before': [1], 'observation': {'window': '20m'}}
     odd = _odd_scalars() + PLAN_VALUES + ['label:zone', 'label:', 'kernel_flavour', 'gpu-*', '[', 'hgx-?']
-    for _ in range(rng.choice([1, 1, 2, 3])):
+    for _change in range(rng.choice([1, 1, 2, 3])):
         name = rng.choice(sorted(args))         # the keyword arguments stay the planner's; their values change
         if rng.random() < 0.3 or not isinstance(args[name], (dict, list)) or not args[name]:
             args[name] = copy.deepcopy(rng.choice(odd))
