@@ -40,6 +40,7 @@ import datetime
 import hashlib
 import html
 import json
+import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -137,11 +138,17 @@ def _stored(raw: Any) -> Any:
 
 def _check_stored(doc: Dict[str, Any]) -> None:
     """Every entry of a bundle read from a file checked with the checker that merge uses for it (people
-    edit the bundle in the evidence repository): nodes, artifacts (no file is read) are checked and kept as
-    stored; tuple, batches, gates, actions and omitted are replaced by the checker's entry (what merge writes,
-    so an unedited bundle reads back the same), so that every reader finds every field of its shape."""
+    edit the bundle in the evidence repository), and replaced by the checker's entry as merge writes it (so an
+    unedited bundle reads back the same), so that every reader finds every field of its shape: a node keeps
+    its stored duration_s (a number of seconds) and its measured flag only when true, as merge keeps them; an
+    artifact's file is not read (its path is kept)."""
     if not isinstance(doc.get('id'), str) or not _ID.match(doc['id']):
         raise EvidenceError('id: %r must be lowercase letters and digits with . or - inside' % (doc.get('id'),))
+    for key in ('created', 'updated'):
+        # new_bundle writes both and merge keeps them; the report shows them.
+        if not isinstance(doc.get(key), str):
+            raise EvidenceError('%s: %r is not an RFC 3339 time (every bundle has one)' % (key, doc.get(key)))
+        parse_rfc3339(doc[key], key)
     unknown = sorted(str(k) for k in doc['tuple'] if k not in ('before', 'after'))
     if unknown:
         raise EvidenceError('tuple: unknown key(s) %s (use before, after)' % ', '.join(unknown))
@@ -151,8 +158,23 @@ def _check_stored(doc: Dict[str, Any]) -> None:
         entry = node_entry(_stored(raw), i)
         if entry['name'] != key:
             raise EvidenceError('nodes[%d].name: %r is not its key %r' % (i, entry['name'], key))
+        duration = raw.get('duration_s')
+        if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                     or not math.isfinite(duration) or duration < 0):
+            raise EvidenceError('nodes[%d].duration_s: %r is not a number of seconds' % (i, duration))
+        node = dict(raw)
+        node.update((k, v) for k, v in entry.items() if k not in ('measured', 'duration_s'))
+        if entry.get('measured') is True:
+            node['measured'] = True
+        else:
+            node.pop('measured', None)
+        doc['nodes'][key] = node
     for i, raw in enumerate(doc['artifacts']):
-        artifact_entry(dict(raw, path=None) if isinstance(raw, dict) else raw, i)
+        artifact = artifact_entry(dict(raw, path=None) if isinstance(raw, dict) else raw, i)
+        path = _str(raw, 'path', 'artifacts[%d]' % i)
+        if path is not None:
+            artifact['path'] = path
+        doc['artifacts'][i] = artifact
     for name, checker in (('batches', batch_entry), ('gates', gate_entry), ('actions', action_entry),
                           ('omitted', omitted_entry)):
         doc[name] = [checker(_stored(raw), i) for i, raw in enumerate(doc[name])]
@@ -427,6 +449,11 @@ def merge(bundle: Dict[str, Any], updates: Dict[str, Any], now: Optional[datetim
     updates touched: the cost of a call grows with the bundle only by copying its top-level lists and
     its node index, not by copying or serialising every entry (issue 18: a rollout calls this a few
     times per node)."""
+    if not isinstance(updates, dict):
+        raise EvidenceError('updates: %r is not a mapping of entries' % (updates,))
+    for key in ('nodes', 'artifacts', 'batches', 'gates', 'actions', 'omitted'):
+        if updates.get(key) is not None and not isinstance(updates[key], list):
+            raise EvidenceError('%s: %r is not a list of entries' % (key, updates[key]))
     new = dict(bundle)
     new['tuple'] = dict(bundle['tuple'])
     changed = False

@@ -27,7 +27,7 @@ def parse_time(value: Any, field_name: str) -> datetime.datetime:
         if value.tzinfo is None:
             raise ValueError('%s: %r has no time zone; give an RFC 3339 time such as 2026-07-14T12:00:00Z'
                              % (field_name, value.isoformat()))
-        return value.astimezone(datetime.timezone.utc)
+        return _utc(value, value.isoformat(), field_name)
     m = _RFC3339_RE.match(value.strip()) if isinstance(value, str) else None
     if not m:
         if isinstance(value, str) and _NO_ZONE_RE.match(value.strip()):
@@ -40,7 +40,15 @@ def parse_time(value: Any, field_name: str) -> datetime.datetime:
         parsed = datetime.datetime.fromisoformat('%sT%s.%s%s' % (date, clock, micro, zone))
     except ValueError:
         raise ValueError('%s: %r is not a valid date and time' % (field_name, value))
-    return parsed.astimezone(datetime.timezone.utc)
+    return _utc(parsed, value, field_name)
+
+
+def _utc(moment: datetime.datetime, shown: Any, field_name: str) -> datetime.datetime:
+    """`moment` in UTC; ValueError (not OverflowError) when its offset moves it past 9999-12-31 or before 0001-01-01."""
+    try:
+        return moment.astimezone(datetime.timezone.utc)
+    except OverflowError:
+        raise ValueError('%s: %r is outside the years 1 to 9999 in UTC' % (field_name, shown)) from None
 
 
 def format_time(value: datetime.datetime) -> str:

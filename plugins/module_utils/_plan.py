@@ -282,7 +282,8 @@ def check_plan(plan: Any) -> Dict[str, Any]:
     """The reviewed plan (as read from the plan file), its fields that the rollout's filters read checked
     for shape: ``digest`` a string, ``target`` a mapping, ``canaries`` a list of node names, ``batches`` a
     list of lists of node names, ``max_unavailable`` and ``budget.failure_allowance.{nodes,gpus}.resolved``
-    whole numbers, ``budget`` and ``failure_allowance`` mappings. A field the plan leaves out is not
+    whole numbers, ``budget`` and ``failure_allowance`` mappings, ``pauses`` batch numbers of the plan's
+    batches (check_pauses), ``observation`` what check_observation takes. A field the plan leaves out is not
     checked (the function that needs it says so). PlanInputError names the field and the value: a plan
     the planner wrote always passes; an edited one is refused before it is read."""
     if not isinstance(plan, dict):
@@ -315,6 +316,14 @@ def check_plan(plan: Any) -> Dict[str, Any]:
                     raise PlanInputError('%s: %s is not a mapping (with resolved)' % (field, _shown(entry)))
                 if entry is not None and entry.get('resolved') is not None:
                     _whole(entry['resolved'], field + '.resolved')
+    if plan.get('pauses') is not None:
+        batches = plan.get('batches')
+        try:
+            check_pauses(plan['pauses'], len(batches) if isinstance(batches, list) else None, 'plan.pauses')
+        except PauseError as exc:
+            raise PlanInputError(str(exc)) from None
+    if plan.get('observation') is not None:
+        check_observation(plan['observation'], 'plan.observation')
     return plan
 
 
@@ -463,11 +472,15 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
     except PauseError as exc:
         raise PlanInputError(str(exc))
     observed = check_observation(observation)
+    if target is not None and not isinstance(target, dict):
+        raise PlanInputError('target: %s is not a mapping (the target tuple)' % _shown(target))
     target = dict(target or {})
     if isinstance(canaries_per_combination, bool) or not isinstance(canaries_per_combination, int) \
             or canaries_per_combination < 0:
         raise PlanInputError('canaries_per_combination: %r is not a non-negative integer' % (canaries_per_combination,))
-    keys = _validate_keys(list(combination_keys))
+    keys = _validate_keys(combination_keys)
+    if exclude is not None and not isinstance(exclude, (list, tuple)):
+        raise PlanInputError('exclude: %s is not a list of node names or globs' % _shown(exclude))
     exclude = list(exclude or ())
     for pat in exclude:
         if not isinstance(pat, str) or not pat:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from ._duration import parse_seconds
 from ._evidence import rfc3339, utcnow
 from ._node_record import evidence_phases, finished, step
-from ._plan import PlanInputError, check_plan
+from ._plan import PlanInputError, check_observation, check_plan
 from ._upgrade_state import target_key
 
 
@@ -338,8 +338,13 @@ def install_method_verdict(plan: Any, install_method: Any) -> Dict[str, Any]:
     combos = plan.get('combinations')
     if not isinstance(combos, list):
         raise RolloutError('plan.combinations: %r is not a list' % (combos,))
+    for i, c in enumerate(combos):
+        if not isinstance(c, dict):
+            raise RolloutError('plan.combinations[%d]: %r is not a combination (a mapping with a key; re-plan)' % (i, c))
+        if c.get('key') is not None and not isinstance(c['key'], dict):
+            raise RolloutError('plan.combinations[%d].key: %r is not a mapping (re-plan)' % (i, c['key']))
     planned = sorted({str((c.get('key') or {}).get('install_method')) for c in combos
-                      if isinstance(c, dict) and 'install_method' in (c.get('key') or {})})
+                      if 'install_method' in (c.get('key') or {})})
     other = [m for m in planned if m != install_method]
     if other:
         return {'ok': False, 'msg': 'the plan was made with install method %s, this run has gpufleet_install_method '
@@ -462,33 +467,39 @@ def observation_settings(plan: Any, default_window: Any, metric_gate: Any = None
     obs = plan.get('observation') or {}
     if not isinstance(obs, dict):
         raise RolloutError('plan.observation: %r is not a mapping (re-plan)' % (obs,))
+    try:
+        # As the planner checked it (queries, workloads); a plan edited since is refused naming the field.
+        checked = check_observation(obs, 'plan.observation')
+    except PlanInputError as exc:
+        raise RolloutError(str(exc)) from None
     metric_gate = metric_gate or {}
     if not isinstance(metric_gate, dict):
         raise RolloutError('node_upgrade_metric_gate: %r is not a mapping of metric_gate options' % (metric_gate,))
+    own = metric_gate.get('queries') or []
+    if not isinstance(own, list):
+        raise RolloutError('node_upgrade_metric_gate.queries: %r is not a list of metric_gate queries' % (own,))
     window = obs.get('window') or default_window
     field = 'plan.observation.window' if obs.get('window') else 'gpufleet_observation_window'
     try:
         seconds = parse_seconds(window, field)
     except ValueError as exc:
         raise RolloutError(str(exc))
-    queries = list(obs.get('queries') or [])
+    queries = list(checked.get('queries') or [])
     if queries and not metric_gate.get('url'):
         raise RolloutError('the plan declares observation queries (%s) but node_upgrade_metric_gate has no url: set '
                            'node_upgrade_metric_gate.url to the Prometheus that holds them'
                            % ', '.join(str(q.get('name')) for q in queries if isinstance(q, dict)))
     # The window's metric gate runs the node gate's own queries (node_upgrade_metric_gate.queries) and the plan's.
-    own = list(metric_gate.get('queries') or [])
+    own = list(own)
     names = [q.get('name') for q in own + queries if isinstance(q, dict)]
     dupes = sorted({str(n) for n in names if names.count(n) > 1})
     if dupes:
         raise RolloutError('observation queries: %s named both in node_upgrade_metric_gate.queries and in the plan\'s '
                            'observation.queries: rename one' % ', '.join(dupes))
-    workloads = obs.get('workloads') or None
-    if workloads is not None and (not isinstance(workloads, dict) or not isinstance(workloads.get('cases'), list)):
-        raise RolloutError('plan.observation.workloads: %r is not {cases, repeat} (re-plan)' % (workloads,))
+    workloads = checked.get('workloads')
     return {'window': str(window), 'seconds': seconds, 'queries': queries, 'gate_queries': own + queries,
             'metric': bool(metric_gate) or bool(queries), 'source': 'plan' if obs.get('window') else 'run',
-            'workloads': dict(workloads, repeat=int(workloads.get('repeat') or 1)) if workloads else None}
+            'workloads': dict(workloads) if workloads else None}
 
 
 def observation_cases(cases: Any, workloads: Any) -> List[Dict[str, Any]]:

@@ -125,6 +125,10 @@ def test_merge_never_changes_its_input_and_judges_change_on_what_it_touched() ->
     ({'tuple_after': {'driver': ''}}, r"tuple_after.driver: '' must be a non-blank string"),
     ({'batches': [{'nodes': []}]}, r'batches\[0\].index is required'),
     ({'omitted': [{'nodes': 3}]}, r'omitted\[0\].key is required'),
+    # Found by test_fuzz_parsers.py (a TypeError before): an option that is not a list of entries.
+    ({'nodes': True}, r'nodes: True is not a list of entries'),
+    ({'gates': 2.5}, r'gates: 2.5 is not a list of entries'),
+    ({'omitted': 'x'}, r"omitted: 'x' is not a list of entries"),
 ])
 def test_merge_rejects_bad_entries(updates: dict[str, Any], message: str) -> None:
     with pytest.raises(ev.EvidenceError, match=message):
@@ -150,6 +154,58 @@ def test_new_bundle_id_and_loads() -> None:
         ev.loads(json.dumps({'schema': 'other'}))
     with pytest.raises(ev.EvidenceError, match='x.json: not JSON'):
         ev.loads('{', 'x.json')
+
+
+@pytest.mark.parametrize('key,value,message', [
+    ('updated', None, "b.json: updated: None is not an RFC 3339 time"),
+    ('created', 1752494400, "b.json: created: 1752494400 is not an RFC 3339 time"),
+    ('created', '2026-07-14', "b.json: created: '2026-07-14' is not an RFC 3339 time such as"),
+    ('updated', '9999-12-31T23:59:59-01:00', "b.json: updated: '9999-12-31T23:59:59-01:00' is outside the years"),
+])
+def test_loads_refuses_a_bundle_without_its_created_and_updated_times(key: str, value: Any, message: str) -> None:
+    """Found by test_fuzz_parsers.py: a bundle file without `updated` (or with another value) loaded, and the evidence
+    module's report (render_html) then raised KeyError when the task changed nothing."""
+    doc = json.loads(ev.dumps(sample_bundle()))
+    if value is None:
+        del doc[key]
+    else:
+        doc[key] = value
+    with pytest.raises(ev.EvidenceError) as exc:
+        ev.loads(json.dumps(doc), 'b.json')
+    assert str(exc.value).startswith(message)
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda d: d['nodes']['gpu-1'].update(duration_s='long'), "b.json: nodes[0].duration_s: 'long' is not a number of seconds"),
+    (lambda d: d['nodes']['gpu-1'].update(duration_s=-4), 'b.json: nodes[0].duration_s: -4 is not a number of seconds'),
+])
+def test_loads_refuses_a_node_duration_that_is_not_seconds(edit: Any, message: str) -> None:
+    """Found by test_fuzz_parsers.py: the report formatted a node's stored duration_s with %g (TypeError)."""
+    doc = json.loads(ev.dumps(sample_bundle()))
+    edit(doc)
+    with pytest.raises(ev.EvidenceError) as exc:
+        ev.loads(json.dumps(doc), 'b.json')
+    assert str(exc.value) == message
+
+
+def test_loads_gives_the_checked_form_of_nodes_and_artifacts() -> None:
+    """Found by test_fuzz_parsers.py: an artifact's version written as a number (the checker takes numbers as text)
+    was kept as stored, and summary() and the report concatenated it with a string (TypeError)."""
+    b = sample_bundle()
+    b, _changed = ev.merge(b, {'nodes': [{'name': 'gpu-1', 'artifacts': [
+        {'kind': 'driver-package', 'name': 'nvidia-driver', 'version': '580', 'sha256': 'b' * 64}]}]})
+    doc = json.loads(ev.dumps(b))
+    doc['artifacts'][0]['version'] = 580
+    doc['nodes']['gpu-1']['artifacts'][0]['version'] = 580
+    doc['nodes']['gpu-1']['batch'] = '0'
+    loaded = ev.loads(json.dumps(doc), 'b.json')
+    assert loaded['artifacts'][0]['version'] == '580'
+    assert loaded['nodes']['gpu-1']['artifacts'][0]['version'] == '580'
+    assert loaded['nodes']['gpu-1']['batch'] == 0
+    assert ev.summary(loaded)['tuple_artifacts_without_digest'] == ev.summary(b)['tuple_artifacts_without_digest']
+    ev.render_html(loaded)
+    # An unedited bundle still reads back as written.
+    assert ev.loads(ev.dumps(b)) == b
 
 
 def test_summary_and_categories() -> None:

@@ -46,3 +46,17 @@ def test_format_time_pads_years_before_1000():
     moment = datetime.datetime(999, 12, 31, 23, 59, 59, tzinfo=datetime.timezone.utc)
     assert format_time(moment) == '0999-12-31T23:59:59Z'
     assert parse_time(format_time(moment), 't') == moment
+
+
+@pytest.mark.parametrize('value', [
+    '9999-12-31T23:59:59-00:01',
+    '0001-01-01T00:00:00+00:01',
+    datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1))),
+])
+def test_time_beyond_the_utc_range_is_refused_naming_the_field(value):
+    """Found by tests/unit/plugins/module_utils/test_fuzz_parsers.py: a valid date whose offset moves it past year 9999
+    or before year 1 in UTC raised OverflowError (a traceback from the evidence and qualification_record modules)."""
+    with pytest.raises(ValueError) as exc:
+        parse_time(value, 'gates[0].finished')
+    assert str(exc.value).startswith('gates[0].finished: ')
+    assert 'outside the years 1 to 9999 in UTC' in str(exc.value)

@@ -429,11 +429,27 @@ def test_bad_node_input_names_field_and_value(mutate, message):
     ({'combination_keys': ['pci_ids', 'rack']}, "combination_keys: 'rack' is not one of"),
     ({'canaries_per_combination': -1}, 'canaries_per_combination: -1 is not a non-negative integer'),
     ({'exclude': ['']}, "exclude: '' is not a node name or glob"),
+    # Found by test_fuzz_parsers.py (the upgrade_plan filter passes these as given): TypeError before.
+    ({'combination_keys': 3}, 'combination_keys: 3 is not a non-empty list'),
+    ({'combination_keys': 'platform'}, "combination_keys: 'platform' is not a non-empty list"),
+    ({'exclude': -3}, 'exclude: -3 is not a list of node names or globs'),
+    ({'exclude': 'gpu-*'}, "exclude: 'gpu-*' is not a list of node names or globs"),
 ])
 def test_bad_policy_names_field_and_value(kwargs, message):
     with pytest.raises(P.PlanInputError) as exc:
         P.build_plan(fleet(10), target=TARGET, **kwargs)
     assert message in str(exc.value)
+
+
+@pytest.mark.parametrize('target, message', [
+    ([['kernel']], "target: [['kernel']] is not a mapping (the target tuple)"),
+    ('driver=580', "target: 'driver=580' is not a mapping (the target tuple)"),
+])
+def test_target_that_is_not_a_mapping_is_refused(target, message):
+    """Found by test_fuzz_parsers.py: dict() of a list or a string raised TypeError/ValueError in the filter."""
+    with pytest.raises(P.PlanInputError) as exc:
+        P.build_plan(fleet(4), target=target)
+    assert str(exc.value) == message
 
 
 def test_count_strings_accepted():

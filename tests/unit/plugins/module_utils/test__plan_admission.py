@@ -314,6 +314,12 @@ def _planned():
     (lambda p: p.update(canaries=1.5), 'plan.canaries: 1.5 is not a list of node names'),
     (lambda p: p['batches'].append([None]), 'plan.batches[10]: [None] is not a list of node names'),
     (lambda p: p.update(digest=2 ** 70), 'plan.digest: 1180591620717411303424 is not a string (sha256:<64 hex>)'),
+    # The rollout reads pauses and observation too (a Jinja test, observation_settings): found by test_fuzz_parsers.py.
+    (lambda p: p.update(pauses='2'), "plan.pauses: '2' is not a list of batch numbers"),
+    (lambda p: p.update(pauses=[11]), 'plan.pauses[0]: batch 11 does not exist: the plan has 10 batch(es)'),
+    (lambda p: p.update(observation={'queries': 7}), 'plan.observation.queries: 7 is not a non-empty list of metric_gate queries'),
+    (lambda p: p.update(observation={'workloads': {'cases': ['x'], 'repeat': [1]}}),
+     'plan.observation.workloads.repeat: [1] is not a whole number >= 1'),
 ])
 def test_a_malformed_plan_is_refused_naming_the_field(edit, message):
     plan = _planned()

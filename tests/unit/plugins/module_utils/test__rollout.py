@@ -690,6 +690,10 @@ def test_install_method_verdict():
     (({'combinations': []}, ''), "gpufleet_install_method: '' is not a name"),
     (([], 'apt'), 'plan: a list is not a plan'),
     (({'combinations': None}, 'apt'), 'plan.combinations: None is not a list'),
+    # Found by test_fuzz_parsers.py (TypeError before): a combination whose key is not a mapping.
+    (({'combinations': [{'key': 2.5}]}, 'apt'), 'plan.combinations[0].key: 2.5 is not a mapping (re-plan)'),
+    (({'combinations': [{'key': {'install_method': 'apt'}}, 'x']}, 'apt'),
+     "plan.combinations[1]: 'x' is not a combination (a mapping with a key; re-plan)"),
 ])
 def test_install_method_verdict_bad_input(args, message):
     with pytest.raises(_rollout.RolloutError) as err:
@@ -950,6 +954,12 @@ def test_observation_settings_take_the_plan_window_and_queries_over_the_runs():
     (OBS_PLAN, '15m', 'http://prom', "node_upgrade_metric_gate: 'http://prom' is not a mapping"),
     (dict(OBS_PLAN, observation={'queries': [TRAFFIC]}), '15m', {'url': 'u', 'queries': [TRAFFIC]},
      "observation queries: traffic named both in node_upgrade_metric_gate.queries and in the plan's"),
+    # Found by test_fuzz_parsers.py (TypeError or ValueError in the filter before).
+    (dict(OBS_PLAN, observation={'queries': 7}), '15m', {'url': 'u'},
+     'plan.observation.queries: 7 is not a non-empty list of metric_gate queries'),
+    (dict(OBS_PLAN, observation={'workloads': {'cases': ['device-query'], 'repeat': 'x'}}), '15m', {},
+     "plan.observation.workloads.repeat: 'x' is not a whole number >= 1"),
+    (OBS_PLAN, '15m', {'url': 'u', 'queries': 3}, 'node_upgrade_metric_gate.queries: 3 is not a list of metric_gate queries'),
 ])
 def test_observation_settings_refuse_what_would_fail_at_the_end_of_a_window(plan, window, gate, message):
     with pytest.raises(_rollout.RolloutError, match=re.escape(message)):
