@@ -20,6 +20,9 @@ new head, never forcing.
   the field and the value.
 - `classify_push(stderr)`: a refused push as non-fast-forward (retry on the new head), refused (a
   hook, a permission) or other; `should_retry(kind, attempt, retries)`.
+- `rebase_args(base, onto)` and `rewritten(...)`: a retried push rebases only the job's own commits, and only
+  on a head that descends from the one they are on; a rewritten branch (a force-push) is refused, not rebased
+  on (that would push back what the force-push took out).
 - `askpass_script()`, `prompt_urls(remote, username)` and `git_env(...)`: how git gets a token (a GIT_ASKPASS
   script that echoes an environment variable, never a command line or the URL, and only to the prompts for
   the https remote's host) and never prompts.
@@ -214,6 +217,27 @@ def should_retry(kind: str, attempt: int, retries: int) -> bool:
     """Whether push attempt `attempt` (1-based), refused as `kind`, is followed by a rebase and another:
     only a non-fast-forward, and at most `retries` attempts in all."""
     return kind == NON_FAST_FORWARD and attempt < retries
+
+
+def rebase_args(base: Optional[str], onto: str) -> List[str]:
+    """The rebase that moves the job's own commits, those after `base` (the head they were made or last rebased
+    on; None: the unborn branch of an empty repository, every commit is the job's), onto the remote's new head
+    `onto`. Never ``git rebase <onto>`` alone: that replays every commit of HEAD that `onto` lacks, those a
+    force-push took out of the branch included."""
+    if base is None:
+        return ['rebase', '-q', '--onto', onto, '--root']
+    return ['rebase', '-q', '--onto', onto, base]
+
+
+def rewritten(shown: str, branch: str, since: str, head: Optional[str]) -> str:
+    """Why a push is given up when the remote branch's head (None: the branch is gone) does not descend from
+    `since`, the revision the job's commits are on: the branch was rewritten (a force-push, a deletion), and
+    pushing on top of it would bring back the commits the rewrite took out."""
+    now = 'its head is now %s' % head if head else 'it no longer exists'
+    return ('push to %s: the branch %s was rewritten since revision %s (%s): commits this job built on were taken out '
+            'of it (a force-push or a deletion), and rebasing or pushing on top would put them back. Nothing was pushed '
+            'and the job\'s commit is undone (its changes staged); find out why the branch was rewritten, then clone it '
+            'again (state=present) and run the job again' % (shown, branch, since, now))
 
 
 # --------------------------------------------------------------------------------------------

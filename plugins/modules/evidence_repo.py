@@ -506,9 +506,14 @@ def _undo_commit(git, dest):
         git.run(['update-ref', '-d', 'HEAD'], dest)
 
 
-def _push(git, dest, branch, shown, retries, author):
-    """Push HEAD to `branch`; when others pushed first, rebase on their head and push again, up to `retries`
-    attempts in all (never forced). The attempts made; RepoError when the push is refused or the rebase conflicts."""
+def _push(git, dest, branch, shown, retries, author, start):
+    """Push HEAD to `branch`; when others pushed first, rebase the job's own commits (those after `start`, the
+    revision the work tree was on before them; None: the unborn branch of an empty repository) on their head and
+    push again, up to `retries` attempts in all (never forced). A head that does not descend from the one the
+    commits are on (the branch was rewritten: a force-push or a deletion took commits out) is refused: rebasing
+    on it would push the removed commits back. The attempts made; RepoError when the push is refused, the branch
+    was rewritten or the rebase conflicts."""
+    base = start
     attempts = 0
     while True:
         attempts += 1
@@ -523,14 +528,35 @@ def _push(git, dest, branch, shown, retries, author):
                                    % (shown, branch, attempts, retries, err))
             raise er.RepoError('push to %s (branch %s) was %s: %s'
                                % (shown, branch, 'refused' if kind == er.REFUSED else 'not done', err))
-        git.check(['fetch', '-q', 'origin', branch], dest, 'fetching %s after a rejected push' % shown)
-        rc, _out, err = git.run(['rebase', '-q', 'origin/' + branch], dest, author)
+        head = _fetch_head(git, dest, branch, shown, base)
+        if base is not None:
+            rc, _out, err = git.run(['merge-base', '--is-ancestor', base, head], dest)
+            if rc == 1:
+                raise er.RepoError(er.rewritten(shown, branch, base, head))
+            if rc != 0:
+                raise er.RepoError('push to %s (branch %s): cannot tell whether its head %s descends from revision %s '
+                                   '(git merge-base rc %d): %s' % (shown, branch, head, base, rc, err))
+        rc, _out, err = git.run(er.rebase_args(base, head), dest, author)
         if rc != 0:
             conflicts = er.name_list(git.run(['diff', '--name-only', '-z', '--diff-filter=U'], dest)[1])
             git.run(['rebase', '--abort'], dest)
             raise er.RepoError('push to %s (branch %s): others pushed meanwhile and rebasing the commit on their head '
                                'conflicts in %s; the remote was left untouched'
                                % (shown, branch, ', '.join(conflicts) or err))
+        base = head
+
+
+def _fetch_head(git, dest, branch, shown, base):
+    """The remote branch's head after a rejected push (fetched into origin/<branch>); a branch deleted since
+    `base` is a rewrite."""
+    rc, _out, err = git.run(['fetch', '-q', 'origin', '+refs/heads/%s:refs/remotes/origin/%s' % (branch, branch)],
+                            dest)
+    if rc != 0:
+        listed, out, _err = git.run(['ls-remote', 'origin', 'refs/heads/' + branch], dest)
+        if listed == 0 and not er.ls_remote_refs(out).get('refs/heads/' + branch) and base is not None:
+            raise er.RepoError(er.rewritten(shown, branch, base, None))
+        raise er.RepoError('fetching %s after a rejected push failed (git fetch, rc %d): %s' % (shown, rc, err))
+    return git.check(['rev-parse', '--verify', 'refs/remotes/origin/%s^{commit}' % branch], dest).strip()
 
 
 def committed(module, git, p, remote, shown):
@@ -565,7 +591,7 @@ def committed(module, git, p, remote, shown):
     author = er.author_env(p['author_name'], p['author_email'])
     git.check(['commit', '-q', '--no-verify', '-m', p['commit_message'], '--'] + paths, dest, 'git commit', author)
     try:
-        attempts = _push(git, dest, branch, shown, retries, author)
+        attempts = _push(git, dest, branch, shown, retries, author, head)
     except er.RepoError:
         _undo_commit(git, dest)
         raise
