@@ -20,9 +20,10 @@ new head, never forcing.
   the field and the value.
 - `classify_push(stderr)`: a refused push as non-fast-forward (retry on the new head), refused (a
   hook, a permission) or other; `should_retry(kind, attempt, retries)`.
-- `rebase_args(base, onto)` and `rewritten(...)`: a retried push rebases only the job's own commits, and only
+- `push_args(branch, base)`, `rebase_args(base, onto)` and `rewritten(...)`: a push takes only while the
+  remote is at the head the job's commits are on; a retried push rebases only the job's own commits, and only
   on a head that descends from the one they are on; a rewritten branch (a force-push) is refused, not rebased
-  on (that would push back what the force-push took out).
+  or pushed on (that would put back what the force-push took out).
 - `askpass_script()`, `prompt_urls(remote, username)` and `git_env(...)`: how git gets a token (a GIT_ASKPASS
   script that echoes an environment variable, never a command line or the URL, and only to the prompts for
   the https remote's host) and never prompts.
@@ -62,7 +63,8 @@ _SCP = re.compile(r'^(?:[^@/:\s]+@)?[^@/:\s]+:(?!//)')
 # What git check-ref-format refuses in a component, and the characters it refuses anywhere.
 _BAD_REF_CHARS = re.compile(r'[\x00-\x20\x7f~^:?*\[\\]')
 # git push's lines for a ref the remote did not take.
-_REJECTED = re.compile(r'^\s*!\s*\[rejected\].*\((fetch first|non-fast-forward)\)', re.M)
+# (stale info: the remote is not at the head the push's lease names, push_args.)
+_REJECTED = re.compile(r'^\s*!\s*\[rejected\].*\((fetch first|non-fast-forward|stale info)\)', re.M)
 _REMOTE_REJECTED = re.compile(r'^\s*!\s*\[remote rejected\]', re.M)
 _DENIED = re.compile(r'(?i)permission denied|permission to .* denied|access denied|forbidden|\b403\b|'
                      r'protected branch|hook declined')
@@ -202,9 +204,19 @@ def check_count(value: Any, field: str, low: int, high: int) -> int:
 # Push
 # --------------------------------------------------------------------------------------------
 
+def push_args(branch: str, base: Optional[str]) -> List[str]:
+    """git push of HEAD to `branch` that takes only while the remote branch is at `base`, the head the job's
+    commits are on (None: the branch does not exist yet). HEAD always descends from `base`, so the update is a
+    fast-forward and nothing is ever forced; the lease only refuses a remote that moved anywhere else, back to an
+    older commit included (a force-push that took commits out, which a plain push would fast-forward over and
+    so put them back)."""
+    return ['push', '-q', '--force-with-lease=refs/heads/%s:%s' % (branch, base or ''), 'origin',
+            'HEAD:refs/heads/' + branch]
+
+
 def classify_push(stderr: str) -> str:
-    """Why git push refused: `NON_FAST_FORWARD` (``! [rejected] ... (fetch first)`` or
-    ``(non-fast-forward)``: the remote moved, retry on its new head), `REFUSED` (``! [remote rejected]``, a
+    """Why git push refused: `NON_FAST_FORWARD` (``! [rejected] ... (fetch first)``, ``(non-fast-forward)`` or
+    ``(stale info)``: the remote moved, retry on its new head), `REFUSED` (``! [remote rejected]``, a
     hook declined, a permission denied: retrying cannot help) or `OTHER`."""
     if _REMOTE_REJECTED.search(stderr) or _DENIED.search(stderr):
         return REFUSED

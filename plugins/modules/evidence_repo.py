@@ -509,15 +509,16 @@ def _undo_commit(git, dest):
 def _push(git, dest, branch, shown, retries, author, start):
     """Push HEAD to `branch`; when others pushed first, rebase the job's own commits (those after `start`, the
     revision the work tree was on before them; None: the unborn branch of an empty repository) on their head and
-    push again, up to `retries` attempts in all (never forced). A head that does not descend from the one the
-    commits are on (the branch was rewritten: a force-push or a deletion took commits out) is refused: rebasing
-    on it would push the removed commits back. The attempts made; RepoError when the push is refused, the branch
-    was rewritten or the rebase conflicts."""
+    push again, up to `retries` attempts in all (never forced). Each push takes only while the remote is at the
+    head the commits are on (er.push_args), so a branch reset to an older commit is not fast-forwarded over. A
+    head that does not descend from the one the commits are on (the branch was rewritten: a force-push or a
+    deletion took commits out) is refused: rebasing on it, or pushing on it, would put the removed commits back.
+    The attempts made; RepoError when the push is refused, the branch was rewritten or the rebase conflicts."""
     base = start
     attempts = 0
     while True:
         attempts += 1
-        rc, _out, err = git.run(['push', '-q', 'origin', 'HEAD:refs/heads/' + branch], dest)
+        rc, _out, err = git.run(er.push_args(branch, base), dest)
         if rc == 0:
             return attempts
         kind = er.classify_push(err)
