@@ -295,7 +295,8 @@ def test_a_push_after_a_force_push_fails_and_puts_nothing_back(run_playbook, tmp
     """2026-12-06 review T3-7: between the job's clone and its push, someone rewrites the branch to take a commit out
     (a withdrawn approval): with a new commit on the older base (the retried push used to rebase the removed commit
     back on top), by resetting it to the older base (a plain push fast-forwarded over it), or by deleting it. The
-    push fails naming the rewrite, the removed commit is not back on the remote, and the job's commit is undone."""
+    push fails naming the rewrite, the removed commit is not back on the remote, and the job's commit is undone.
+    The remotes are file:// URLs (git's own transport, as to a server)."""
     cases = ('replaced', 'reset', 'deleted')
     remotes, seeds, base, approval = {}, {}, {}, {}
     for case in cases:
@@ -306,8 +307,9 @@ def test_a_push_after_a_force_push_fails_and_puts_nothing_back(run_playbook, tmp
     # the deleted branch is not the bare repository's current branch (git refuses to delete that one)
     git('push', '-q', 'origin', 'HEAD:refs/heads/evidence', cwd=seeds['deleted'])
     branch = {'replaced': 'main', 'reset': 'main', 'deleted': 'evidence'}
+    url = {case: 'file://' + str(remotes[case]) for case in cases}
     jobs = {case: tmp_path / ('%s-job' % case) for case in cases}
-    run = run_playbook(play([task('clone %s' % case, {'remote': str(remotes[case]), 'dest': str(jobs[case]),
+    run = run_playbook(play([task('clone %s' % case, {'remote': url[case], 'dest': str(jobs[case]),
                                                       'branch': branch[case], 'revision': approval[case]})
                              for case in cases]))
     assert run.rc == 0, run.stdout[-3000:]
@@ -329,7 +331,7 @@ def test_a_push_after_a_force_push_fails_and_puts_nothing_back(run_playbook, tmp
     tasks = []
     for case in cases:
         tasks.append(write('evidence %s' % case, jobs[case] / 'rollout.json', '{"evidence": 1}\n'))
-        tasks.append(task('commit %s' % case, dict(OPERATOR, state='committed', remote=str(remotes[case]),
+        tasks.append(task('commit %s' % case, dict(OPERATOR, state='committed', remote=url[case],
                                                    dest=str(jobs[case]), branch=branch[case], paths=['rollout.json'],
                                                    commit_message='rollout evidence')))
     run = run_playbook(play(tasks))
@@ -357,13 +359,13 @@ def test_others_pushed_first_only_the_jobs_commit_is_rebased_and_pushed(run_play
     their head and pushed again, and only the job's own commit is new on top: nothing else is replayed."""
     bare, (_first, head) = bare_repo(tmp_path, 'evidence')
     job = tmp_path / 'job'
-    run = run_playbook(play([task('clone', {'remote': str(bare), 'dest': str(job), 'revision': head})]))
+    run = run_playbook(play([task('clone', {'remote': 'file://' + str(bare), 'dest': str(job), 'revision': head})]))
     assert run.rc == 0 and run.result('clone')['revision'] == head, run.stdout[-3000:]
     other = tmp_path / 'other'
     commit_on_top(bare, other, 'plan.json', '{}\n', 'plan')
     theirs = commit_on_top(bare, other, 'bundle.json', '{}\n', 'bundle')
     (job / 'rollout.json').write_text('{"evidence": 1}\n')
-    run = run_playbook(play([task('commit', dict(OPERATOR, state='committed', remote=str(bare), dest=str(job),
+    run = run_playbook(play([task('commit', dict(OPERATOR, state='committed', remote='file://' + str(bare), dest=str(job),
                                                  paths=['rollout.json'], commit_message='rollout evidence'))]))
     assert run.rc == 0, run.stdout[-3000:]
     res = run.result('commit')
