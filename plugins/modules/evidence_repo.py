@@ -24,12 +24,22 @@ description:
     remote is fetched and moved; a clone of another remote, a clone with uncommitted changes, or a directory that is
     not a clone is refused. When the remote branch does not exist yet (an empty repository), the clone is left on
     the unborn O(branch) and the first commit creates it.
-  - O(state=committed) adds O(paths) in O(dest), commits them with the job's operator as author and committer, and
-    pushes the commit to O(branch) (C(git push origin HEAD:refs/heads/<branch>)). When the push loses a race (the
-    remote moved), the commit is rebased on the new head and pushed again, up to O(push_retries) attempts; nothing is
-    ever force-pushed. A rebase conflict, or a push refused for another reason (a hook, a permission), fails at once
-    and leaves the remote untouched; the local commit is undone (its changes stay staged), so a rerun tries again.
-    Nothing to commit is no change and no push.
+  - O(state=committed) adds O(paths) in O(dest), commits them with the job's operator as author and committer on
+    the revision the work tree is on (the one O(state=present) checked out, or the job's own last push), and pushes
+    the commit to O(branch). The push takes only while the remote branch is at that revision (C(git push
+    --force-with-lease=refs/heads/<branch>:<revision> origin HEAD:refs/heads/<branch>)); the commit descends from
+    it, so the update is a fast-forward or nothing, and nothing is ever force-pushed. When the push loses a race
+    (others pushed first), the job's own commit, and only it (C(git rebase --onto <new head> <revision>)), is
+    rebased on the new head and pushed again, up to O(push_retries) attempts. A rebase conflict, or a push refused
+    for another reason (a hook, a permission), fails at once and leaves the remote untouched; the local commit is
+    undone (its changes stay staged), so a rerun tries again. Nothing to commit is no change and no push.
+  - A remote branch whose head does not descend from the revision the commit is on was rewritten since the job
+    cloned it (a force-push or a deletion took commits out of it, for example a withdrawn approval or a record
+    taken out). The task then fails with C(the branch <branch> was rewritten since revision <revision> (its head is
+    now <head>)), naming both, and pushes nothing, since rebasing or pushing on top of the new head would put the
+    removed commits back. The local commit is undone; a rerun in the same O(dest) fails the same way, so clone the
+    branch again (O(state=present)) once the rewrite is understood. Protect the evidence branch against
+    force-pushes and deletions on the Git server.
   - Credentials come from an AWX credential. An https token (O(token)) reaches git through a GIT_ASKPASS helper in
     a private temporary directory that echoes an environment variable, never on a command line or in the URL, and
     is removed afterwards. The helper answers only git's prompts for the remote's own scheme and host (any other
@@ -136,7 +146,9 @@ options:
     description: An ssh private key for an ssh remote (C(GIT_SSH_COMMAND) with C(-i) and C(IdentitiesOnly=yes)).
     type: path
   push_retries:
-    description: How many push attempts in all, each after a rebase on the remote's new head, when others pushed first.
+    description:
+      - How many push attempts in all, each after a rebase on the remote's new head, when others pushed first.
+      - A rewritten branch (its head does not descend from the revision the commit is on) is not retried.
     type: int
     default: 5
   timeout:
