@@ -20,6 +20,10 @@ new head, never forcing.
   the field and the value.
 - `classify_push(stderr)`: a refused push as non-fast-forward (retry on the new head), refused (a
   hook, a permission) or other; `should_retry(kind, attempt, retries)`.
+- `push_args(branch, base)`, `rebase_args(base, onto)` and `rewritten(...)`: a push takes only while the
+  remote is at the head the job's commits are on; a retried push rebases only the job's own commits, and only
+  on a head that descends from the one they are on; a rewritten branch (a force-push) is refused, not rebased
+  or pushed on (that would put back what the force-push took out).
 - `askpass_script()`, `prompt_urls(remote, username)` and `git_env(...)`: how git gets a token (a GIT_ASKPASS
   script that echoes an environment variable, never a command line or the URL, and only to the prompts for
   the https remote's host) and never prompts.
@@ -59,7 +63,8 @@ _SCP = re.compile(r'^(?:[^@/:\s]+@)?[^@/:\s]+:(?!//)')
 # What git check-ref-format refuses in a component, and the characters it refuses anywhere.
 _BAD_REF_CHARS = re.compile(r'[\x00-\x20\x7f~^:?*\[\\]')
 # git push's lines for a ref the remote did not take.
-_REJECTED = re.compile(r'^\s*!\s*\[rejected\].*\((fetch first|non-fast-forward)\)', re.M)
+# (stale info: the remote is not at the head the push's lease names, push_args.)
+_REJECTED = re.compile(r'^\s*!\s*\[rejected\].*\((fetch first|non-fast-forward|stale info)\)', re.M)
 _REMOTE_REJECTED = re.compile(r'^\s*!\s*\[remote rejected\]', re.M)
 _DENIED = re.compile(r'(?i)permission denied|permission to .* denied|access denied|forbidden|\b403\b|'
                      r'protected branch|hook declined')
@@ -199,9 +204,19 @@ def check_count(value: Any, field: str, low: int, high: int) -> int:
 # Push
 # --------------------------------------------------------------------------------------------
 
+def push_args(branch: str, base: Optional[str]) -> List[str]:
+    """git push of HEAD to `branch` that takes only while the remote branch is at `base`, the head the job's
+    commits are on (None: the branch does not exist yet). HEAD always descends from `base`, so the update is a
+    fast-forward and nothing is ever forced; the lease only refuses a remote that moved anywhere else, back to an
+    older commit included (a force-push that took commits out, which a plain push would fast-forward over and
+    so put them back)."""
+    return ['push', '-q', '--force-with-lease=refs/heads/%s:%s' % (branch, base or ''), 'origin',
+            'HEAD:refs/heads/' + branch]
+
+
 def classify_push(stderr: str) -> str:
-    """Why git push refused: `NON_FAST_FORWARD` (``! [rejected] ... (fetch first)`` or
-    ``(non-fast-forward)``: the remote moved, retry on its new head), `REFUSED` (``! [remote rejected]``, a
+    """Why git push refused: `NON_FAST_FORWARD` (``! [rejected] ... (fetch first)``, ``(non-fast-forward)`` or
+    ``(stale info)``: the remote moved, retry on its new head), `REFUSED` (``! [remote rejected]``, a
     hook declined, a permission denied: retrying cannot help) or `OTHER`."""
     if _REMOTE_REJECTED.search(stderr) or _DENIED.search(stderr):
         return REFUSED
@@ -214,6 +229,27 @@ def should_retry(kind: str, attempt: int, retries: int) -> bool:
     """Whether push attempt `attempt` (1-based), refused as `kind`, is followed by a rebase and another:
     only a non-fast-forward, and at most `retries` attempts in all."""
     return kind == NON_FAST_FORWARD and attempt < retries
+
+
+def rebase_args(base: Optional[str], onto: str) -> List[str]:
+    """The rebase that moves the job's own commits, those after `base` (the head they were made or last rebased
+    on; None: the unborn branch of an empty repository, every commit is the job's), onto the remote's new head
+    `onto`. Never ``git rebase <onto>`` alone: that replays every commit of HEAD that `onto` lacks, those a
+    force-push took out of the branch included."""
+    if base is None:
+        return ['rebase', '-q', '--onto', onto, '--root']
+    return ['rebase', '-q', '--onto', onto, base]
+
+
+def rewritten(shown: str, branch: str, since: str, head: Optional[str]) -> str:
+    """Why a push is given up when the remote branch's head (None: the branch is gone) does not descend from
+    `since`, the revision the job's commits are on: the branch was rewritten (a force-push, a deletion), and
+    pushing on top of it would bring back the commits the rewrite took out."""
+    now = 'its head is now %s' % head if head else 'it no longer exists'
+    return ('push to %s: the branch %s was rewritten since revision %s (%s): commits this job built on were taken out '
+            'of it (a force-push or a deletion), and rebasing or pushing on top would put them back. Nothing was pushed '
+            'and the job\'s commit is undone (its changes staged); find out why the branch was rewritten, then clone it '
+            'again (state=present) and run the job again' % (shown, branch, since, now))
 
 
 # --------------------------------------------------------------------------------------------

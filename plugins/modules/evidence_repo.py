@@ -24,12 +24,22 @@ description:
     remote is fetched and moved; a clone of another remote, a clone with uncommitted changes, or a directory that is
     not a clone is refused. When the remote branch does not exist yet (an empty repository), the clone is left on
     the unborn O(branch) and the first commit creates it.
-  - O(state=committed) adds O(paths) in O(dest), commits them with the job's operator as author and committer, and
-    pushes the commit to O(branch) (C(git push origin HEAD:refs/heads/<branch>)). When the push loses a race (the
-    remote moved), the commit is rebased on the new head and pushed again, up to O(push_retries) attempts; nothing is
-    ever force-pushed. A rebase conflict, or a push refused for another reason (a hook, a permission), fails at once
-    and leaves the remote untouched; the local commit is undone (its changes stay staged), so a rerun tries again.
-    Nothing to commit is no change and no push.
+  - O(state=committed) adds O(paths) in O(dest), commits them with the job's operator as author and committer on
+    the revision the work tree is on (the one O(state=present) checked out, or the job's own last push), and pushes
+    the commit to O(branch). The push takes only while the remote branch is at that revision (C(git push
+    --force-with-lease=refs/heads/<branch>:<revision> origin HEAD:refs/heads/<branch>)); the commit descends from
+    it, so the update is a fast-forward or nothing, and nothing is ever force-pushed. When the push loses a race
+    (others pushed first), the job's own commit, and only it (C(git rebase --onto <new head> <revision>)), is
+    rebased on the new head and pushed again, up to O(push_retries) attempts. A rebase conflict, or a push refused
+    for another reason (a hook, a permission), fails at once and leaves the remote untouched; the local commit is
+    undone (its changes stay staged), so a rerun tries again. Nothing to commit is no change and no push.
+  - A remote branch whose head does not descend from the revision the commit is on was rewritten since the job
+    cloned it (a force-push or a deletion took commits out of it, for example a withdrawn approval or a record
+    taken out). The task then fails with C(the branch <branch> was rewritten since revision <revision> (its head is
+    now <head>)), naming both, and pushes nothing, since rebasing or pushing on top of the new head would put the
+    removed commits back. The local commit is undone; a rerun in the same O(dest) fails the same way, so clone the
+    branch again (O(state=present)) once the rewrite is understood. Protect the evidence branch against
+    force-pushes and deletions on the Git server.
   - Credentials come from an AWX credential. An https token (O(token)) reaches git through a GIT_ASKPASS helper in
     a private temporary directory that echoes an environment variable, never on a command line or in the URL, and
     is removed afterwards. The helper answers only git's prompts for the remote's own scheme and host (any other
@@ -136,7 +146,9 @@ options:
     description: An ssh private key for an ssh remote (C(GIT_SSH_COMMAND) with C(-i) and C(IdentitiesOnly=yes)).
     type: path
   push_retries:
-    description: How many push attempts in all, each after a rebase on the remote's new head, when others pushed first.
+    description:
+      - How many push attempts in all, each after a rebase on the remote's new head, when others pushed first.
+      - A rewritten branch (its head does not descend from the revision the commit is on) is not retried.
     type: int
     default: 5
   timeout:
@@ -506,13 +518,19 @@ def _undo_commit(git, dest):
         git.run(['update-ref', '-d', 'HEAD'], dest)
 
 
-def _push(git, dest, branch, shown, retries, author):
-    """Push HEAD to `branch`; when others pushed first, rebase on their head and push again, up to `retries`
-    attempts in all (never forced). The attempts made; RepoError when the push is refused or the rebase conflicts."""
+def _push(git, dest, branch, shown, retries, author, start):
+    """Push HEAD to `branch`; when others pushed first, rebase the job's own commits (those after `start`, the
+    revision the work tree was on before them; None: the unborn branch of an empty repository) on their head and
+    push again, up to `retries` attempts in all (never forced). Each push takes only while the remote is at the
+    head the commits are on (er.push_args), so a branch reset to an older commit is not fast-forwarded over. A
+    head that does not descend from the one the commits are on (the branch was rewritten: a force-push or a
+    deletion took commits out) is refused: rebasing on it, or pushing on it, would put the removed commits back.
+    The attempts made; RepoError when the push is refused, the branch was rewritten or the rebase conflicts."""
+    base = start
     attempts = 0
     while True:
         attempts += 1
-        rc, _out, err = git.run(['push', '-q', 'origin', 'HEAD:refs/heads/' + branch], dest)
+        rc, _out, err = git.run(er.push_args(branch, base), dest)
         if rc == 0:
             return attempts
         kind = er.classify_push(err)
@@ -523,14 +541,35 @@ def _push(git, dest, branch, shown, retries, author):
                                    % (shown, branch, attempts, retries, err))
             raise er.RepoError('push to %s (branch %s) was %s: %s'
                                % (shown, branch, 'refused' if kind == er.REFUSED else 'not done', err))
-        git.check(['fetch', '-q', 'origin', branch], dest, 'fetching %s after a rejected push' % shown)
-        rc, _out, err = git.run(['rebase', '-q', 'origin/' + branch], dest, author)
+        head = _fetch_head(git, dest, branch, shown, base)
+        if base is not None:
+            rc, _out, err = git.run(['merge-base', '--is-ancestor', base, head], dest)
+            if rc == 1:
+                raise er.RepoError(er.rewritten(shown, branch, base, head))
+            if rc != 0:
+                raise er.RepoError('push to %s (branch %s): cannot tell whether its head %s descends from revision %s '
+                                   '(git merge-base rc %d): %s' % (shown, branch, head, base, rc, err))
+        rc, _out, err = git.run(er.rebase_args(base, head), dest, author)
         if rc != 0:
             conflicts = er.name_list(git.run(['diff', '--name-only', '-z', '--diff-filter=U'], dest)[1])
             git.run(['rebase', '--abort'], dest)
             raise er.RepoError('push to %s (branch %s): others pushed meanwhile and rebasing the commit on their head '
                                'conflicts in %s; the remote was left untouched'
                                % (shown, branch, ', '.join(conflicts) or err))
+        base = head
+
+
+def _fetch_head(git, dest, branch, shown, base):
+    """The remote branch's head after a rejected push (fetched into origin/<branch>); a branch deleted since
+    `base` is a rewrite."""
+    rc, _out, err = git.run(['fetch', '-q', 'origin', '+refs/heads/%s:refs/remotes/origin/%s' % (branch, branch)],
+                            dest)
+    if rc != 0:
+        listed, out, _err = git.run(['ls-remote', 'origin', 'refs/heads/' + branch], dest)
+        if listed == 0 and not er.ls_remote_refs(out).get('refs/heads/' + branch) and base is not None:
+            raise er.RepoError(er.rewritten(shown, branch, base, None))
+        raise er.RepoError('fetching %s after a rejected push failed (git fetch, rc %d): %s' % (shown, rc, err))
+    return git.check(['rev-parse', '--verify', 'refs/remotes/origin/%s^{commit}' % branch], dest).strip()
 
 
 def committed(module, git, p, remote, shown):
@@ -565,7 +604,7 @@ def committed(module, git, p, remote, shown):
     author = er.author_env(p['author_name'], p['author_email'])
     git.check(['commit', '-q', '--no-verify', '-m', p['commit_message'], '--'] + paths, dest, 'git commit', author)
     try:
-        attempts = _push(git, dest, branch, shown, retries, author)
+        attempts = _push(git, dest, branch, shown, retries, author, head)
     except er.RepoError:
         _undo_commit(git, dest)
         raise

@@ -276,3 +276,103 @@ def test_to_head_reads_the_reviewed_revision_and_writes_on_the_head(run_playbook
     assert res['followed'] == ['seed-1.txt'] and git('rev-parse', 'HEAD', cwd=tmp_path / 'a') == second
     res = run.result('frozen changed')
     assert res['_event'] == 'runner_on_failed' and 'seed-1.txt changed on branch main since revision' in res['msg'], res
+
+
+def commit_on_top(bare: pathlib.Path, work: pathlib.Path, name: str, content: str, message: str,
+                  branch: str = 'main') -> str:
+    """Someone else's commit on `branch` of `bare`, pushed as a fast-forward from a clone in `work`; its sha."""
+    if not work.exists():
+        git('clone', '-q', '-b', branch, str(bare), str(work))
+    git('pull', '-q', '--ff-only', 'origin', branch, cwd=work)
+    (work / name).write_text(content)
+    git('add', name, cwd=work)
+    git('commit', '-q', '-m', message, cwd=work)
+    git('push', '-q', 'origin', 'HEAD:refs/heads/' + branch, cwd=work)
+    return git('rev-parse', 'HEAD', cwd=work)
+
+
+def test_a_push_after_a_force_push_fails_and_puts_nothing_back(run_playbook, tmp_path):
+    """2026-12-06 review T3-7: between the job's clone and its push, someone rewrites the branch to take a commit out
+    (a withdrawn approval): with a new commit on the older base (the retried push used to rebase the removed commit
+    back on top), by resetting it to the older base (a plain push fast-forwarded over it), or by deleting it. The
+    push fails naming the rewrite, the removed commit is not back on the remote, and the job's commit is undone.
+    The remotes are file:// URLs (git's own transport, as to a server)."""
+    cases = ('replaced', 'reset', 'deleted')
+    remotes, seeds, base, approval = {}, {}, {}, {}
+    for case in cases:
+        remotes[case], (_first, base[case]) = bare_repo(tmp_path, case)
+        seeds[case] = tmp_path / ('%s-admin' % case)
+        approval[case] = commit_on_top(remotes[case], seeds[case], 'approval.yaml', 'approvedBy: mallory\n',
+                                       'approve the canary record')
+    # the deleted branch is not the bare repository's current branch (git refuses to delete that one)
+    git('push', '-q', 'origin', 'HEAD:refs/heads/evidence', cwd=seeds['deleted'])
+    branch = {'replaced': 'main', 'reset': 'main', 'deleted': 'evidence'}
+    url = {case: 'file://' + str(remotes[case]) for case in cases}
+    jobs = {case: tmp_path / ('%s-job' % case) for case in cases}
+    run = run_playbook(play([task('clone %s' % case, {'remote': url[case], 'dest': str(jobs[case]),
+                                                      'branch': branch[case], 'revision': approval[case]})
+                             for case in cases]))
+    assert run.rc == 0, run.stdout[-3000:]
+    for case in cases:
+        assert run.result('clone %s' % case)['revision'] == approval[case]
+
+    # the approval is withdrawn by rewriting the branch, after the job cloned it
+    git('reset', '-q', '--hard', base['replaced'], cwd=seeds['replaced'])
+    (seeds['replaced'] / 'REVOKED').write_text('the approval by mallory is withdrawn\n')
+    git('add', 'REVOKED', cwd=seeds['replaced'])
+    git('commit', '-q', '-m', 'withdraw the approval', cwd=seeds['replaced'])
+    git('push', '-q', '--force', 'origin', 'HEAD:refs/heads/main', cwd=seeds['replaced'])
+    git('push', '-q', '--force', 'origin', '%s:refs/heads/main' % base['reset'], cwd=seeds['reset'])
+    git('push', '-q', 'origin', ':refs/heads/evidence', cwd=seeds['deleted'])
+    heads = {case: git('rev-parse', '-q', '--verify', 'refs/heads/' + branch[case], cwd=remotes[case], check=False)
+             for case in cases}
+    assert heads['reset'] == base['reset'] and heads['replaced'] != approval['replaced']
+
+    tasks = []
+    for case in cases:
+        tasks.append(write('evidence %s' % case, jobs[case] / 'rollout.json', '{"evidence": 1}\n'))
+        tasks.append(task('commit %s' % case, dict(OPERATOR, state='committed', remote=url[case],
+                                                   dest=str(jobs[case]), branch=branch[case], paths=['rollout.json'],
+                                                   commit_message='rollout evidence')))
+    run = run_playbook(play(tasks))
+    assert run.rc == 0, run.stdout[-3000:]
+    for case in cases:
+        res = run.result('commit %s' % case)
+        assert res['_event'] == 'runner_on_failed', (case, res)
+        now = 'it no longer exists' if case == 'deleted' else 'its head is now %s' % heads[case]
+        assert 'the branch %s was rewritten since revision %s (%s)' % (branch[case], approval[case], now) in res['msg']
+        assert 'Nothing was pushed' in res['msg']
+        # the remote is as the rewrite left it: the approval commit is not back, the job's commit not there
+        after = git('rev-parse', '-q', '--verify', 'refs/heads/' + branch[case], cwd=remotes[case], check=False)
+        assert after == heads[case], case
+        if case != 'deleted':
+            assert subprocess.run(['git', 'merge-base', '--is-ancestor', approval[case], after], cwd=remotes[case],
+                                  check=False).returncode == 1
+            assert 'approval.yaml' not in git('ls-tree', '-r', '--name-only', after, cwd=remotes[case]).split()
+        # the job's commit is undone, its change staged (a rerun from a fresh clone commits it again)
+        assert git('rev-parse', 'HEAD', cwd=jobs[case]) == approval[case]
+        assert git('diff', '--cached', '--name-only', cwd=jobs[case]) == 'rollout.json'
+
+
+def test_others_pushed_first_only_the_jobs_commit_is_rebased_and_pushed(run_playbook, tmp_path):
+    """The ordinary race: another job pushed fast-forward commits after this job's clone. The push is rebased on
+    their head and pushed again, and only the job's own commit is new on top: nothing else is replayed."""
+    bare, (_first, head) = bare_repo(tmp_path, 'evidence')
+    job = tmp_path / 'job'
+    run = run_playbook(play([task('clone', {'remote': 'file://' + str(bare), 'dest': str(job), 'revision': head})]))
+    assert run.rc == 0 and run.result('clone')['revision'] == head, run.stdout[-3000:]
+    other = tmp_path / 'other'
+    commit_on_top(bare, other, 'plan.json', '{}\n', 'plan')
+    theirs = commit_on_top(bare, other, 'bundle.json', '{}\n', 'bundle')
+    (job / 'rollout.json').write_text('{"evidence": 1}\n')
+    run = run_playbook(play([task('commit', dict(OPERATOR, state='committed', remote='file://' + str(bare), dest=str(job),
+                                                 paths=['rollout.json'], commit_message='rollout evidence'))]))
+    assert run.rc == 0, run.stdout[-3000:]
+    res = run.result('commit')
+    assert res['_event'] == 'runner_on_ok' and res['pushed'] is True and res['attempts'] == 2, res.get('msg')
+    assert res['parent'] == theirs and git('rev-parse', 'main', cwd=bare) == res['revision']
+    # exactly one commit on top of theirs, the job's, with the job's file only
+    assert git('rev-list', '%s..main' % theirs, cwd=bare).splitlines() == [res['revision']]
+    assert git('show', '--format=%an|%s', '--name-only', res['revision'], cwd=bare).splitlines() == \
+        ['Ada Operator|rollout evidence', '', 'rollout.json']
+    assert git('rev-list', '--count', 'main', cwd=bare) == '5'

@@ -25,6 +25,9 @@ NON_FF = """To /tmp/evidence.git
  ! [rejected]        HEAD -> main (non-fast-forward)
 error: failed to push some refs to '/tmp/evidence.git'
 hint: Updates were rejected because a pushed branch tip is behind its remote"""
+STALE = """To /tmp/evidence.git
+ ! [rejected]        HEAD -> main (stale info)
+error: failed to push some refs to '/tmp/evidence.git'"""
 HOOK = """remote: evidence is frozen
 To /tmp/hooked.git
  ! [remote rejected] HEAD -> main (pre-receive hook declined)
@@ -188,6 +191,7 @@ def test_check_count(value, ok):
 @pytest.mark.parametrize('stderr, kind', [
     (FETCH_FIRST, er.NON_FAST_FORWARD),
     (NON_FF, er.NON_FAST_FORWARD),
+    (STALE, er.NON_FAST_FORWARD),        # the push's lease: the remote is no longer at the head it was made on
     (HOOK, er.REFUSED),
     (PERMISSION, er.REFUSED),
     ('remote: error: GH006: Protected branch update failed for refs/heads/main.', er.REFUSED),
@@ -196,6 +200,31 @@ def test_check_count(value, ok):
 ])
 def test_classify_push(stderr, kind):
     assert er.classify_push(stderr) == kind
+
+
+def test_a_push_takes_only_on_the_head_the_commits_are_on():
+    """The lease names the head the job's commits are on (empty: the branch must not exist yet); HEAD always
+    descends from it, so the push is a fast-forward or nothing."""
+    assert er.push_args('main', SHA) == ['push', '-q', '--force-with-lease=refs/heads/main:' + SHA, 'origin',
+                                         'HEAD:refs/heads/main']
+    assert er.push_args('evidence/x', None) == ['push', '-q', '--force-with-lease=refs/heads/evidence/x:', 'origin',
+                                                'HEAD:refs/heads/evidence/x']
+
+
+def test_a_retried_push_rebases_only_the_commits_after_the_start():
+    """2026-12-06 review T3-7: never a bare `git rebase <new head>`, which replays what a force-push took out."""
+    new = 'a' * 40
+    assert er.rebase_args(SHA, new) == ['rebase', '-q', '--onto', new, SHA]
+    assert er.rebase_args(None, new) == ['rebase', '-q', '--onto', new, '--root']
+
+
+def test_the_rewritten_message_names_the_branch_the_start_and_the_new_head():
+    new = 'a' * 40
+    msg = er.rewritten('/srv/evidence.git', 'main', SHA, new)
+    assert msg.startswith('push to /srv/evidence.git: the branch main was rewritten since revision %s (its head is '
+                          'now %s): ' % (SHA, new))
+    assert 'Nothing was pushed' in msg and 'state=present' in msg
+    assert '(it no longer exists)' in er.rewritten('/srv/evidence.git', 'main', SHA, None)
 
 
 @pytest.mark.parametrize('kind, attempt, retries, retry', [
