@@ -16,7 +16,10 @@ Its ``data`` may say why and who (both optional, shown in the refusal):
 - ``reason``: why the rollout is stopped;
 - ``by``: who set it (the API server's audit log has the authenticated identity);
 - ``rollout``: the id of the one rollout it stops (``gpufleet_rollout_id``); absent or empty, it
-  stops every rollout that reads this switch.
+  stops every rollout that reads this switch. A ``rollout`` that is not the reader's id but close to it
+  (the same letters and digits in another case or punctuation, or at most two edits apart: a typo made
+  in a hurry) stops the reader too: a mistyped switch fails safe, not open (T3-21 of the 2026-12-06
+  review). Only an id that is clearly another rollout's lets the reader go on.
 
 Pure: `judge` decides from the object read (None when the API answered 404).
 """
@@ -28,6 +31,9 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import DNS_
 
 DEFAULT_NAMESPACE = 'gpufleet-system'
 DEFAULT_NAME = 'gpufleet-stop'
+# A switch's rollout at most this many edits (insertions, deletions, substitutions, swaps of two adjacent
+# characters) from the reader's id is taken for a typo of it.
+TYPO_EDITS = 2
 
 
 class StopSwitchError(ValueError):
@@ -81,12 +87,51 @@ def judge(configmap: Optional[Dict[str, Any]], namespace: str = DEFAULT_NAMESPAC
     meta = configmap.get('metadata') if isinstance(configmap.get('metadata'), dict) else {}
     reason, by, scope = folded(data, 'reason'), folded(data, 'by'), folded(data, 'rollout')
     set_at = meta.get('creationTimestamp') if isinstance(meta.get('creationTimestamp'), str) else ''
+    typo = ''
     if scope and scope != rollout_id:
-        return Verdict(False, True, namespace, name, reason, by, set_at, scope,
-                       'the stop switch (%s) is set for rollout %s only, not for %s'
-                       % (where, scope, rollout_id or 'this rollout (no id)'))
-    msg = ('rollout stopped by the stop switch (%s%s%s%s): no further node or batch starts; '
+        if not looks_like(scope, rollout_id):
+            return Verdict(False, True, namespace, name, reason, by, set_at, scope,
+                           'the stop switch (%s) is set for rollout %s only, not for %s'
+                           % (where, scope, rollout_id or 'this rollout (no id)'))
+        typo = ('; its data.rollout %r is not this rollout\'s id %r but close to it, taken for a typo of it '
+                '(a switch for another rollout names an id clearly its own)' % (scope, rollout_id))
+    msg = ('rollout stopped by the stop switch (%s%s%s%s)%s: no further node or batch starts; '
            'delete the ConfigMap to let a rerun resume'
            % (where, ', reason: %s' % reason if reason else '', ', set by %s' % by if by else '',
-              ', at %s' % set_at if set_at else ''))
+              ', at %s' % set_at if set_at else '', typo))
     return Verdict(True, True, namespace, name, reason, by, set_at, scope, msg)
+
+
+def _letters(text: str) -> str:
+    return ''.join(c for c in text.casefold() if c.isalnum())
+
+
+def edits(a: str, b: str, limit: int = TYPO_EDITS) -> int:
+    """The optimal-string-alignment distance between `a` and `b` (insertions, deletions, substitutions and
+    swaps of two adjacent characters), or `limit` + 1 when it is more than `limit`."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) > limit:
+            return limit + 1
+        prev2, prev = prev, cur
+    return min(prev[-1], limit + 1)
+
+
+def looks_like(scope: str, rollout_id: str) -> bool:
+    """Whether a switch's rollout `scope` is likely a typo of the reader's `rollout_id`: the same letters and
+    digits (case and punctuation aside), or at most TYPO_EDITS edits apart (a reader without an id has
+    nothing to mistype)."""
+    if not rollout_id:
+        return False
+    if _letters(scope) == _letters(rollout_id):
+        return True
+    return edits(scope.casefold(), rollout_id.casefold()) <= TYPO_EDITS

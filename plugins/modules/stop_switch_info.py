@@ -18,6 +18,12 @@ description:
   - The ConfigMap's C(data) may hold C(reason) (why), C(by) (who; the API server's audit log has the authenticated
     identity) and C(rollout) (the id of the one rollout it stops; absent or empty, it stops every rollout). Any
     other content still stops the rollout - the switch fails safe.
+  - A C(rollout) that is not O(rollout_id) but close to it - the same letters and digits in another case or
+    punctuation, or at most two edits (insertions, deletions, substitutions, swaps of adjacent characters) apart -
+    is taken for a typo and stops this rollout too: a switch mistyped in a hurry fails safe, not open. Rollouts that
+    run at the same time therefore need ids more than two edits apart (C(pool-a-w49) and C(pool-b-w49) are one edit
+    apart: a switch for either stops both). A switch for a clearly different rollout lets this one go on, with a
+    warning naming it.
   - A switch that cannot be read (for example 403 because the role lacks the permission) is an error, never
     read as "not set".
 author:
@@ -133,6 +139,8 @@ def run(module: K8sModule) -> None:
             configmap = None
         verdict = judge(configmap, p['namespace'], p['name'], p['rollout_id'])
     switch = {k: v for k, v in verdict.as_dict().items() if k not in ('stopped', 'msg')}
+    if verdict.exists and not verdict.stopped:
+        module.warn(verdict.msg + '; this rollout goes on')
     if verdict.stopped and p['fail_when_stopped']:
         module.fail_json(msg=verdict.msg, stopped=True, switch=switch)
     module.exit_json(changed=False, stopped=verdict.stopped, switch=switch, msg=verdict.msg)

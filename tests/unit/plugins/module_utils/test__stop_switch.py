@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _stop_switch
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._stop_switch import StopSwitchError, judge
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._stop_switch import StopSwitchError, edits, judge, looks_like
 
 NS, NAME = 'gpufleet-system', 'gpufleet-stop'
 
@@ -48,6 +48,31 @@ def test_a_switch_for_another_rollout_does_not_stop_this_one():
     assert judge(configmap({'rollout': 'pool-b'}), NS, NAME, 'pool-b').stopped is True
     # a rollout without an id is not pool-b
     assert judge(configmap({'rollout': 'pool-b'}), NS, NAME, '').stopped is False
+
+
+@pytest.mark.parametrize('scope', ['gpu-rolout', 'gpu-rollotu', 'GPU-Rollout', 'gpu_rollout', 'gpu rollout ',
+                                   'gpu-rollout-', 'gpu-rolloutt', 'gpx-rollout'])
+def test_a_mistyped_rollout_stops_this_one_too(scope):
+    # T3-21 of the 2026-12-06 review: a switch typed in a hurry with a typo in data.rollout stopped nothing.
+    v = judge(configmap({'rollout': scope, 'reason': 'Xid storm'}), NS, NAME, 'gpu-rollout')
+    assert (v.stopped, v.exists, v.rollout) == (True, True, scope.strip())
+    assert "taken for a typo of it" in v.msg and 'reason: Xid storm' in v.msg
+
+
+@pytest.mark.parametrize('scope, reader', [('pool-b', 'gpu-rollout'), ('gpu-rollout-canary', 'gpu-rollout'),
+                                           ('train-2026w49', 'infer-2026w49'), ('x', 'gpu-rollout')])
+def test_a_switch_for_a_clearly_other_rollout_does_not_stop_this_one(scope, reader):
+    assert judge(configmap({'rollout': scope}), NS, NAME, reader).stopped is False
+
+
+def test_edits_counts_swaps_and_stops_at_the_limit():
+    assert edits('gpu-rollout', 'gpu-rollout') == 0
+    assert edits('gpu-rollout', 'gpu-rolluot') == 1          # o and u swapped: one edit
+    assert edits('ab', 'ba') == 1
+    assert edits('rollout', 'rolout') == 1
+    assert edits('abcdef', 'uvwxyz') == 3                    # the limit + 1, not 6
+    assert edits('a' * 200, 'b' * 200) == 3
+    assert looks_like('anything', '') is False               # a reader without an id has nothing to mistype
 
 
 def test_long_text_is_cut():
