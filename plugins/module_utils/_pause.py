@@ -124,10 +124,26 @@ def timeout_seconds(value: Any, field: str = 'wait_timeout') -> float:
     return float(number)
 
 
+def check_apart(namespace: Any, stop_namespace: Any) -> None:
+    """PauseError when the approvals' namespace is the stop switch's: whoever may create the stop switch there
+    (the Role gpufleet-upgrade-stop creates ConfigMaps) could then approve a batch (T3-20 of the 2026-12-06
+    review). An empty `stop_namespace` checks nothing (no stop switch is read)."""
+    check_namespace(namespace, PauseError)
+    if stop_namespace in (None, ''):
+        return
+    if check_namespace(stop_namespace, PauseError, 'stop_namespace') == namespace:
+        raise PauseError('namespace: %r is the stop switch\'s namespace (stop_namespace): whoever may set the stop '
+                         'switch could approve a batch there; keep the approvals in a namespace of their own '
+                         '(default %s)' % (namespace, DEFAULT_NAMESPACE))
+
+
 def wait_for_approval(get: Callable[[str], Optional[Dict[str, Any]]], namespace: str, plan_digest: str, batch: int,
-                      timeout: Any, interval: Any, clock: Any = None, sleep: Any = None) -> Tuple[Verdict, float]:
+                      timeout: Any, interval: Any, clock: Any = None, sleep: Any = None,
+                      stop_namespace: Any = None) -> Tuple[Verdict, float]:
     """Read the approval until it exists or ``timeout`` (seconds, or a duration) passed (0: read once).
-    ``get(path)`` returns the object or None (404). Returns (verdict, seconds waited); bounded by ``timeout``."""
+    ``get(path)`` returns the object or None (404). Returns (verdict, seconds waited); bounded by ``timeout``.
+    An approvals namespace that is the stop switch's (``stop_namespace``) is refused before any read."""
+    check_apart(namespace, stop_namespace)
     name = approval_name(plan_digest, batch)
     where = path(namespace, name)
     timeout = timeout_seconds(timeout)

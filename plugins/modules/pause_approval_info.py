@@ -41,6 +41,13 @@ options:
       cannot approve one).
     type: str
     default: gpufleet-approvals
+  stop_namespace:
+    description:
+      - The stop switch's namespace (M(gpufleet.upgrade.stop_switch_info)'s O(gpufleet.upgrade.stop_switch_info#module:namespace)).
+        O(namespace) equal to it is refused before anything is read - whoever may create the stop switch's ConfigMap
+        there could approve a batch. An empty value checks nothing.
+    type: str
+    default: gpufleet-system
   wait_timeout:
     description: How long to wait for the approval - seconds, or a duration such as V(30m) or V(4h); V(0) reads
       once. Bounded.
@@ -132,6 +139,7 @@ def main() -> None:
         plan_digest=dict(type='str', required=True),
         batch=dict(type='int', required=True),
         namespace=dict(type='str', default=DEFAULT_NAMESPACE),
+        stop_namespace=dict(type='str', default='gpufleet-system'),
         wait_timeout=dict(type='raw', default=0),
         wait_interval=dict(type='float', default=10),
         fail_when_not_approved=dict(type='bool', default=False),
@@ -148,7 +156,7 @@ def main() -> None:
     with module.errors(expected=(PauseError,), prefixes={PauseError: 'pause_approval_info: '},
                        context='reading the approval'):
         verdict, waited = wait_for_approval(get, p['namespace'], p['plan_digest'], p['batch'], p['wait_timeout'],
-                                            p['wait_interval'])
+                                            p['wait_interval'], stop_namespace=p['stop_namespace'])
     approval = {k: v for k, v in verdict.as_dict().items() if k not in ('approved', 'msg')}
     if not verdict.approved and p['fail_when_not_approved']:
         module.fail_json(msg=verdict.msg, approved=False, approval=approval, started=started, waited=round(waited, 1))

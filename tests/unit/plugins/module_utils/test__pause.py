@@ -107,3 +107,22 @@ def test_wait_refuses_bad_input_before_any_read():
         with pytest.raises(PauseError, match='^' + msg):
             P.wait_for_approval(get, args['namespace'], DIGEST, 3, args['timeout'], args['interval'])
     assert P.timeout_seconds('1h30m') == 5400 and P.timeout_seconds('90') == 90 and P.timeout_seconds(2.5) == 2.5
+
+
+def test_approvals_in_the_stop_switchs_namespace_are_refused_before_any_read():
+    # T3-20 of the 2026-12-06 review: the Role that may set the stop switch creates ConfigMaps in its namespace;
+    # approvals read there could be created by whoever may stop a rollout.
+    def get(path):
+        raise AssertionError('read despite the refused namespace')
+
+    with pytest.raises(PauseError, match=r"^namespace: 'gpufleet-system' is the stop switch's namespace \(stop_namespace\)"):
+        P.wait_for_approval(get, 'gpufleet-system', DIGEST, 3, 10, 1, stop_namespace='gpufleet-system')
+    with pytest.raises(PauseError, match=r"^stop_namespace: 'Bad_NS' is not a Kubernetes namespace name"):
+        P.wait_for_approval(get, 'gpufleet-approvals', DIGEST, 3, 10, 1, stop_namespace='Bad_NS')
+    # apart, or no stop switch read: the approval is read
+    seen = []
+    verdict, _waited = P.wait_for_approval(lambda path: seen.append(path), 'gpufleet-approvals', DIGEST, 3, 0, 1,
+                                           stop_namespace='gpufleet-system')
+    assert verdict.approved is False and seen == ['/api/v1/namespaces/gpufleet-approvals/configmaps/'
+                                                  + P.approval_name(DIGEST, 3)]
+    P.check_apart('gpufleet-system', '')
