@@ -4,10 +4,13 @@ authorizer refuses (403) what a role lacks; the proxy's request log is checked a
 (rbac_check), and the audit log says what the API server saw."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import k8s_scenario as S
 import rbac_check as R
+from cluster import fixtures as f
 from cluster import rbac
 from k8s_support import KubeVirtStandIn, kubectl, load, play
 
@@ -279,3 +282,65 @@ def test_the_gpu_operator_and_snapshot_write_rights_end_at_their_namespace(clust
                 'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': name},
                 'subjects': [{'kind': 'ServiceAccount', 'name': 'gpufleet-upgrade', 'namespace': 'gpufleet-system'}]})
         assert exc.value.status == 422, exc.value
+
+
+def test_the_node_patch_policy_admits_what_the_collection_writes_and_denies_the_rest(cluster):
+    """T3-22 of the 2026-12-06 review: docs/rbac's ValidatingAdmissionPolicy (and its binding, Deny) on the real
+    kube-apiserver's CEL, for the identity bindings-example.yml binds: the cordon, gpufleet.io/ annotations, the
+    canary label and taint and the GPU Operator's nvidia.com/gpu.deploy.* labels (gpu_operator_update pauses and
+    moves operands with them; the policy denied them before) pass; any other label, annotation or taint is denied
+    with the policy's message. Another identity is not matched."""
+    node = 'policy-n1'
+    cluster.apply(f.node(node, labels={'nvidia.com/gpu.deploy.driver': 'true', 'team': 'ml'}), settle=False)
+    operator = As(rbac.apply_example_bindings(cluster))
+    objs = rbac.docs('gpufleet-upgrade-node-patch-policy') + rbac.docs('gpufleet-upgrade-node-patch-policy-binding')
+    assert [o['kind'] for o in objs] == ['ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding']
+
+    def patch(body, who=operator):
+        return kubectl(who, 'patch', 'node', node, '--type', 'merge', '-p', json.dumps(body), check=False)
+
+    def label(key, value):
+        return {'metadata': {'labels': {key: value}}}
+
+    tries = iter(range(10 ** 6))
+    try:
+        cluster.apply(objs, settle=False)
+        # the policy is enforced once the API server's admission has loaded it (bounded)
+        # the policy is enforced once the API server's admission has loaded it (bounded). Each try changes the
+        # label: a patch that changes nothing is not admitted at all.
+        cluster.wait_for(lambda: patch(label('team', 'try-%d' % next(tries))).returncode != 0, timeout=60,
+                         interval=0.2, message='the node-patch policy to be enforced')
+        denied = patch(label('team', 'other'))
+        assert 'may set or remove only the gpufleet.io/canary and nvidia.com/gpu.deploy.* labels' in denied.stderr
+        assert 'ValidatingAdmissionPolicy' in denied.stderr
+        # the canary taint first: a merge patch replaces the whole list, and the cordon below makes the node
+        # lifecycle controller add its own taint, which the list must then carry
+        taints = (cluster.get('v1', 'Node', node)['spec'].get('taints') or [])
+        for body in ({'spec': {'taints': taints + [{'key': 'gpufleet.io/canary', 'value': 'true', 'effect': 'NoSchedule'}]}},
+                     label('gpufleet.io/canary', 'true'),
+                     {'spec': {'unschedulable': True}},
+                     {'metadata': {'annotations': {'gpufleet.io/upgrade-state': 'drained'}}},
+                     label('nvidia.com/gpu.deploy.driver', 'paused-for-driver-upgrade'),
+                     label('nvidia.com/gpu.deploy.device-plugin', 'false'),
+                     label('nvidia.com/gpu.deploy.device-plugin', None),
+                     {'spec': {'unschedulable': None}}):
+            done = patch(body)
+            assert done.returncode == 0, (body, done.stderr)
+        for body, said in (({'metadata': {'annotations': {'example.com/owner': 'x'}}}, 'annotations under gpufleet.io/'),
+                           (label('team', None), 'nvidia.com/gpu.deploy.* labels'),
+                           ({'spec': {'taints': [{'key': 'example.com/maintenance', 'effect': 'NoSchedule'}]}},
+                            'only the gpufleet.io/canary taint')):
+            refused = patch(body)
+            assert refused.returncode != 0 and said in refused.stderr, (body, refused.stderr)
+        # the policy matches the operator identity only: the test's administrator is not limited
+        assert patch(label('team', 'admin'), who=cluster).returncode == 0
+        got = cluster.get('v1', 'Node', node)
+        assert got['metadata']['labels']['nvidia.com/gpu.deploy.driver'] == 'paused-for-driver-upgrade'
+        assert got['metadata']['labels']['team'] == 'admin' and 'nvidia.com/gpu.deploy.device-plugin' not in got['metadata']['labels']
+    finally:
+        cluster.delete('admissionregistration.k8s.io/v1', 'ValidatingAdmissionPolicyBinding', 'gpufleet-upgrade-node-patch')
+        cluster.delete('admissionregistration.k8s.io/v1', 'ValidatingAdmissionPolicy', 'gpufleet-upgrade-node-patch')
+        # no later test of this worker meets the policy: wait until the operator identity may set any label again
+        cluster.wait_for(lambda: patch(label('team', 'after-%d' % next(tries))).returncode == 0, timeout=60,
+                         interval=0.2, message='the node-patch policy to be gone')
+        cluster.delete('v1', 'Node', node)
