@@ -20,9 +20,9 @@ description:
     other content still stops the rollout - the switch fails safe.
   - A C(rollout) that is not O(rollout_id) but close to it - the same letters and digits in another case or
     punctuation, or at most two edits (insertions, deletions, substitutions, swaps of adjacent characters) apart -
-    is taken for a typo and stops this rollout too: a switch mistyped in a hurry fails safe, not open. Rollouts that
+    is taken for a typo and stops this rollout too (a switch mistyped in a hurry fails safe, not open). Rollouts that
     run at the same time therefore need ids more than two edits apart (C(pool-a-w49) and C(pool-b-w49) are one edit
-    apart: a switch for either stops both). A switch for a clearly different rollout lets this one go on, with a
+    apart, so a switch for either stops both). A switch for a clearly different rollout lets this one go on, with a
     warning naming it.
   - A switch that cannot be read (for example 403 because the role lacks the permission) is an error, never
     read as "not set".
