@@ -320,7 +320,7 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
     ns, sa = OPERATOR_SA
     names = ['reader', 'operator', 'rke2-plans', 'snapshots', 'approvals-reader', 'workload-gate']
     if gpu_operator:
-        names.append('gpu-operator')
+        names += ['gpu-operator', 'gpu-operator-operands', 'gpu-operator-helmchart']
     # where a Role is bound when not in its file's namespace (the lab's qualification namespace)
     moved = {'gpufleet-upgrade-workload-gate': WORKLOAD_NAMESPACE}
     roles = []

@@ -121,7 +121,7 @@ def test_approvals_in_the_stop_switchs_namespace_are_refused_before_any_read():
         P.wait_for_approval(get, 'gpufleet-approvals', DIGEST, 3, 10, 1, stop_namespace='Bad_NS')
     # apart, or no stop switch read: the approval is read
     seen = []
-    verdict, _waited = P.wait_for_approval(lambda path: seen.append(path), 'gpufleet-approvals', DIGEST, 3, 0, 1,
+    verdict, _waited = P.wait_for_approval(seen.append, 'gpufleet-approvals', DIGEST, 3, 0, 1,
                                            stop_namespace='gpufleet-system')
     assert verdict.approved is False and seen == ['/api/v1/namespaces/gpufleet-approvals/configmaps/'
                                                   + P.approval_name(DIGEST, 3)]
