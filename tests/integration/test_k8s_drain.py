@@ -469,12 +469,20 @@ PDB_CONFLICT = ('Operation cannot be fulfilled on poddisruptionbudgets.policy "o
                 'modified; please apply your changes to the latest version and try again')
 
 
-def test_eviction_409_from_a_pdb_status_conflict_is_retried_while_the_pod_is_there(cluster, run_playbook):
-    """Issue 12 (1): the API server answers 409 when its own update of the PodDisruptionBudget's status
-    conflicts; the pod is still running. The drain re-reads it by UID and evicts again: it never
-    reports drained with the pod still there."""
+MISROUTED = 'the server could not find the requested resource'
+# An eviction answered with the pod still there: 409 when the API server's own update of the PodDisruptionBudget's
+# status conflicts (issue 12 (1)); 404 from a misrouting proxy or an API aggregation error (T3-24).
+STILL_THERE = [pytest.param(409, 'Conflict', PDB_CONFLICT, id='409-pdb-conflict'),
+               pytest.param(404, 'Not Found', MISROUTED, id='404-misrouted')]
+
+
+@pytest.mark.parametrize('status, reason, message', STILL_THERE)
+def test_eviction_answered_while_the_pod_is_there_is_retried_not_counted_as_gone(
+        cluster, run_playbook, status, reason, message):
+    """The drain re-reads the pod by name, finds the same UID, and evicts again: it never reports drained with
+    the pod still there."""
     load(cluster)
-    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=409, times=2, message=PDB_CONFLICT)
+    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=status, times=2, message=message)
     run = run_playbook(play(cluster, drain_task(node=S.OTHER)))
     assert run.rc == 0, run.stdout
     res = run.result('drain')
@@ -482,51 +490,22 @@ def test_eviction_409_from_a_pdb_status_conflict_is_retried_while_the_pod_is_the
     assert names(res['evicted']) == OTHER_NODE_PODS
     assert evictions_of(cluster.requests, 'other-gpu') == 3
     assert node_pods(cluster, S.OTHER) == []
-    # each 409 was followed by a read of the pod (by name, compared by UID)
+    # each refused eviction was followed by a read of the pod (by name, compared by UID)
     assert [r['verb'] for r in cluster.requests if r['path'] == '/api/v1/namespaces/ml/pods/other-gpu'][:2] == [
         'GET', 'GET']
 
 
-def test_eviction_409_until_the_deadline_fails_the_drain_with_the_pod_listed(cluster, run_playbook):
+@pytest.mark.parametrize('status, reason, message', STILL_THERE)
+def test_eviction_answered_until_the_deadline_fails_the_drain_with_the_pod_listed(
+        cluster, run_playbook, status, reason, message):
     load(cluster)
-    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=409, message=PDB_CONFLICT)
+    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=status, message=message)
     run = run_playbook(play(cluster, dict(drain_task(node=S.OTHER, timeout=3), ignore_errors=True)))
     res = run.result('drain')
     assert res['_event'] == 'runner_on_failed'
     assert res['upgrade_state'] == 'drain-failed'
     assert [(r['name'], r['reason']) for r in res['remaining']] == [
-        ('other-gpu', 'eviction answered 409 Conflict (%s) while the pod is still there' % PDB_CONFLICT)]
-    assert 'ml/other-gpu' in node_pods(cluster, S.OTHER)
-    assert node(cluster, S.OTHER)['spec']['unschedulable'] is True
-
-
-MISROUTED = 'the server could not find the requested resource'
-
-
-def test_eviction_404_while_the_pod_is_there_is_retried_not_counted_as_gone(cluster, run_playbook):
-    """T3-24: a misrouting proxy or an API aggregation error answers the eviction 404 with the pod
-    still running. The drain reads the pod by name, finds the same UID, and evicts again."""
-    load(cluster)
-    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=404, times=2, message=MISROUTED)
-    run = run_playbook(play(cluster, drain_task(node=S.OTHER)))
-    assert run.rc == 0, run.stdout
-    res = run.result('drain')
-    assert res['upgrade_state'] == 'drained'
-    assert evictions_of(cluster.requests, 'other-gpu') == 3
-    assert node_pods(cluster, S.OTHER) == []
-    assert [r['verb'] for r in cluster.requests if r['path'] == '/api/v1/namespaces/ml/pods/other-gpu'][:2] == [
-        'GET', 'GET']
-
-
-def test_eviction_404_until_the_deadline_fails_the_drain_with_the_pod_listed(cluster, run_playbook):
-    load(cluster)
-    cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=404, message=MISROUTED)
-    run = run_playbook(play(cluster, dict(drain_task(node=S.OTHER, timeout=3), ignore_errors=True)))
-    res = run.result('drain')
-    assert res['_event'] == 'runner_on_failed'
-    assert res['upgrade_state'] == 'drain-failed'
-    assert [(r['name'], r['reason']) for r in res['remaining']] == [
-        ('other-gpu', 'eviction answered 404 Not Found (%s) while the pod is still there' % MISROUTED)]
+        ('other-gpu', 'eviction answered %d %s (%s) while the pod is still there' % (status, reason, message))]
     assert 'ml/other-gpu' in node_pods(cluster, S.OTHER)
     assert node(cluster, S.OTHER)['spec']['unschedulable'] is True
 
