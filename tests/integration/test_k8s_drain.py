@@ -484,7 +484,7 @@ def test_eviction_answered_while_the_pod_is_there_is_retried_not_counted_as_gone
     load(cluster)
     cluster.faults.add(method='POST', path=r'/pods/other-gpu/eviction$', status=status, times=2, message=message)
     run = run_playbook(play(cluster, drain_task(node=S.OTHER)))
-    assert run.rc == 0, run.stdout
+    assert run.rc == 0, (status, reason, run.stdout)
     res = run.result('drain')
     assert res['upgrade_state'] == 'drained'
     assert names(res['evicted']) == OTHER_NODE_PODS
