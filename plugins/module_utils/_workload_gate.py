@@ -248,6 +248,12 @@ def _job_reason(job: Dict[str, Any]) -> str:
     return 'Failed'
 
 
+def _deadline_exceeded(job: Dict[str, Any]) -> bool:
+    """Pure: the Job failed because its activeDeadlineSeconds passed (reason DeadlineExceeded)."""
+    return any(c.get('status') == 'True' and c.get('type') == 'Failed' and c.get('reason') == 'DeadlineExceeded'
+               for c in ((job.get('status') or {}).get('conditions') or []))
+
+
 def _quote(s: str) -> str:
     from urllib.parse import quote
     return quote(s, safe='')
@@ -469,10 +475,12 @@ def judge(job: Dict[str, Any], pod: Optional[Dict[str, Any]], finished: bool, lo
           timeout: int) -> Dict[str, Any]:
     """Pure: the verdict on a run whose wait ended without a misplaced pod or an initialisation failure.
 
-    Not `finished`: a timeout (naming why the pod is unschedulable, if it is). Finished: the Job's failure,
-    or the result read from `log` and compared with the case's expected value."""
+    Not `finished`, or failed by the Job controller for its C(activeDeadlineSeconds) (which is `timeout`, or
+    shorter; the controller may see it pass before our own wait does): a timeout, naming why the pod is
+    unschedulable, if it is. Finished otherwise: the Job's failure, or the result read from `log` and compared with
+    the case's expected value."""
     out: Dict[str, Any] = {}
-    if not finished:
+    if not finished or _deadline_exceeded(job):
         sched = ''
         for cond in (((pod or {}).get('status') or {}).get('conditions') or []):
             if cond.get('type') == 'PodScheduled' and cond.get('status') == 'False':

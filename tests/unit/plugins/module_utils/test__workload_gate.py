@@ -109,6 +109,26 @@ def test_pod_failure():
     assert W.pod_failure(pod) is None
 
 
+UNSCHEDULABLE_POD = {'metadata': {'name': 'p'}, 'status': {'phase': 'Pending', 'conditions': [
+    {'type': 'PodScheduled', 'status': 'False', 'reason': 'Unschedulable',
+     'message': '0/1 nodes are available: 1 node(s) were unschedulable'}]}}
+
+
+@pytest.mark.parametrize('reason, outcome, detail', [
+    # the Job controller saw its activeDeadlineSeconds (our timeout) pass before our own wait did: the same timeout
+    ('DeadlineExceeded', 'timeout', 'timeout: the Job did not finish within 2s (pod unschedulable: 0/1 nodes are '
+                                    'available: 1 node(s) were unschedulable)'),
+    ('BackoffLimitExceeded', 'failed', 'the Job failed (BackoffLimitExceeded)'),
+])
+def test_judge_a_job_failed_for_its_deadline_is_a_timeout_naming_why(reason, outcome, detail):
+    job = {'status': {'conditions': [{'type': 'Failed', 'status': 'True', 'reason': reason}]}}
+    out = W.judge(job, UNSCHEDULABLE_POD, True, '', case(), 2)
+    assert (out['outcome'], out['detail']) == (outcome, detail)
+    # the wait's own timeout reads the same as the controller's
+    if reason == 'DeadlineExceeded':
+        assert W.judge({'status': {}}, UNSCHEDULABLE_POD, False, '', case(), 2) == out
+
+
 @pytest.mark.parametrize('cases, message', [
     ([], 'cases: [] is not a non-empty list'),
     ([{'name': 'Bad_Name', 'manifest': JOB, 'expected': 1}], "cases[0].name: 'Bad_Name' is not a lowercase DNS label"),
