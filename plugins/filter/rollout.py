@@ -51,6 +51,11 @@ def install_method_verdict(plan: t.Any, install_method: t.Any) -> t.Dict[str, t.
     return _call('install_method_verdict', _rollout.install_method_verdict, plan, install_method)
 
 
+def operand_window_verdict(gpu_operator: t.Any, nodes: t.Any, pending: t.Any,
+                           target: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    return _call('operand_window_verdict', _rollout.operand_window_verdict, gpu_operator, nodes, pending, target)
+
+
 def operands_back(managed: t.Any, restore: t.Any, install_method: t.Any = 'apt') -> bool:
     return _call('operands_back', _rollout.operands_back, managed, restore, install_method)
 
@@ -173,5 +178,6 @@ class FilterModule:
                 'observation_settings': observation_settings, 'observation_hosts': observation_hosts,
                 'observation_share': observation_share, 'observation_gpu': observation_gpu,
                 'operator_revisions': operator_revisions, 'operands_back': operands_back,
+                'operand_window_verdict': operand_window_verdict,
                 'rollback_activation': rollback_activation,
                 'install_method_verdict': install_method_verdict}

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ._duration import parse_seconds
 from ._evidence import rfc3339, utcnow
-from ._node_record import evidence_phases, finished, step
+from ._node_record import ANN_DONE, ANN_TARGET, evidence_phases, finished, step
 from ._plan import PlanInputError, check_observation, check_plan
 from ._upgrade_state import target_key
 
@@ -304,6 +304,61 @@ def rollback_activation(mode: Any, decision: Any, kernel_back: Any = False) -> s
     if mode == 'reboot' or kernel_back or any(s.get('action') == 'reboot' for s in steps):
         return 'reboot'
     return 'reload'
+
+
+def _not_started(annotations: Dict[str, Any], key: str) -> bool:
+    """Whether a Node's annotations show no work on the target `key`: no progress recorded for it, not finished."""
+    return annotations.get(ANN_TARGET) != key and annotations.get(ANN_DONE) != key
+
+
+def operand_window_verdict(gpu_operator: Any, nodes: Any, pending: Any, target: Dict[str, Any]) -> Dict[str, Any]:
+    """Pure: whether an operand of a node whose window has not come moved to its DaemonSet's current revision
+    (T3-6: the operand DaemonSets are OnDelete at the new template from the cluster step to the restore, so an
+    operand pod deleted outside its node's window - by on-call, an eviction - comes back at the new revision).
+
+    `gpu_operator` is gpu_operator_info's `gpu_operator`; `nodes` fleet_info's node views (name, annotations);
+    `pending` the plan's nodes from this batch on. The nodes compared are those of `pending` that show no work on
+    `target` (no progress recorded for it, not finished). For each operand DaemonSet, when some of those nodes'
+    pods run an older revision and others the current one, the current ones moved outside their windows (all
+    those nodes ran one revision before the cluster step). All at the current revision is a template the change
+    did not touch, and one node alone has nothing to compare with: neither is reported (a limit, documented).
+
+    Returns {ok, moved: [{node, operand, pod, revision, others}], msg}."""
+    if not isinstance(gpu_operator, dict) or not isinstance(gpu_operator.get('nodes'), dict):
+        raise RolloutError('gpu_operator: %r is not gpu_operator_info\'s gpu_operator (a dict with nodes)'
+                           % (type(gpu_operator).__name__,))
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get('name'), str) for n in nodes):
+        raise RolloutError('nodes: not a list of fleet_info node views (each a dict with a name)')
+    if not isinstance(pending, list) or not all(isinstance(n, str) for n in pending):
+        raise RolloutError('pending: %r is not a list of node names' % (pending,))
+    key = target_key(target)
+    views = {n['name']: n for n in nodes}
+    waiting = [name for name in pending if name in views
+               and _not_started(views[name].get('annotations') or {}, key)]
+    by_operand: Dict[str, List[Dict[str, Any]]] = {}
+    for name in waiting:
+        for pod in gpu_operator['nodes'].get(name) or []:
+            if isinstance(pod, dict) and not pod.get('back') and pod.get('revision') and pod.get('operand'):
+                by_operand.setdefault(str(pod['operand']), []).append(dict(pod, node=name))
+    moved: List[Dict[str, Any]] = []
+    for operand in sorted(by_operand):
+        pods = by_operand[operand]
+        older = sorted(set(str(p['revision']) for p in pods if not p.get('current')))
+        if not older:
+            continue
+        moved.extend({'node': p['node'], 'operand': operand, 'pod': p.get('pod'), 'revision': p['revision'],
+                      'others': older} for p in pods if p.get('current'))
+    moved.sort(key=lambda m: (m['node'], m['operand']))
+    if not moved:
+        return {'ok': True, 'moved': [], 'msg': 'operands: no node waiting for its window (%d compared) runs an '
+                'operand at the new revision' % len(waiting)}
+    lines = ['%s: %s pod %s at revision %s, the others not yet upgraded at %s' % (
+        m['node'], m['operand'], m['pod'], m['revision'], ', '.join(m['others'])) for m in moved]
+    return {'ok': False, 'moved': moved, 'msg': (
+        'operands moved outside their window on %d node(s) not yet upgraded (an operand pod deleted or evicted '
+        'while its DaemonSet is OnDelete at the new template): %s. The rollout stops before this batch: take '
+        'those nodes back (gpu_operator_update state=back; docs/gpu-operator.md) or re-plan'
+        % (len(sorted(set(m['node'] for m in moved))), '; '.join(lines)))}
 
 
 def operands_back(managed: Any, restore: Any, install_method: Any = 'apt') -> bool:

@@ -23,6 +23,8 @@ from cluster import rbac
 from cluster.gpuoperator import GpuOperator, HelmChartStandIn, deployment
 from rbac_check import module_roles
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rollout
+
 pytestmark = pytest.mark.slow
 
 NODES = ('gpu-1', 'gpu-2', 'gpu-3')
@@ -115,8 +117,10 @@ def _pods(operator):
 
 
 def _exporter_images(operator):
+    # a pod the DaemonSet just created, not yet bound by the scheduler, runs nowhere
     return {p['spec']['nodeName']: p['spec']['containers'][0]['image'] for p in operator.operand_pods()
-            if p['metadata']['labels'].get('app') == EXPORTER and not p['metadata'].get('deletionTimestamp')}
+            if p['metadata']['labels'].get('app') == EXPORTER and not p['metadata'].get('deletionTimestamp')
+            and p['spec'].get('nodeName')}
 
 
 DRIVER_POOL = {'apiVersion': 'nvidia.com/v1alpha1', 'kind': 'NVIDIADriver', 'metadata': {'name': 'h100-pool'},
@@ -205,6 +209,23 @@ def test_cluster_step_restarts_nothing_then_each_node_moves_in_its_own_window(fl
     assert run.result('gpu-1')['measured']['dcgm_exporter'] == NEW_DCGM, run.result('gpu-1')
     assert run.result('gpu-2')['measured']['dcgm_exporter'] == OLD_DCGM
     assert run.result('gpu-1')['measured']['gpu_operator'] == f.OPERATOR_VERSION
+
+    # T3-6: on-call deletes gpu-3's exporter pod outside its window. OnDelete at the new template brings it back
+    # at the new revision; the rollout's batch admission (operand_window_verdict, over the real operator's state)
+    # names it, gpu-2 (also waiting) being the comparison.
+    target = {'gpu_operator': f.OPERATOR_VERSION, 'dcgm_exporter': NEW_DCGM}
+    nodes = [{'name': n['metadata']['name'], 'annotations': n['metadata'].get('annotations') or {}}
+             for n in fleet.list('v1', 'Node')]
+    assert _rollout.operand_window_verdict(_info(fleet, run_playbook), nodes, ['gpu-2', 'gpu-3'], target)['ok']
+    victim = next(p['metadata']['name'] for p in operator.operand_pods()
+                  if p['spec'].get('nodeName') == 'gpu-3' and p['metadata']['labels'].get('app') == EXPORTER)
+    fleet.delete('v1', 'Pod', victim, namespace=NS)
+    fleet.wait_for(lambda: _exporter_images(operator).get('gpu-3') == 'nvcr.io/nvidia/k8s/dcgm-exporter:' + NEW_DCGM,
+                   timeout=60, message="gpu-3's exporter recreated at the new revision")
+    fleet.wait_for(lambda: all(p['current'] for p in _info(fleet, run_playbook)['nodes']['gpu-3']
+                               if p['operand'] == EXPORTER), timeout=60, message='the recreated pod seen at its revision')
+    verdict = _rollout.operand_window_verdict(_info(fleet, run_playbook), nodes, ['gpu-2', 'gpu-3'], target)
+    assert not verdict['ok'] and [(m['node'], m['operand']) for m in verdict['moved']] == [('gpu-3', EXPORTER)], verdict
 
     # A second run of gpu-1's step restarts nothing.
     res = _update(fleet, run_playbook, {'state': 'node', 'node': 'gpu-1'})

@@ -725,6 +725,78 @@ def test_operands_back_bad_input(args, message):
     assert str(err.value) == message
 
 
+# ---------------------------------------------------------------------------- operands outside their window (T3-6)
+
+def _operand_pod(operand, revision, current, back=False):
+    return {'operand': operand, 'pod': '%s-%s' % (operand, revision), 'revision': revision, 'current': current,
+            'back': back}
+
+
+def _operator_state(pods_by_node):
+    return {'nodes': pods_by_node, 'operands': []}
+
+
+def _view(name, **annotations):
+    return {'name': name, 'annotations': annotations}
+
+
+def test_operand_window_verdict_names_a_waiting_node_whose_operand_moved_to_the_new_revision():
+    dp, drv = 'nvidia-device-plugin-daemonset', 'nvidia-driver-daemonset'
+    state = _operator_state({
+        'gpu-1': [_operand_pod(dp, 'new', True), _operand_pod(drv, 'new', True)],      # upgraded in its window
+        'gpu-2': [_operand_pod(dp, 'old', False), _operand_pod(drv, 'old', False)],
+        'gpu-3': [_operand_pod(dp, 'old', False), _operand_pod(drv, 'new', True)],      # on-call deleted its driver pod
+        'gpu-4': [_operand_pod(dp, 'old', False), _operand_pod(drv, 'old', False)],
+    })
+    key = target_key(TARGET)
+    nodes = [_view('gpu-1', **{_node_record.ANN_DONE: key}), _view('gpu-2'), _view('gpu-3'), _view('gpu-4')]
+    v = _rollout.operand_window_verdict(state, nodes, ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-4'], TARGET)
+    assert v['ok'] is False
+    assert v['moved'] == [{'node': 'gpu-3', 'operand': drv, 'pod': drv + '-new', 'revision': 'new', 'others': ['old']}]
+    assert v['msg'].startswith('operands moved outside their window on 1 node(s) not yet upgraded')
+    assert 'gpu-3: nvidia-driver-daemonset pod nvidia-driver-daemonset-new at revision new, the others not yet ' \
+           'upgraded at old' in v['msg']
+
+
+@pytest.mark.parametrize('case, pods, annotations, ok', [
+    # every waiting node at the current revision: a template the change did not touch
+    ('untouched template', {'gpu-2': [_operand_pod('dp', 'r1', True)], 'gpu-3': [_operand_pod('dp', 'r1', True)]},
+     {}, True),
+    # the node that moved is in its window already (a resumed run): its progress names the target
+    ('in its window', {'gpu-2': [_operand_pod('dp', 'old', False)], 'gpu-3': [_operand_pod('dp', 'new', True)]},
+     {'gpu-3': {_node_record.ANN_TARGET: 'KEY'}}, True),
+    # a rollback's own pod (state back) is not the DaemonSet's
+    ('taken back', {'gpu-2': [_operand_pod('dp', 'old', False)], 'gpu-3': [_operand_pod('dp', 'old', False, True)]},
+     {}, True),
+    # a node not in `pending` (an earlier batch) is not compared
+    ('earlier batch', {'gpu-1': [_operand_pod('dp', 'new', True)], 'gpu-2': [_operand_pod('dp', 'old', False)]},
+     {}, True),
+    # a pod being recreated (no revision yet) says nothing
+    ('no revision', {'gpu-2': [_operand_pod('dp', 'old', False)], 'gpu-3': [_operand_pod('dp', None, False)]},
+     {}, True),
+    ('moved', {'gpu-2': [_operand_pod('dp', 'old', False)], 'gpu-3': [_operand_pod('dp', 'new', True)]}, {}, False),
+])
+def test_operand_window_verdict_reports_only_a_move_outside_a_window(case, pods, annotations, ok):
+    key = target_key(TARGET)
+    nodes = [_view(name, **{k: (key if v == 'KEY' else v) for k, v in annotations.get(name, {}).items()})
+             for name in ('gpu-1', 'gpu-2', 'gpu-3')]
+    v = _rollout.operand_window_verdict(_operator_state(pods), nodes, ['gpu-2', 'gpu-3'], TARGET)
+    assert v['ok'] is ok, case
+    assert bool(v['moved']) is not ok
+
+
+@pytest.mark.parametrize('args, message', [
+    ((None, [], [], TARGET), "gpu_operator: 'NoneType' is not gpu_operator_info's gpu_operator (a dict with nodes)"),
+    (({'nodes': {}}, [{'annotations': {}}], [], TARGET), 'nodes: not a list of fleet_info node views (each a dict '
+                                                          'with a name)'),
+    (({'nodes': {}}, [], 'gpu-1', TARGET), "pending: 'gpu-1' is not a list of node names"),
+])
+def test_operand_window_verdict_bad_input(args, message):
+    with pytest.raises(_rollout.RolloutError) as err:
+        _rollout.operand_window_verdict(*args)
+    assert str(err.value) == message
+
+
 # ---------------------------------------------------------------------------- observation windows (issue 16)
 
 def test_observation_window_is_anchored_at_the_stage_end_and_says_what_is_left_to_wait():
