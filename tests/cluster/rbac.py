@@ -22,7 +22,7 @@ SERVICE_ACCOUNTS = {'gpufleet-upgrade-reader': 'reader', 'gpufleet-upgrade-workl
                     'gpufleet-upgrade-rke2-plans': 'rke2-plans', 'gpufleet-upgrade-operator': 'operator',
                     'gpufleet-upgrade-gpu-operator': 'gpu-operator', 'gpufleet-upgrade-snapshots': 'snapshots',
                     'gpufleet-upgrade-gpu-operator-operands': 'gpu-operator',
-                    'gpufleet-upgrade-gpu-operator-helmchart': 'gpu-operator'}
+                    'gpufleet-upgrade-gpu-operator-helmchart': 'gpu-operator', 'gpufleet-upgrade-plan-lease': 'plan-lease'}
 ROLE_KINDS = ('ClusterRole', 'Role')
 
 

@@ -73,6 +73,7 @@ def test_no_cluster_role_writes_a_namespaced_resource_unless_it_says_why():
         'gpufleet-upgrade-approvals-reader': ('Role', 'gpufleet-approvals'),
         'gpufleet-upgrade-gpu-operator-helmchart': ('Role', 'kube-system'),
         'gpufleet-upgrade-gpu-operator-operands': ('Role', 'gpu-operator'),
+        'gpufleet-upgrade-plan-lease': ('Role', 'gpufleet-system'),
         'gpufleet-upgrade-rke2-plans': ('Role', 'system-upgrade'),
         'gpufleet-upgrade-snapshots': ('Role', 'gpufleet-system'),
         'gpufleet-upgrade-stop': ('Role', 'gpufleet-system'),
@@ -154,6 +155,8 @@ def test_gpu_operator_update_writes_pods_in_the_operators_namespace_only():
 @pytest.mark.parametrize('module,namespace,verb,path', [
     ('snapshot_store', 'gpufleet-system', 'POST', '/api/v1/namespaces/{ns}/secrets'),
     ('snapshot_store', 'gpufleet-system', 'DELETE', '/api/v1/namespaces/{ns}/secrets/s'),
+    ('plan_lease', 'gpufleet-system', 'POST', '/apis/coordination.k8s.io/v1/namespaces/{ns}/leases'),
+    ('plan_lease', 'gpufleet-system', 'PATCH', '/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/gpufleet-plan-1'),
     ('pause_approval_info', 'gpufleet-approvals', 'GET', '/api/v1/namespaces/{ns}/configmaps/c'),
     ('suc_plan', 'system-upgrade', 'POST', '/apis/upgrade.cattle.io/v1/namespaces/{ns}/plans'),
     ('workload_gate', 'default', 'POST', '/apis/batch/v1/namespaces/{ns}/jobs'),
@@ -163,3 +166,19 @@ def test_the_namespaced_roles_end_at_their_namespace(module, namespace, verb, pa
     role = R.module_roles()[module]
     assert R.violations(role, _req(verb, path.format(ns=namespace))) == []
     assert len(R.violations(role, _req(verb, path.format(ns='ml')))) == 1
+
+
+def test_the_plan_lease_role_reads_creates_and_patches_leases_in_gpufleet_system_only():
+    """plan_lease (issue 37 item 3): get, create and merge-patch its Lease; a release clears the holder, so no delete;
+    nothing in kube-node-lease (the kubelets' heartbeats) or kube-system (leader election)."""
+    role = R.module_roles()['plan_lease']
+    assert role == 'gpufleet-upgrade-plan-lease'
+    lease = '/apis/coordination.k8s.io/v1/namespaces/%s/leases/gpufleet-plan-3f9a1c0d2e4b'
+    for verb, path in (('GET', lease % 'gpufleet-system'), ('PATCH', lease % 'gpufleet-system'),
+                       ('POST', '/apis/coordination.k8s.io/v1/namespaces/gpufleet-system/leases')):
+        assert R.violations(role, _req(verb, path)) == [], (verb, path)
+    for verb, path in (('DELETE', lease % 'gpufleet-system'), ('PUT', lease % 'gpufleet-system'),
+                       ('GET', '/apis/coordination.k8s.io/v1/namespaces/gpufleet-system/leases'),
+                       ('PATCH', lease % 'kube-node-lease'), ('PATCH', lease % 'kube-system'),
+                       ('GET', '/apis/coordination.k8s.io/v1/leases')):
+        assert len(R.violations(role, _req(verb, path))) == 1, (verb, path)
