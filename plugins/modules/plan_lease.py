@@ -157,7 +157,7 @@ attempts:
 
 import datetime
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _lease as lz
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _lease
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 
@@ -167,9 +167,9 @@ OPTIONS = dict(
     state={'type': 'str', 'choices': ['acquired', 'renewed', 'released'], 'default': 'acquired'},
     plan_digest={'type': 'str', 'required': True},
     holder={'type': 'str', 'required': True},
-    namespace={'type': 'str', 'default': lz.DEFAULT_NAMESPACE},
-    duration={'type': 'int', 'default': lz.DEFAULT_DURATION},
-    clock_skew={'type': 'int', 'default': lz.DEFAULT_SKEW},
+    namespace={'type': 'str', 'default': _lease.DEFAULT_NAMESPACE},
+    duration={'type': 'int', 'default': _lease.DEFAULT_DURATION},
+    clock_skew={'type': 'int', 'default': _lease.DEFAULT_SKEW},
 )
 
 CHANGES = ('created', 'taken_over', 'renewed', 'released')
@@ -182,33 +182,33 @@ def _now() -> datetime.datetime:
 def run(module: K8sModule) -> None:
     """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
-    with module.errors(expected=(lz.LeaseError,)):
-        digest = lz.check_digest(p['plan_digest'])
-        holder = lz.check_holder(p['holder'])
-        namespace = lz.check_namespace(p['namespace'])
-        duration = lz.check_duration(p['duration'])
-        skew = lz.check_skew(p['clock_skew'])
-    name = lz.lease_name(digest)
-    path = path_for(lz.API_VERSION, 'leases', name, namespace)
-    collection = path_for(lz.API_VERSION, 'leases', namespace=namespace)
+    with module.errors(expected=(_lease.LeaseError,)):
+        digest = _lease.check_digest(p['plan_digest'])
+        holder = _lease.check_holder(p['holder'])
+        namespace = _lease.check_namespace(p['namespace'])
+        duration = _lease.check_duration(p['duration'])
+        skew = _lease.check_skew(p['clock_skew'])
+    name = _lease.lease_name(digest)
+    path = path_for(_lease.API_VERSION, 'leases', name, namespace)
+    collection = path_for(_lease.API_VERSION, 'leases', namespace=namespace)
 
     def decide(lease):
         if p['state'] == 'released':
-            return lz.release(lease, digest, holder)
+            return _lease.release(lease, digest, holder)
         if p['state'] == 'renewed':
-            return lz.renewal(lease, digest, holder, _now(), duration, skew, namespace)
-        return lz.judge(lease, digest, holder, _now(), duration, skew, namespace)
+            return _lease.renewal(lease, digest, holder, _now(), duration, skew, namespace)
+        return _lease.judge(lease, digest, holder, _now(), duration, skew, namespace)
 
     not_found = {collection: 'namespace: %r does not exist (docs/rbac/gpufleet-system-namespace.yml creates '
                              'gpufleet-system)' % namespace}
-    with module.errors(expected=(lz.LeaseError,), context='lease %s/%s' % (namespace, name), not_found=not_found):
-        done = lz.settle(module.client, path, collection, decide, check_mode=module.check_mode, sleep=module.client.sleep)
+    with module.errors(expected=(_lease.LeaseError,), not_found=not_found):
+        done = _lease.settle(module.client, path, collection, decide, check_mode=module.check_mode, sleep=module.client.sleep)
     verdict = done.verdict
     result = dict(changed=verdict.outcome in CHANGES, outcome=verdict.outcome, msg=verdict.msg,
-                  lease=lz.summary(done.after), attempts=done.attempts)
+                  lease=_lease.summary(done.after), attempts=done.attempts)
     if verdict.action == 'refuse':
         module.fail_json(**result)
-    result.update(module.diff(lz.summary(done.before), lz.summary(done.after), 'lease/%s/%s' % (namespace, name)))
+    result.update(module.diff(_lease.summary(done.before), _lease.summary(done.after), 'lease/%s/%s' % (namespace, name)))
     module.exit_json(**result)
 
 

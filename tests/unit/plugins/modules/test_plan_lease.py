@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _lease as lz
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sError, NotFoundError
 from ansible_collections.gpufleet.upgrade.plugins.modules import plan_lease
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._in_worker import WorkerExit, WorkerK8sModule
 
@@ -128,3 +129,20 @@ def test_a_foreign_lease_of_that_name_fails_without_a_write():
     result = run({}, client)
     assert result['failed'] and 'was not made by gpufleet.upgrade' in result['msg'] and 'exception' not in result
     assert client.writes == []
+
+
+def test_a_missing_namespace_or_a_forbidden_write_fails_with_a_message_not_a_traceback():
+    class NoNamespace(Client):
+        def post(self, path, body):
+            raise NotFoundError('POST %s: HTTP 404 namespaces "gpufleet-system" not found' % path, status=404,
+                                method='POST', path=path)
+    result = run({}, NoNamespace())
+    assert result['failed'] and 'exception' not in result
+    assert result['msg'] == ("namespace: 'gpufleet-system' does not exist (docs/rbac/gpufleet-system-namespace.yml "
+                             "creates gpufleet-system)")
+
+    class Forbidden(Client):
+        def patch(self, path, body):
+            raise K8sError('PATCH %s: HTTP 403 forbidden' % path, status=403, method='PATCH', path=path)
+    result = run({}, Forbidden(held_by('run-a')))
+    assert result['failed'] and 'exception' not in result and result['msg'] == 'PATCH %s: HTTP 403 forbidden' % PATH
