@@ -297,14 +297,20 @@ def _where_of(namespace: str, plan_digest: str) -> str:
 def renewal(lease: Optional[Dict[str, Any]], plan_digest: str, holder: str, now: datetime.datetime,
             duration_s: int, skew_s: int = DEFAULT_SKEW, namespace: str = DEFAULT_NAMESPACE) -> Verdict:
     """A renewal: only a Lease `holder` still holds is renewed (even past its expiry: no one took it). A Lease
-    that is gone, released or held by another is 'lost': the run must stop, another may be working the plan."""
-    verdict = judge(lease, plan_digest, holder, now, duration_s, skew_s, namespace)
-    if verdict.outcome == 'renewed':
-        return verdict
+    that is gone, released or held by another is 'lost' (whatever its times say): the run must stop, another may
+    be working the plan."""
+    check_digest(plan_digest)
+    check_holder(holder)
+    check_duration(duration_s, 'duration_s')
+    check_skew(skew_s, 'skew_s')
+    check_now(now)
     if lease is None:
         return Verdict('refuse', 'lost', None, '%s does not exist: %s no longer holds the plan (it was deleted); '
                        'stop, another run may hold the plan now' % (_where_of(namespace, plan_digest), _text.show(holder)))
+    _check_ours(lease, plan_digest)
     current = holder_of(lease)
+    if current == holder:
+        return judge(lease, plan_digest, holder, now, duration_s, skew_s, namespace)
     return Verdict('refuse', 'lost', None, '%s is %s, not by %s: this run lost the plan; stop, another run may be '
                    'working its nodes' % (_where(lease), 'held by %s' % _text.show(current) if current else 'held by no one',
                                           _text.show(holder)))

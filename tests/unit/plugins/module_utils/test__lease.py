@@ -236,6 +236,14 @@ def test_a_renewal_renews_only_our_own_lease():
     # an expired lease of another holder, or a released one, is not taken by a renewal either
     assert lz.renewal(lease('run-b', renewed=-1000), DIGEST, 'run-a', T0, 60).outcome == 'lost'
     assert 'held by no one' in lz.renewal(lease(''), DIGEST, 'run-a', T0, 60).msg
+    # another holder's Lease is lost to us whatever its times say (even unreadable ones)
+    assert lz.renewal(lease('run-b', renewTime='garbage'), DIGEST, 'run-a', T0, 60).outcome == 'lost'
+    with pytest.raises(lz.LeaseError, match=r'^holder: '):
+        lz.renewal(None, DIGEST, 'run a', T0, 60)
+    with pytest.raises(lz.LeaseError, match=r'^duration_s: '):
+        lz.renewal(None, DIGEST, 'run-a', T0, 0)
+    with pytest.raises(lz.LeaseError, match=r'was not made by'):
+        lz.renewal(lease('run-b', managed=False), DIGEST, 'run-a', T0, 60)
 
 
 # -- release --------------------------------------------------------------------------------------
