@@ -43,6 +43,7 @@ attributes:
       - Shows the Lease's holder, times, duration and transitions before and after.
   idempotent:
     support: partial
+    description: A second run with the same input gives the same Lease, but for its times.
     details:
       - V(acquired) and V(renewed) move C(renewTime) on every run (that is their point); V(released) is idempotent.
 options:
