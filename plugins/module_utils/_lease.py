@@ -14,6 +14,8 @@
 - `judge(lease, holder, now, duration_s, skew_s)`: whether `holder` may take the Lease (none yet, released,
   expired, or already its own) with the body to create or the merge patch to write, or is refused (another
   holder's Lease is fresh: the message names the holder, its renewTime and when it expires).
+- `cli_holder`, `holder_ended`: a command-line run's id (controller, ansible-playbook's pid and its start time)
+  and whether, on that controller, its process is gone: then its Lease is taken over at once (`judge(ended=...)`).
 - `renewal(...)`: the same for a renewal, which never takes a Lease: only our own is renewed.
 - `release(lease, holder)`: only our own Lease is released, by clearing ``spec.holderIdentity`` (see below).
 - `settle(client, path, decide, ...)`: the reads and writes around a decision, each write under the
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _text
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import (
@@ -96,6 +98,37 @@ def check_holder(holder: Any, field: str = 'holder') -> str:
         raise LeaseError('%s: %s is not a run id (1 to 128 letters, digits and ._:@/+=-, starting with a letter or '
                          'a digit)' % (field, _text.show(holder)))
     return holder
+
+
+# A run from a controller's command line: its id names the controller, the ansible-playbook process and that
+# process's start time (clock ticks since boot, /proc/<pid>/stat), so that a pid the kernel reused is not taken
+# for the run. On that controller, a holder whose process is gone has provably ended (holder_ended).
+_CLI = re.compile(r'^cli:(?P<user>[A-Za-z0-9._-]{1,24})@(?P<host>[A-Za-z0-9.-]{1,60}):(?P<pid>[0-9]{1,10})\.'
+                  r'(?P<start>[0-9]{1,20})$')
+
+
+def cli_holder(user: str, host: str, pid: int, start: int) -> str:
+    """The run id of a command-line run: ``cli:<user>@<host>:<pid>.<start>`` (user and host cut to the
+    characters a run id allows)."""
+    user = re.sub(r'[^A-Za-z0-9._-]', '-', str(user or ''))[:24] or 'user'
+    host = re.sub(r'[^A-Za-z0-9.-]', '-', str(host or ''))[:60] or 'host'
+    return check_holder('cli:%s@%s:%d.%d' % (user, host, int(pid), int(start)))
+
+
+def cli_process(holder: Any) -> Optional[Tuple[str, int, int]]:
+    """(host, pid, start) of a command-line run's id; None for any other id."""
+    match = _CLI.match(holder) if isinstance(holder, str) else None
+    return (match.group('host'), int(match.group('pid')), int(match.group('start'))) if match else None
+
+
+def holder_ended(holder: Any, host: str, started: Callable[[int], Optional[int]]) -> bool:
+    """Whether `holder` is a command-line run on this controller (`host`) whose process is gone: `started(pid)`,
+    the start time of the process `pid` now (None: there is none), is not the one its id names. Any other holder
+    (another controller, an AWX job, a name given by hand) is never known to have ended."""
+    parsed = cli_process(holder)
+    if parsed is None or parsed[0] != host or parsed[2] == 0:     # start 0: the run's controller could not tell
+        return False
+    return started(parsed[1]) != parsed[2]
 
 
 def _seconds(value: Any, field: str, low: int, high: int) -> int:
@@ -259,12 +292,13 @@ def _fresh_message(lease: Dict[str, Any], now: datetime.datetime, skew_s: int) -
 
 
 def judge(lease: Optional[Dict[str, Any]], plan_digest: str, holder: str, now: datetime.datetime, duration_s: int,
-          skew_s: int = DEFAULT_SKEW, namespace: str = DEFAULT_NAMESPACE) -> Verdict:
+          skew_s: int = DEFAULT_SKEW, namespace: str = DEFAULT_NAMESPACE, ended: bool = False) -> Verdict:
     """Whether `holder` may hold the plan's Lease `lease` (None: there is none) at `now`.
 
     No Lease: create it. Ours (same holderIdentity, fresh or not: no one took it): renew it. No holder (released),
-    or another holder's expired more than `skew_s` ago: take it over (acquireTime now, leaseTransitions + 1).
-    Another holder's fresh Lease: refuse, naming the holder, its renewTime and when it expires."""
+    or another holder's expired more than `skew_s` ago, or one this controller knows has `ended` (holder_ended: a
+    command-line run of this controller whose process is gone): take it over (acquireTime now, leaseTransitions
+    + 1). Another holder's fresh Lease: refuse, naming the holder, its renewTime and when it expires."""
     check_digest(plan_digest)
     check_holder(holder)
     check_duration(duration_s, 'duration_s')
@@ -281,10 +315,15 @@ def judge(lease: Optional[Dict[str, Any]], plan_digest: str, holder: str, now: d
                        '%s renewed by its holder %s' % (_where(lease), _text.show(holder)))
     if current:
         why = _fresh_message(lease, now, skew_s)
-        if why is not None:
+        if why is not None and not ended:
             return Verdict('refuse', 'held', None, why)
-        msg = '%s taken over by %s: %s\'s lease expired at %s' % (
-            _where(lease), _text.show(holder), _text.show(current), format_micro(expiry(lease) or now))
+        if why is not None:
+            msg = ('%s taken over by %s: its holder %s was a run on this controller whose process has ended (its '
+                   'lease would have expired at %s)' % (_where(lease), _text.show(holder), _text.show(current),
+                                                      format_micro(expiry(lease) or now)))
+        else:
+            msg = '%s taken over by %s: %s\'s lease expired at %s' % (
+                _where(lease), _text.show(holder), _text.show(current), format_micro(expiry(lease) or now))
     else:
         msg = '%s taken by %s: no run held it' % (_where(lease), _text.show(holder))
     return Verdict('patch', 'taken_over', _take(lease, holder, stamp, duration_s), msg)

@@ -28,7 +28,8 @@ description:
     created the Lease first) re-reads and decides again, at most 5 times.
   - A Lease of that name that the collection did not make (no label C(app.kubernetes.io/managed-by=gpufleet.upgrade)),
     or made for another plan (annotation C(gpufleet.io/plan-digest)), fails the task and is not touched.
-  - Not yet wired into the rollout and canary playbooks, and it does not mark nodes (see docs/reliability.md).
+  - The rollout playbook takes it before its first batch, renews it before and after each batch and releases it
+    at its end; it does not mark nodes (see docs/reliability.md).
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
@@ -60,10 +61,16 @@ options:
     required: true
   holder:
     description:
-      - The run's id (an AWX job id, or host, process and start time of a command-line run), 1 to 128 letters,
-        digits and C(._:@/+=-). Each run needs its own; a second run with the same id counts as the same run.
+      - The run's id, 1 to 128 letters, digits and C(._:@/+=-). A second run with the same id counts as the same
+        run (it renews the Lease, or takes it back): give a run the id of one whose controller is gone to resume
+        it at once.
+      - Default, set on the controller by the action plugin - in AWX, C(awx:template-<awx_job_template_id>) (AWX
+        runs one job of a template at a time: a relaunch is the same run); elsewhere
+        C(cli:<user>@<controller host>:<pid>.<start>), the C(ansible-playbook) process and its start time.
+      - A command-line run's Lease is taken over at once, fresh or not, by a run on the same controller once
+        that process has ended (a failed, stopped or killed run rerun there); from another controller, only once
+        it expired.
     type: str
-    required: true
   namespace:
     description: The Lease's namespace.
     type: str
@@ -91,21 +98,26 @@ EXAMPLES = r"""
 - name: Hold the plan for this run (fails while another run holds it)
   gpufleet.upgrade.plan_lease:
     plan_digest: "{{ plan.digest }}"
-    holder: "awx-job-{{ awx_job_id }}"
     duration: 7200
+  register: lease
 
 - name: Renew it before each batch (fails if this run lost it)
   gpufleet.upgrade.plan_lease:
     state: renewed
     plan_digest: "{{ plan.digest }}"
-    holder: "awx-job-{{ awx_job_id }}"
+    holder: "{{ lease.holder }}"
     duration: 7200
 
 - name: Release it at the end
   gpufleet.upgrade.plan_lease:
     state: released
     plan_digest: "{{ plan.digest }}"
-    holder: "awx-job-{{ awx_job_id }}"
+    holder: "{{ lease.holder }}"
+
+- name: Resume the run of a controller that is gone, at once (its id from the refusal's message)
+  gpufleet.upgrade.plan_lease:
+    plan_digest: "{{ plan.digest }}"
+    holder: "cli:ops@jump-1:48213.91827364"
 """
 
 RETURN = r"""
@@ -150,6 +162,11 @@ lease:
     plan_digest:
       description: The plan's digest (the annotation C(gpufleet.io/plan-digest)).
       type: str
+holder:
+  description: The run id this task held, renewed or released the Lease as (the default the action plugin set).
+  returned: always, once the inputs are valid
+  type: str
+  sample: cli:ops@jump-1:48213.91827364
 attempts:
   description: How often the Lease was read and decided on (more than 1 when a 409 made the task decide again).
   returned: success
@@ -157,6 +174,9 @@ attempts:
 """
 
 import datetime
+import os
+import socket
+from typing import Optional
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _lease
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import path_for
@@ -167,7 +187,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module impor
 OPTIONS = dict(
     state={'type': 'str', 'choices': ['acquired', 'renewed', 'released'], 'default': 'acquired'},
     plan_digest={'type': 'str', 'required': True},
-    holder={'type': 'str', 'required': True},
+    holder={'type': 'str'},
     namespace={'type': 'str', 'default': _lease.DEFAULT_NAMESPACE},
     duration={'type': 'int', 'default': _lease.DEFAULT_DURATION},
     clock_skew={'type': 'int', 'default': _lease.DEFAULT_SKEW},
@@ -180,11 +200,25 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
+def process_start(pid: int) -> Optional[int]:
+    """The start time of process `pid` on this machine (clock ticks since boot, /proc/<pid>/stat field 22), None
+    when there is no such process (or no /proc)."""
+    try:
+        with open('/proc/%d/stat' % pid) as stat:
+            fields = stat.read().rsplit(')', 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run(module: K8sModule) -> None:
     """The module's work on `module` (its params, client, exit_json and fail_json)."""
     p = module.params
     with module.errors(expected=(_lease.LeaseError,)):
         digest = _lease.check_digest(p['plan_digest'])
+        if p['holder'] is None:
+            raise _lease.LeaseError('holder: missing (the action plugin sets it when the task runs on the controller; '
+                                    'give it where the task runs elsewhere)')
         holder = _lease.check_holder(p['holder'])
         namespace = _lease.check_namespace(p['namespace'])
         duration = _lease.check_duration(p['duration'])
@@ -198,14 +232,17 @@ def run(module: K8sModule) -> None:
             return _lease.release(lease, digest, holder)
         if p['state'] == 'renewed':
             return _lease.renewal(lease, digest, holder, _now(), duration, skew, namespace)
-        return _lease.judge(lease, digest, holder, _now(), duration, skew, namespace)
+        # only where /proc tells which processes run (Linux): elsewhere no holder is known to have ended
+        ended = os.path.isdir('/proc/self') and _lease.holder_ended(_lease.holder_of(lease), socket.gethostname(),
+                                                                     process_start)
+        return _lease.judge(lease, digest, holder, _now(), duration, skew, namespace, ended=ended)
 
     not_found = {collection: 'namespace: %r does not exist (docs/rbac/gpufleet-system-namespace.yml creates '
                              'gpufleet-system)' % namespace}
     with module.errors(expected=(_lease.LeaseError,), not_found=not_found):
         done = _lease.settle(module.client, path, collection, decide, check_mode=module.check_mode, sleep=module.client.sleep)
     verdict = done.verdict
-    result = dict(changed=verdict.outcome in CHANGES, outcome=verdict.outcome, msg=verdict.msg,
+    result = dict(changed=verdict.outcome in CHANGES, outcome=verdict.outcome, msg=verdict.msg, holder=holder,
                   lease=_lease.summary(done.after), attempts=done.attempts)
     if verdict.action == 'refuse':
         module.fail_json(**result)

@@ -5,17 +5,22 @@
 - the stop switch: an operator creates the ConfigMap gpufleet-system/gpufleet-stop while the first batch's
   node is being drained; that node finishes its upgrade (nothing half-done), no node of a later batch starts
   any phase, the stop is in the evidence bundle, a rerun is refused before it reads the plan, and once the
-  ConfigMap is deleted a rerun resumes and finishes.
+  ConfigMap is deleted a rerun resumes and finishes;
+- one run per plan (T3-3): while another controller's run holds the plan's Lease a rollout is refused before
+  anything changes; the stopped run keeps its Lease, which the rerun on the same controller takes over (that
+  run's ansible-playbook process has ended), and the finished rollout releases it.
 
 The canaries are left as the canary playbook leaves them and the records are written directly
 (test_rollout_wiring does the same), so the rollout upgrades the other nodes.
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import pathlib
 import shutil
+import socket
 import sys
 
 import pytest
@@ -23,6 +28,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / 'tests'), str(REPO / 'tests' / 'integration')]
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _lease  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record as R  # noqa: E402
 from tools import labenv  # noqa: E402
 from tools.lab import Lab  # noqa: E402
@@ -104,6 +110,31 @@ def test_a_plan_edited_after_the_gate_is_refused(lab):
         plan_file.write_bytes(reviewed)
 
 
+def lease_of(lab: Lab) -> dict:
+    return lab.cluster.get(_lease.API_VERSION, 'Lease', _lease.lease_name(lab.plan_doc['digest']), 'gpufleet-system')
+
+
+def test_a_run_of_another_controller_holding_the_plan_refuses_the_rollout_before_anything_changes(lab):
+    lab.gate()
+    other = 'cli:ops@jump-2.example.org:4242.123456'
+    name = _lease.lease_name(lab.plan_doc['digest'])
+    held = _lease.desired('gpufleet-system', lab.plan_doc['digest'], other,
+                          datetime.datetime.now(datetime.timezone.utc), 600)
+    lab.cluster.apply([held], settle=False)
+    try:
+        lab.cluster.clear_requests()
+        assert lab.play('second-controller', 'rollout.yml') == 'failed'
+        failures = lab.runs['second-controller']['failures']
+        assert [f['task'] for f in failures] == [
+            "Rollout | Hold the plan's Lease (one run per plan; refused while another run's is fresh)"], failures
+        assert failures[0]['msg'].startswith('Lease gpufleet-system/%s is held by "%s" (renewTime ' % (name, other))
+        assert lab.cluster.mutating_requests() == []
+        assert all(r['state'] == '-' and not r['cordoned'] for r in lab.node_view() if not r['canary'])
+        assert lease_of(lab)['spec']['holderIdentity'] == other
+    finally:
+        lab.cluster.delete(_lease.API_VERSION, 'Lease', name, 'gpufleet-system')
+
+
 def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_deleted(lab):
     plan = lab.plan_doc
     batches = [b for b in plan['batches'] if not set(b) & set(plan['canaries'])]
@@ -139,6 +170,9 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert stop_actions[0]['result']['reason'] == SWITCH['data']['reason']
     assert stop_actions[0]['result']['set_by'] == 'oncall-alice'
     assert sorted(stop_actions[0]['result']['batch']) == sorted(batches[1])
+    # The stopped run still holds the plan: its Lease names this controller's ansible-playbook process.
+    stopped_holder = lease_of(lab)['spec']['holderIdentity']
+    assert _lease.cli_process(stopped_holder)[0] == socket.gethostname(), stopped_holder
     assert sorted(bundle(lab)['nodes']) == sorted(first)
     # Each entry names the machine, not only the name: the Node's UID, machine-id and system UUID.
     for n in first:
@@ -172,7 +206,20 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert not [a for a in bundle(lab)['actions'] if a['name'] == 'kernel-release']
 
     # The rerun resumes (the finished nodes are skipped) and finishes the rest.
-    assert lab.play('rerun', 'rollout.yml') == 'successful', lab.runs['rerun']['failures']
+    held = []
+
+    def lease_results(event: dict) -> None:
+        data = event.get('event_data') or {}
+        if event.get('event') == 'runner_on_ok' and (data.get('task') or '').startswith("Rollout | Hold the plan's Lease"):
+            held.append(data.get('res') or {})
+
+    assert lab.play('rerun', 'rollout.yml', hook=lease_results) == 'successful', lab.runs['rerun']['failures']
+    # ...taking over the stopped run's Lease (its process has ended), then releasing it at its end.
+    assert [r.get('outcome') for r in held] == ['taken_over'], held
+    assert held[0]['msg'].endswith('its holder "%s" was a run on this controller whose process has ended (its lease '
+                                   'would have expired at %s)' % (stopped_holder, held[0]['msg'].rsplit(' ', 1)[1][:-1]))
+    lease = lease_of(lab)
+    assert not lease['spec'].get('holderIdentity') and lease['spec']['leaseTransitions'] == 1, lease['spec']
     rows = {r['node']: r for r in lab.node_view()}
     for n in first + later:
         assert rows[n]['state'] == 'done' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.TARGET_DRIVER

@@ -313,12 +313,12 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
     bound to the collection's roles (docs/rbac) as docs/rbac/bindings-example.yml and the roles' own
     comments say (the ClusterRoles reader and operator, and gpu-operator's, cluster-wide; each Role by a
     RoleBinding in its namespace: the SUC Plans role in the controller's namespace, the snapshots role in
-    gpufleet-system, the approvals reader in gpufleet-approvals, the workload gate's in the lab's
+    gpufleet-system, the plan-lease role there too, the approvals reader in gpufleet-approvals, the workload gate's in the lab's
     qualification namespace, gpu-operator's for the operand pods and the HelmChart in gpu-operator and
     kube-system), never cluster-admin. A token kubeconfig through the fault proxy, written to `path`."""
     import yaml
     ns, sa = OPERATOR_SA
-    names = ['reader', 'operator', 'rke2-plans', 'snapshots', 'approvals-reader', 'workload-gate']
+    names = ['reader', 'operator', 'rke2-plans', 'snapshots', 'approvals-reader', 'workload-gate', 'plan-lease']
     if gpu_operator:
         names += ['gpu-operator', 'gpu-operator-operands', 'gpu-operator-helmchart']
     # where a Role is bound when not in its file's namespace (the lab's qualification namespace)

@@ -449,3 +449,38 @@ def test_conflicts_are_bounded():
     client = FakeClient(lease('run-a'), faults=[K8sError('PATCH: timeout', status=None, reason='timeout')] * 2)
     with pytest.raises(K8sError, match=r'timeout \(gave up after 2 attempts'):
         lz.settle(client, PATH, COLLECTION, acquire(), attempts=2)
+
+
+# -- a command-line run of this controller whose process has ended ----------------------------------------------
+def test_a_command_line_run_id_names_controller_process_and_start_and_reads_back():
+    holder = lz.cli_holder('ops team', 'jump-1.example.org', 48213, 91827364)
+    assert holder == 'cli:ops-team@jump-1.example.org:48213.91827364'
+    assert lz.cli_process(holder) == ('jump-1.example.org', 48213, 91827364)
+    assert lz.cli_process('awx:template-12') is None and lz.cli_process(None) is None
+    long = lz.cli_holder('u' * 80, 'h' * 200, 4194304, 10 ** 19)
+    assert lz.check_holder(long) == long and lz.cli_process(long) == ('h' * 60, 4194304, 10 ** 19)
+
+
+@pytest.mark.parametrize('holder, host, running, ended', [
+    ('cli:ops@jump-1:100.5000', 'jump-1', {}, True),                     # no process 100 any more
+    ('cli:ops@jump-1:100.5000', 'jump-1', {100: 7000}, True),            # pid 100 reused by a later process
+    ('cli:ops@jump-1:100.5000', 'jump-1', {100: 5000}, False),           # the run still runs
+    ('cli:ops@jump-1:100.5000', 'jump-2', {}, False),                    # another controller: cannot know
+    ('cli:ops@jump-1:100.0', 'jump-1', {}, False),                       # its controller could not read the start
+    ('awx:template-12', 'jump-1', {}, False),
+    ('run-b', 'jump-1', {}, False),
+])
+def test_only_a_command_line_run_of_this_controller_whose_process_is_gone_has_ended(holder, host, running, ended):
+    assert lz.holder_ended(holder, host, running.get) is ended
+
+
+def test_a_fresh_lease_whose_holder_ended_is_taken_over_at_once_and_says_why():
+    old = 'cli:ops@jump-1:100.5000'
+    fresh = lease(old, renewed=0, duration=3600, transitions=2)
+    assert lz.judge(fresh, DIGEST, 'cli:ops@jump-1:200.6000', at(30), 3600).outcome == 'held'
+    v = lz.judge(fresh, DIGEST, 'cli:ops@jump-1:200.6000', at(30), 3600, ended=True)
+    assert (v.action, v.outcome) == ('patch', 'taken_over')
+    assert v.body['spec']['holderIdentity'] == 'cli:ops@jump-1:200.6000' and v.body['spec']['leaseTransitions'] == 3
+    assert v.msg == ('Lease gpufleet-system/%s taken over by "cli:ops@jump-1:200.6000": its holder '
+                     '"cli:ops@jump-1:100.5000" was a run on this controller whose process has ended (its lease would '
+                     'have expired at 2026-12-07T07:00:00.000000Z)' % NAME)

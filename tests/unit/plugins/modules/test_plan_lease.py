@@ -146,3 +146,38 @@ def test_a_missing_namespace_or_a_forbidden_write_fails_with_a_message_not_a_tra
             raise K8sError('PATCH %s: HTTP 403 forbidden' % path, status=403, method='PATCH', path=path)
     result = run({}, Forbidden(held_by('run-a')))
     assert result['failed'] and 'exception' not in result and result['msg'] == 'PATCH %s: HTTP 403 forbidden' % PATH
+
+
+def test_a_fresh_lease_of_an_ended_run_of_this_controller_is_taken_over(monkeypatch):
+    """The module reads the holder's process on this machine: gone (or a reused pid), the Lease is taken at once;
+    running, or a run of another controller, it is refused."""
+    import socket
+    monkeypatch.setattr(socket, 'gethostname', lambda: 'jump-1')
+    old = 'cli:ops@jump-1:100.5000'
+    fresh = held_by(old, renew=lz.format_micro(plan_lease._now()))     # pylint: disable=protected-access
+    for running, outcome in (({100: 5000}, 'held'), ({100: 7000}, 'taken_over'), ({}, 'taken_over')):
+        monkeypatch.setattr(plan_lease, 'process_start', running.get)
+        client = Client(fresh)
+        result = run({'holder': 'cli:ops@jump-1:200.6000'}, client)
+        assert result['outcome'] == outcome, (running, result)
+        assert bool(client.writes) is (outcome == 'taken_over')
+    monkeypatch.setattr(plan_lease, 'process_start', {}.get)
+    result = run({}, Client(held_by('cli:ops@jump-9:100.5000', renew=lz.format_micro(plan_lease._now()))))  # pylint: disable=protected-access
+    assert result['outcome'] == 'held'      # a run of another controller is never known to have ended
+
+
+def test_process_start_reads_this_process_and_none_for_no_process():
+    import os
+    assert isinstance(plan_lease.process_start(os.getpid()), int)
+    assert plan_lease.process_start(2 ** 22 + 1) is None
+
+
+def test_the_action_plugin_sets_the_run_id_of_awx_or_of_ansible_playbook(monkeypatch):
+    import os
+    import socket
+    from ansible_collections.gpufleet.upgrade.plugins.action import plan_lease as action
+    assert action.default_holder({'awx_job_template_id': 12}) == 'awx:template-12'
+    monkeypatch.setattr(socket, 'gethostname', lambda: 'jump-1')
+    holder = action.default_holder({})
+    host, pid, start = lz.cli_process(holder)
+    assert (host, pid) == ('jump-1', os.getppid()) and start == plan_lease.process_start(os.getppid())
