@@ -148,11 +148,15 @@ def test_workload_gate_timeout(emu, run_playbook):
 
 
 def test_workload_gate_unschedulable_without_cordon_toleration_times_out(emu, run_playbook):
-    r = run_playbook(play(emu, [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}], repeat=1, timeout=2,
+    # The reason is named only if, within the timeout, the Job controller created the pod, the scheduler marked it
+    # unschedulable and a poll of the gate saw that (0.05-0.1 s from the Job's creation to the scheduler's verdict on
+    # an idle machine, 2026-12-07): 5 s leaves that chain a wide margin on a loaded machine; the wait itself always
+    # lasts the whole timeout (the pod can never be placed).
+    r = run_playbook(play(emu, [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}], repeat=1, timeout=5,
                           tolerate_cordon=False))
     res = r.result('gate')
     assert res['_event'] == 'runner_on_failed'
-    assert 'timeout: the Job did not finish within 2s (pod unschedulable:' in res['problems'][0]
+    assert 'timeout: the Job did not finish within 5s (pod unschedulable:' in res['problems'][0]
 
 
 def test_workload_gate_init_failure(emu, run_playbook):
@@ -305,15 +309,17 @@ def test_workload_gate_nodes_run_at_once_on_every_node(emu, run_playbook):
 
 
 def test_workload_gate_nodes_one_node_fails(emu, run_playbook):
-    # gpu-404 does not exist: its Job cannot be placed and times out (bounded); the other nodes pass meanwhile
+    # gpu-404 does not exist: its Job cannot be placed and times out (bounded); the other nodes pass meanwhile. Their
+    # Jobs took 1.1-1.3 s from creation to the verdict on an idle machine (2026-12-07), so the 3 s this test had raced
+    # them on a loaded one; 10 s is a margin a machine several times slower still meets (the test lasts the timeout).
     played = run_playbook(play(emu, [{'name': 'q', 'manifest': job('ok'), 'expected': 'ok'}], node=None,
-                          nodes=['gpu-0', NODE, 'gpu-404'], repeat=1, timeout=3))
+                          nodes=['gpu-0', NODE, 'gpu-404'], repeat=1, timeout=10))
     res = played.result('gate')
     assert res['_event'] == 'runner_on_failed' and res['passed'] is False
     assert res['failed_nodes'] == ['gpu-404']
     assert res['nodes']['gpu-0']['passed'] is True and res['nodes'][NODE]['passed'] is True
     run = res['nodes']['gpu-404']['checks']['q']['evidence']['runs'][0]
-    assert run['outcome'] == 'timeout' and run['detail'].startswith('timeout: the Job did not finish within 3s')
+    assert run['outcome'] == 'timeout' and run['detail'].startswith('timeout: the Job did not finish within 10s')
     assert res['problems'] == ['gpu-404: q run 1/1 (Job %s): %s' % (run['job'], run['detail'])]
     assert cleaned_up(emu)
 
