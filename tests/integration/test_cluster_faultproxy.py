@@ -123,7 +123,10 @@ def test_a_delay_beyond_the_client_timeout_then_the_write_still_reaches_the_serv
 
 
 def test_slow_then_failing(cluster, http):
-    cluster.faults.add(method='GET', path=r'^/api/v1/nodes$', status=500, delay=0.2, times=1)
+    # The answer must come after the client gave up: the client's 0.05 s timer and the proxy's delay run in this one
+    # process, so a pause of the process longer than the delay (a loaded machine) could let the answer in first;
+    # 1 s is 20 times the client's timeout.
+    cluster.faults.add(method='GET', path=r'^/api/v1/nodes$', status=500, delay=1.0, times=1)
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
         http('GET', '/api/v1/nodes', timeout=0.05)
     cluster.faults.add(method='GET', path=r'^/api/v1/nodes$', status=500, delay=0.2, times=1)
