@@ -57,6 +57,20 @@ def healthy(emu, **node_kw):
                pod('nvidia-device-plugin-daemonset-a1', DP_LABELS),
                pod('nvidia-device-plugin-daemonset-b2', DP_LABELS, node_name='gpu-2', ready=False),
                pod('nvidia-operator-validator-a1', VAL_LABELS)])
+    settled(emu, *([NODE] if node_kw.get('ready', True) else []), 'gpu-2')
+
+
+NOT_READY_TAINT = 'node.kubernetes.io/not-ready'
+
+
+def settled(emu, *names):
+    """Wait (bounded) until the node lifecycle controller has lifted the not-ready taint the API server's admission
+    (TaintNodesByCondition) puts on every Node created, from the named Ready nodes. The gate reports that taint
+    as unexpected: its first read must not race the controller."""
+    def lifted():
+        return all(not any(t['key'] == NOT_READY_TAINT for t in emu.get('v1', 'Node', name)['spec'].get('taints') or [])
+                   for name in names)
+    emu.wait_for(lifted, timeout=30, interval=0.1, message='the not-ready taint of %s lifted' % ', '.join(names))
 
 
 def gate(emu, **args):
@@ -103,6 +117,7 @@ def test_node_gate_fails_with_the_reasons(emu, run_playbook):
 
 def test_node_gate_mig_and_missing_plugin_and_missing_node(emu, run_playbook):
     emu.apply([node(alloc={'cpu': '64', 'nvidia.com/mig-1g.10gb': '56'})])
+    settled(emu, NODE)
     r = run_playbook(gate(emu, expected_gpus={'nvidia.com/mig-1g.10gb': 56}))
     res = r.result('gate')
     assert res['checks']['allocatable']['passed'] is True
@@ -155,6 +170,7 @@ def test_node_gate_on_many_nodes_reads_the_cluster_once_per_kind(emu, run_playbo
     lost = node('gpu-3', unschedulable=False)
     lost['status']['allocatable']['nvidia.com/gpu'] = '7'
     emu.apply([lost, pod('nvidia-device-plugin-daemonset-c3', DP_LABELS, node_name='gpu-3')])
+    settled(emu, 'gpu-3')
     emu.clear_requests()
     mark = emu.audit_mark()
     task = {'gpufleet.upgrade.node_gate': {'kubeconfig': emu.gate_kubeconfig, 'nodes': {
@@ -191,6 +207,7 @@ def test_node_gate_on_the_pools_nodes_recorded_finished(emu, run_playbook):
     # target and is not judged; cpu-9 is not in the pool, so not read even if named.
     healthy(emu, unschedulable=False)
     emu.apply([node('cpu-9', unschedulable=False)])
+    settled(emu, 'cpu-9')
     for name, key in (('gpu-1', 'target-b'), ('gpu-2', 'target-a'), ('cpu-9', 'target-b')):
         emu.patch('v1', 'Node', name, {'metadata': {'labels': {'pool': 'gpu' if name != 'cpu-9' else 'cpu'},
                                                     'annotations': {'gpufleet.io/upgraded-to': key}}})
