@@ -61,11 +61,29 @@ def scenario(prometheus_server: PrometheusServer) -> dict[str, Any]:  # noqa: F8
     dcgm(exp, 'gpu-ok', 0)
     dcgm(exp, 'gpu-xid', 79)
     dcgm(exp, 'gpu-hot', 0, temp=91)
-    prom.wait_for_points('%s{node="canary-ok"}' % LAT, t_b0 + MARGIN, 6)
+    # The window starts once Prometheus has scraped the switched values, not only MARGIN after the switch (a
+    # Prometheus held up for MARGIN on a loaded machine would leave phase A's values, and canary-gone, at its start).
+    t_b_start = max(t_b0 + MARGIN, scraped_again(exp))
+    prom.wait_for_points('%s{node="canary-ok"}' % LAT, t_b_start, 6)
     t_late = time.time()
     exp.set(LAT, {'node': 'canary-late'}, 0.100)
     t_b1 = prom.wait_for_points('%s{node="canary-late"}' % LAT, t_late, 2)
-    return {'prom': prom, 'baseline': mg.Window(t_a0 + MARGIN, t_a1), 'window': mg.Window(t_b0 + MARGIN, t_b1)}
+    return {'prom': prom, 'baseline': mg.Window(t_a0 + MARGIN, t_a1), 'window': mg.Window(t_b_start, t_b1)}
+
+
+def scraped_again(exp: Any, timeout: float = 60.0) -> float:
+    """Wait (bounded) until the exporter was scraped after the values set so far; returns when that was seen.
+
+    That scrape rendered them (the exporter renders under the lock its setters take), and Prometheus stamps a sample
+    with the time its scrape started, before the render: from the returned time on, the latest sample of each series,
+    at every step of a query, has the new values (or is the staleness marker of a series removed)."""
+    before = exp.scrapes
+    deadline = time.monotonic() + timeout
+    while exp.scrapes <= before:
+        if time.monotonic() > deadline:
+            raise AssertionError('Prometheus did not scrape the exporter in %ss' % timeout)
+        time.sleep(0.05)
+    return time.time()
 
 
 def gate(scenario: dict[str, Any], queries: list[dict[str, Any]], presets: list[str] | None = None,
