@@ -28,8 +28,8 @@ description:
     created the Lease first) re-reads and decides again, at most 5 times.
   - A Lease of that name that the collection did not make (no label C(app.kubernetes.io/managed-by=gpufleet.upgrade)),
     or made for another plan (annotation C(gpufleet.io/plan-digest)), fails the task and is not touched.
-  - The rollout playbook takes it before its first batch, renews it before and after each batch and releases it
-    at its end; it does not mark nodes (see docs/reliability.md).
+  - The canary and rollout playbooks take it before their first write, renew it around each batch and release it
+    at their end; it does not mark nodes (see docs/reliability.md).
 extends_documentation_fragment:
   - gpufleet.upgrade.k8s_auth_options
   - gpufleet.upgrade.attributes
