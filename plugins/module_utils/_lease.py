@@ -319,8 +319,8 @@ def judge(lease: Optional[Dict[str, Any]], plan_digest: str, holder: str, now: d
             return Verdict('refuse', 'held', None, why)
         if why is not None:
             msg = ('%s taken over by %s: its holder %s was a run on this controller whose process has ended (its '
-                   'lease would have expired at %s)' % (_where(lease), _text.show(holder), _text.show(current),
-                                                      format_micro(expiry(lease) or now)))
+                   'lease would have expired at %s)'
+                   % (_where(lease), _text.show(holder), _text.show(current), format_micro(expiry(lease) or now)))
         else:
             msg = '%s taken over by %s: %s\'s lease expired at %s' % (
                 _where(lease), _text.show(holder), _text.show(current), format_micro(expiry(lease) or now))

@@ -62,10 +62,10 @@ options:
   holder:
     description:
       - The run's id, 1 to 128 letters, digits and C(._:@/+=-). A second run with the same id counts as the same
-        run (it renews the Lease, or takes it back): give a run the id of one whose controller is gone to resume
+        run (it renews the Lease, or takes it back); give a run the id of one whose controller is gone to resume
         it at once.
       - Default, set on the controller by the action plugin - in AWX, C(awx:template-<awx_job_template_id>) (AWX
-        runs one job of a template at a time: a relaunch is the same run); elsewhere
+        runs one job of a template at a time, so a relaunch is the same run); elsewhere
         C(cli:<user>@<controller host>:<pid>.<start>), the C(ansible-playbook) process and its start time.
       - A command-line run's Lease is taken over at once, fresh or not, by a run on the same controller once
         that process has ended (a failed, stopped or killed run rerun there); from another controller, only once
@@ -233,8 +233,8 @@ def run(module: K8sModule) -> None:
         if p['state'] == 'renewed':
             return _lease.renewal(lease, digest, holder, _now(), duration, skew, namespace)
         # only where /proc tells which processes run (Linux): elsewhere no holder is known to have ended
-        ended = os.path.isdir('/proc/self') and _lease.holder_ended(_lease.holder_of(lease), socket.gethostname(),
-                                                                     process_start)
+        ended = os.path.isdir('/proc/self') and _lease.holder_ended(
+            _lease.holder_of(lease), socket.gethostname(), process_start)
         return _lease.judge(lease, digest, holder, _now(), duration, skew, namespace, ended=ended)
 
     not_found = {collection: 'namespace: %r does not exist (docs/rbac/gpufleet-system-namespace.yml creates '

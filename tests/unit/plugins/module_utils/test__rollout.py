@@ -787,8 +787,8 @@ def test_operand_window_verdict_reports_only_a_move_outside_a_window(case, pods,
 
 @pytest.mark.parametrize('args, message', [
     ((None, [], [], TARGET), "gpu_operator: 'NoneType' is not gpu_operator_info's gpu_operator (a dict with nodes)"),
-    (({'nodes': {}}, [{'annotations': {}}], [], TARGET), 'nodes: not a list of fleet_info node views (each a dict '
-                                                          'with a name)'),
+    (({'nodes': {}}, [{'annotations': {}}], [], TARGET),
+     'nodes: not a list of fleet_info node views (each a dict with a name)'),
     (({'nodes': {}}, [], 'gpu-1', TARGET), "pending: 'gpu-1' is not a list of node names"),
 ])
 def test_operand_window_verdict_bad_input(args, message):
