@@ -22,8 +22,8 @@ NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_fai
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'observation_share', 'observation_gpu', 'plan_workflow_digest', 'observation_cases',
-         'operator_revisions', 'operands_back', 'rollback_activation', 'install_method_verdict', 'plan_nodes',
-         'plan_serial']
+         'operator_revisions', 'operands_back', 'operand_window_verdict', 'rollback_activation', 'install_method_verdict',
+         'plan_nodes', 'plan_serial']
 
 
 def fleet():
@@ -144,6 +144,16 @@ def test_errors_name_the_filter(name, args, kwargs, message):
     with pytest.raises(AnsibleFilterError) as err:
         getattr(F, name)(*args, **kwargs)
     assert err.value.message == 'gpufleet.upgrade.%s: %s' % (name, message)
+
+
+def test_operand_window_verdict_filter():
+    state = {'nodes': {'gpu-2': [{'operand': 'dp', 'pod': 'dp-a', 'revision': 'old', 'current': False}],
+                       'gpu-3': [{'operand': 'dp', 'pod': 'dp-b', 'revision': 'new', 'current': True}]}}
+    nodes = [{'name': 'gpu-2', 'annotations': {}}, {'name': 'gpu-3', 'annotations': {}}]
+    v = F.operand_window_verdict(state, nodes, ['gpu-2', 'gpu-3'], TARGET)
+    assert v['ok'] is False and [m['node'] for m in v['moved']] == ['gpu-3']
+    with pytest.raises(AnsibleFilterError, match=r'^gpufleet.upgrade.operand_window_verdict: pending: '):
+        F.operand_window_verdict(state, nodes, 'gpu-2', TARGET)
 
 
 def test_operands_back_filter():
