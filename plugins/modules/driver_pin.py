@@ -26,13 +26,8 @@ description:
     are installed or offered at that version, and skipped otherwise.
   - Returns the previous pins, holds and pin file so that a rollback can restore them.
   - If the package transaction fails, the pin file and holds are put back as they were.
-  - "apt: before any change, a dpkg database that holds an unfinished transaction (a journal left in
-    C(/var/lib/dpkg/updates) by a killed dpkg, or packages C(dpkg --audit) lists as unpacked but not configured) fails
-    the task naming it, with nothing changed. The module does not run C(dpkg --configure -a): it cannot tell
-    another tool's or an operator's half-done transaction from its own killed run, so it does not finish one it did
-    not start. Each apt write waits at most 300 seconds for the dpkg lock another process holds (C(apt-get) with
-    C(DPkg::Lock::Timeout), C(apt-mark) retried), then fails naming the holder."
 extends_documentation_fragment:
+  - gpufleet.upgrade.dpkg
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.mutating
 attributes:

@@ -32,13 +32,8 @@ description:
     (C(/var/lib/dkms/nvidia/<driver>/<kernel>/<arch>/module/nvidia.ko*)); otherwise the task fails.
   - If the transaction fails, the pin files and holds are put back.
   - Does not change what boots; see M(gpufleet.upgrade.kernel_boot).
-  - "apt: before any change, a dpkg database that holds an unfinished transaction (a journal left in
-    C(/var/lib/dpkg/updates) by a killed dpkg, or packages C(dpkg --audit) lists as unpacked but not configured) fails
-    the task naming it, with nothing changed. The module does not run C(dpkg --configure -a): it cannot tell
-    another tool's or an operator's half-done transaction from its own killed run, so it does not finish one it did
-    not start. Each apt write waits at most 300 seconds for the dpkg lock another process holds (C(apt-get) with
-    C(DPkg::Lock::Timeout), C(apt-mark) retried), then fails naming the holder."
 extends_documentation_fragment:
+  - gpufleet.upgrade.dpkg
   - gpufleet.upgrade.attributes
   - gpufleet.upgrade.attributes.mutating
   - gpufleet.upgrade.kernel
