@@ -18,15 +18,6 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _lease
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._in_worker import K8sInWorker
 
 
-def _start(pid: int) -> int:
-    """The start time of process `pid` (clock ticks since boot), 0 where /proc cannot tell."""
-    try:
-        with open('/proc/%d/stat' % pid) as stat:
-            return int(stat.read().rsplit(')', 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def default_holder(task_vars: dict) -> str:
     """The run id of the play that runs this task."""
     template = (task_vars or {}).get('awx_job_template_id') or (task_vars or {}).get('tower_job_template_id')
@@ -37,7 +28,7 @@ def default_holder(task_vars: dict) -> str:
     except (KeyError, OSError):
         user = str(os.getuid())
     pid = os.getppid()
-    return _lease.cli_holder(user, socket.gethostname(), pid, _start(pid))
+    return _lease.cli_holder(user, socket.gethostname(), pid, _lease.process_start(pid) or 0)
 
 
 class ActionModule(K8sInWorker):

@@ -121,6 +121,16 @@ def cli_process(holder: Any) -> Optional[Tuple[str, int, int]]:
     return (match.group('host'), int(match.group('pid')), int(match.group('start'))) if match else None
 
 
+def process_start(pid: int) -> Optional[int]:
+    """The start time of process `pid` on this machine (clock ticks since boot, /proc/<pid>/stat field 22), None
+    when there is no such process (or no /proc). The one read of the machine in this file."""
+    try:
+        with open('/proc/%d/stat' % pid) as stat:
+            return int(stat.read().rsplit(')', 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def holder_ended(holder: Any, host: str, started: Callable[[int], Optional[int]]) -> bool:
     """Whether `holder` is a command-line run on this controller (`host`) whose process is gone: `started(pid)`,
     the start time of the process `pid` now (None: there is none), is not the one its id names. Any other holder
