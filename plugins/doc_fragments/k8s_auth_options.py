@@ -13,9 +13,13 @@ class ModuleDocFragment:
 options:
   kubeconfig:
     description:
-      - Path to a kubeconfig file, or the kubeconfig as a dictionary.
-      - Without it and without O(host), the file named by E(KUBECONFIG) or C(~/.kube/config) is read, and
-        without that file the in-cluster service account is used.
+      - Path to a kubeconfig file (several joined by C(:) are merged as kubectl merges them; each must exist), or
+        the kubeconfig as a dictionary.
+      - Without it and without O(host), the files named by E(KUBECONFIG) are read and merged as kubectl merges them
+        (the first file to name a cluster, user or context wins it; files that do not exist are skipped), else
+        C(~/.kube/config), and without any of them the in-cluster service account is used.
+      - A request answered 401 reads the credentials again from the same options and is sent once more (rotated
+        exec, OIDC, token-file and service account tokens); a second 401 is the error.
       - A kubeconfig with a token, a token file, client certificates or basic auth is read by the collection; one
         whose user has an C(exec) or C(auth-provider) plugin, and the in-cluster service account, by the
         C(kubernetes) library's loaders.

@@ -310,11 +310,71 @@ def _from_library(kubeconfig: Any, path: Optional[str], context: Optional[str]) 
     return s
 
 
+def kubeconfig_paths(kubeconfig: Any = None) -> List[str]:
+    """The kubeconfig files to read, in order: the explicit option's (a path, or several joined by
+    os.pathsep as in KUBECONFIG), else KUBECONFIG's entries (empty ones skipped), else ~/.kube/config."""
+    value = str(kubeconfig) if kubeconfig else os.environ.get('KUBECONFIG', '')
+    paths = [os.path.expanduser(p) for p in value.split(os.pathsep) if p.strip()]
+    return paths or [os.path.expanduser('~/.kube/config')]
+
+
+# Fields that name a file, resolved against the directory of the kubeconfig that set them (kubectl).
+_FILE_FIELDS = {'cluster': ('certificate-authority',), 'user': ('client-certificate', 'client-key', 'tokenFile')}
+
+
+def _resolve_files(entry: Dict[str, Any], inner: str, base: str) -> None:
+    body = entry.get(inner)
+    if not isinstance(body, dict):
+        return
+    for field in _FILE_FIELDS.get(inner, ()):
+        value = body.get(field)
+        if isinstance(value, str) and value:
+            body[field] = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+    plugin = body.get('exec')
+    if inner == 'user' and isinstance(plugin, dict):
+        command = plugin.get('command')
+        # kubectl: a command with a path separator is relative to its kubeconfig; a bare name is looked up in PATH.
+        if isinstance(command, str) and os.sep in command and not os.path.isabs(command):
+            plugin['command'] = os.path.normpath(os.path.join(base, command))
+
+
+def merge_kubeconfigs(paths: List[str]) -> Dict[str, Any]:
+    """Several kubeconfig files merged as kubectl merges KUBECONFIG's: the first file to name a
+    cluster, user or context wins it, the first current-context wins, and each file's relative file
+    references are resolved against its own directory. Raises ValueError naming the file."""
+    merged: Dict[str, Any] = {'apiVersion': 'v1', 'kind': 'Config', 'clusters': [], 'users': [], 'contexts': []}
+    for path in paths:
+        config = _load_yaml(path)
+        if config is None:  # an empty file adds nothing
+            continue
+        if not isinstance(config, dict):
+            raise ValueError('%s: not a kubeconfig mapping' % path)
+        base = os.path.dirname(os.path.abspath(path))
+        if not merged.get('current-context') and config.get('current-context'):
+            merged['current-context'] = config['current-context']
+        for section, inner in (('clusters', 'cluster'), ('users', 'user'), ('contexts', 'context')):
+            entries = config.get(section) or []
+            if not isinstance(entries, list):
+                raise ValueError('%s: %s is not a list' % (path, section))
+            taken = {e['name'] for e in merged[section]}
+            for entry in entries:
+                if not isinstance(entry, dict) or not isinstance(entry.get('name'), str) or not entry['name']:
+                    raise ValueError('%s: an entry of %s has no name' % (path, section))
+                if entry['name'] in taken:
+                    continue
+                entry = copy.deepcopy(entry)
+                _resolve_files(entry, inner, base)
+                merged[section].append(entry)
+                taken.add(entry['name'])
+    return merged
+
+
 def get_api_client(params: Dict[str, Any]) -> ApiConnection:
     """The connection the auth options describe.
 
     Order as kubernetes.core: an explicit `kubeconfig` (path or dict) or, without `host`, the
-    default kubeconfig (KUBECONFIG or ~/.kube/config), else the in-cluster service account;
+    default kubeconfig (KUBECONFIG's files, merged as kubectl merges them, or ~/.kube/config),
+    else the in-cluster service account;
     explicit options override what the kubeconfig says. A kubeconfig with a token, a token file,
     client certificates or basic auth is read here; one with an exec or auth-provider plugin, and
     the in-cluster configuration, by the kubernetes library. Raises K8sError with a clear message.
@@ -332,15 +392,24 @@ def get_api_client(params: Dict[str, Any]) -> ApiConnection:
             if s is None:
                 s, loader = _from_library(kubeconfig, None, context), 'kubernetes'
         elif kubeconfig or not host:
-            default = os.path.expanduser(os.environ.get('KUBECONFIG', '~/.kube/config').split(os.pathsep)[0])
-            path = os.path.expanduser(str(kubeconfig)) if kubeconfig else default
-            if kubeconfig and not os.path.exists(path):
-                raise K8sError('kubeconfig %r does not exist' % str(kubeconfig))
-            if os.path.exists(path):
+            paths = kubeconfig_paths(kubeconfig)
+            if kubeconfig:
+                missing = [p for p in paths if not os.path.exists(p)]
+                if missing:
+                    raise K8sError('kubeconfig %r does not exist' % (str(kubeconfig) if len(paths) == 1 else missing[0]))
+            # KUBECONFIG as kubectl reads it: files that do not exist are skipped, the rest merged.
+            present = [p for p in paths if os.path.exists(p)]
+            if len(present) == 1:
+                path = present[0]
                 s, loader = _read_kubeconfig(_load_yaml(path), context, os.path.dirname(os.path.abspath(path))), \
                     'kubeconfig'
                 if s is None:
                     s, loader = _from_library(None, path, context), 'kubernetes'
+            elif present:
+                merged = merge_kubeconfigs(present)
+                s, loader = _read_kubeconfig(merged, context, ''), 'kubeconfig'
+                if s is None:
+                    s, loader = _from_library(merged, None, context), 'kubernetes'
             else:
                 try:
                     s, loader = _from_library(None, None, context), 'kubernetes'
@@ -348,7 +417,7 @@ def get_api_client(params: Dict[str, Any]) -> ApiConnection:
                     raise
                 except Exception as exc:  # ConfigException: not in a cluster
                     raise K8sError('no kubeconfig found (%s) and not running in a cluster: set kubeconfig or host'
-                                   % default) from exc
+                                   % os.pathsep.join(paths)) from exc
     except K8sError:
         raise
     except Exception as exc:  # yaml errors, bad context name, unreadable files, the library's ConfigException
@@ -555,11 +624,17 @@ class K8sClient:
         self.deadline: Optional[float] = None
         self.requests_made = 0
         self.retries_made = 0
+        # How to read the credentials again after a 401 (None: not done): exec, OIDC and token-file
+        # tokens rotate during a long wait. See request().
+        self.reload: Optional[Callable[[], ApiConnection]] = None
+        self.reloads_made = 0
 
     @classmethod
     def from_params(cls, params: Dict[str, Any], **kwargs: Any) -> 'K8sClient':
-        return cls(get_api_client(params), request_timeout=params.get('request_timeout') or DEFAULT_REQUEST_TIMEOUT,
-                   **kwargs)
+        client = cls(get_api_client(params), request_timeout=params.get('request_timeout') or DEFAULT_REQUEST_TIMEOUT,
+                     **kwargs)
+        client.reload = lambda: get_api_client(params)
+        return client
 
     @contextlib.contextmanager
     def bounded(self, deadline: Optional[float]) -> Iterator[None]:
@@ -595,7 +670,28 @@ class K8sClient:
     def request(self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Any = None,
                 content_type: Optional[str] = None, text: bool = False) -> Any:
         """One request, no retry. Returns the decoded JSON body (or None), or with `text` the body as
-        text (a pod's log); raises K8sError."""
+        text (a pod's log); raises K8sError.
+
+        Answered 401 (the token expired: exec, OIDC and token-file credentials rotate while a long
+        wait runs), the credentials are read again from the same options and the request is sent
+        once more; a second 401 is the error. A write answered 401 was not applied (authentication
+        comes first), so sending it again is safe."""
+        try:
+            return self._send(method, path, query, body, content_type, text)
+        except K8sError as exc:
+            if exc.status != 401 or self.reload is None:
+                raise
+            try:
+                api = self.reload()
+            except K8sError as again:
+                raise K8sError('%s; reading the credentials again failed: %s' % (exc.msg, again.msg), status=401,
+                               method=method, path=path, reason=exc.reason) from again
+            self.api, self.pool = api, api.pool
+            self.reloads_made += 1
+            return self._send(method, path, query, body, content_type, text)
+
+    def _send(self, method: str, path: str, query: Optional[Dict[str, Any]], body: Any,
+              content_type: Optional[str], text: bool) -> Any:
         url = self.api.host + path
         if query:
             url += '?' + urlencode([(k, v) for k, v in query.items() if v is not None])

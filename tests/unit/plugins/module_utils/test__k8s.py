@@ -560,3 +560,158 @@ def test_proxy_basic_auth_reaches_the_proxy(server, no_proxy_env):
 
 def test_proxy_headers_is_a_no_log_option():
     assert K.AUTH_ARG_SPEC['proxy_headers']['options']['proxy_basic_auth']['no_log'] is True
+
+
+# -- KUBECONFIG with several files, as kubectl merges them ---------------------------------------
+def _write_config(path, cfg):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_kubeconfig_with_several_files_is_merged_as_kubectl_does(server, tmp_path, monkeypatch):
+    # The first file sets current-context and wins the cluster "prod"; the second holds the user, with
+    # a token file relative to the second file's own directory.
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    first = _write_config(tmp_path / 'a' / 'config', {
+        'current-context': 'prod',
+        'clusters': [{'name': 'prod', 'cluster': {'server': server.url}}],
+        'contexts': [{'name': 'prod', 'context': {'cluster': 'prod', 'user': 'ops'}}]})
+    (tmp_path / 'b').mkdir()
+    (tmp_path / 'b' / 'token').write_text('from-second-file\n')
+    second = _write_config(tmp_path / 'b' / 'config', {
+        'current-context': 'other',
+        'clusters': [{'name': 'prod', 'cluster': {'server': 'http://127.0.0.1:1'}}],
+        'users': [{'name': 'ops', 'user': {'tokenFile': 'token'}}]})
+    monkeypatch.setenv('KUBECONFIG', os.pathsep.join([first, str(tmp_path / 'missing'), '', second]))
+    api = K.get_api_client({})
+    assert api.host == server.url and api.loader == 'kubeconfig'
+    K.K8sClient(api, sleep=lambda s: None).get('/api/v1/nodes/n')
+    assert server.log[-1][3]['Authorization'] == 'Bearer from-second-file'
+
+
+def test_merge_keeps_the_first_entry_of_a_name_and_resolves_files_per_file(tmp_path):
+    first = _write_config(tmp_path / 'one' / 'config', {
+        'users': [{'name': 'u', 'user': {'client-certificate': 'c.crt', 'client-key': '/abs/k.key',
+                                         'exec': {'command': './bin/cred'}}}]})
+    second = _write_config(tmp_path / 'two' / 'config', {
+        'current-context': 'c',
+        'clusters': [{'name': 'k', 'cluster': {'server': 'https://x', 'certificate-authority': 'ca.crt'}}],
+        'users': [{'name': 'u', 'user': {'token': 'loses'}}, {'name': 'w', 'user': {'exec': {'command': 'aws'}}}]})
+    merged = K.merge_kubeconfigs([first, second])
+    assert merged['current-context'] == 'c'
+    users = {u['name']: u['user'] for u in merged['users']}
+    assert users['u'] == {'client-certificate': str(tmp_path / 'one' / 'c.crt'), 'client-key': '/abs/k.key',
+                          'exec': {'command': str(tmp_path / 'one' / 'bin' / 'cred')}}
+    assert users['w'] == {'exec': {'command': 'aws'}}  # a bare command is looked up in PATH
+    assert merged['clusters'][0]['cluster']['certificate-authority'] == str(tmp_path / 'two' / 'ca.crt')
+
+
+def test_a_bad_file_among_several_is_named(tmp_path, monkeypatch):
+    good = _write_config(tmp_path / 'good', {'clusters': [{'name': 'k', 'cluster': {'server': 'http://x'}}]})
+    bad = _write_config(tmp_path / 'bad', {'clusters': [{'cluster': {'server': 'http://y'}}]})
+    monkeypatch.setenv('KUBECONFIG', os.pathsep.join([good, bad]))
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({})
+    assert '%s: an entry of clusters has no name' % bad in str(exc.value)
+
+
+def test_an_explicit_list_of_kubeconfigs_must_all_exist(tmp_path):
+    good = _write_config(tmp_path / 'good', {})
+    with pytest.raises(K.K8sError) as exc:
+        K.get_api_client({'kubeconfig': os.pathsep.join([good, str(tmp_path / 'gone')])})
+    assert str(exc.value) == "kubeconfig '%s' does not exist" % (tmp_path / 'gone')
+
+
+def test_kubeconfig_paths_defaults(monkeypatch):
+    monkeypatch.delenv('KUBECONFIG', raising=False)
+    assert K.kubeconfig_paths() == [os.path.expanduser('~/.kube/config')]
+    monkeypatch.setenv('KUBECONFIG', '')
+    assert K.kubeconfig_paths() == [os.path.expanduser('~/.kube/config')]
+    monkeypatch.setenv('KUBECONFIG', os.pathsep.join(['/a', '', '~/b']))
+    assert K.kubeconfig_paths() == ['/a', os.path.expanduser('~/b')]
+
+
+# -- a 401 during a long wait: the credentials are read again, once ------------------------------
+def test_a_401_reads_a_rotated_token_file_again_and_resends_once(server, tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('old')
+    config = _write_config(tmp_path / 'config', {
+        'current-context': 'c', 'clusters': [{'name': 'k', 'cluster': {'server': server.url}}],
+        'users': [{'name': 'u', 'user': {'tokenFile': str(token)}}],
+        'contexts': [{'name': 'c', 'context': {'cluster': 'k', 'user': 'u'}}]})
+    server.script[('PATCH', '/api/v1/nodes/n')] = [(401, {'message': 'Unauthorized'}, 0), (200, NODE, 0)]
+    k8s = K.K8sClient.from_params({'kubeconfig': config}, sleep=lambda s: None)
+    token.write_text('new')  # rotated while the module waited
+    assert k8s.patch('/api/v1/nodes/n', {'spec': {}}) == NODE
+    assert [entry[3]['Authorization'] for entry in server.log] == ['Bearer old', 'Bearer new']
+    assert k8s.reloads_made == 1
+
+
+def test_a_second_401_is_the_error(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(401, {'message': 'Unauthorized'}, 0)]
+    k8s = K.K8sClient.from_params({'host': server.url, 'api_key': 'expired'}, sleep=lambda s: None)
+    with pytest.raises(K.K8sError) as exc:
+        k8s.get('/api/v1/nodes/n')
+    assert exc.value.status == 401 and 'HTTP 401' in str(exc.value)
+    assert len(server.log) == 2 and k8s.reloads_made == 1
+
+
+def test_a_client_built_from_a_connection_does_not_reload(server):
+    server.script[('GET', '/api/v1/nodes/n')] = [(401, {'message': 'Unauthorized'}, 0), (200, NODE, 0)]
+    with pytest.raises(K.K8sError):
+        client(server).get('/api/v1/nodes/n')
+    assert len(server.log) == 1
+
+
+# -- the kubernetes library's paths: in-cluster service account, OIDC auth-provider ---------------
+@pytest.fixture
+def tls_token_server(pki):
+    """The scripted server behind TLS (server certificate from the CA; no client certificate asked)."""
+    s = Scripted()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(pki / 'server.crt'), str(pki / 'server.key'))
+    s.httpd.socket = ctx.wrap_socket(s.httpd.socket, server_side=True)
+    s.url = s.url.replace('http://', 'https://')
+    yield s
+    s.close()
+
+
+def test_in_cluster_service_account_with_a_rotated_token(tls_token_server, pki, tmp_path, monkeypatch):
+    # A pod (an AWX execution environment) with no kubeconfig: the service account's token and CA.
+    incluster = pytest.importorskip('kubernetes.config.incluster_config')
+    token = tmp_path / 'token'
+    token.write_text('sa-token-1')
+    monkeypatch.setattr(incluster, 'SERVICE_TOKEN_FILENAME', str(token))
+    monkeypatch.setattr(incluster, 'SERVICE_CERT_FILENAME', str(pki / 'ca.crt'))
+    monkeypatch.setenv('KUBERNETES_SERVICE_HOST', '127.0.0.1')
+    monkeypatch.setenv('KUBERNETES_SERVICE_PORT', tls_token_server.url.rsplit(':', 1)[1])
+    monkeypatch.setenv('KUBECONFIG', str(tmp_path / 'no-such-kubeconfig'))
+    tls_token_server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0), (401, {'message': 'Unauthorized'}, 0),
+                                                          (200, NODE, 0)]
+    k8s = K.K8sClient.from_params({}, sleep=lambda s: None)
+    assert k8s.api.loader == 'kubernetes' and k8s.api.verify_ssl
+    assert k8s.get('/api/v1/nodes/n') == NODE
+    token.write_text('sa-token-2')  # the kubelet rotates the projected token
+    assert k8s.get('/api/v1/nodes/n') == NODE
+    # The library writes the scheme as "bearer"; the API server takes either case.
+    assert [e[3]['Authorization'].lower() for e in tls_token_server.log] == ['bearer sa-token-1', 'bearer sa-token-1',
+                                                                             'bearer sa-token-2']
+
+
+def _jwt(claims):
+    def part(value):
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip('=')
+    return '%s.%s.%s' % (part({'alg': 'RS256', 'typ': 'JWT'}), part(claims), part('signature'))
+
+
+def test_oidc_auth_provider_id_token_is_sent(server):
+    pytest.importorskip('kubernetes')
+    server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0)]
+    id_token = _jwt({'iss': 'https://idp.example', 'sub': 'ops', 'exp': int(time.time()) + 3600})
+    config = _kubeconfig(server.url, {}, {'auth-provider': {'name': 'oidc', 'config': {
+        'client-id': 'kubernetes', 'idp-issuer-url': 'https://idp.example', 'id-token': id_token}}})
+    api = K.get_api_client({'kubeconfig': config})
+    assert api.loader == 'kubernetes'
+    K.K8sClient(api, sleep=lambda s: None).get('/api/v1/nodes/n')
+    assert server.log[-1][3]['Authorization'] == 'Bearer ' + id_token
