@@ -9,6 +9,7 @@ commits, and whether a record's approver is a second operator (thin: _evidence_r
 
 from __future__ import annotations
 
+import os
 import typing as t
 
 from ansible.errors import AnsibleFilterError
@@ -24,7 +25,13 @@ def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any) -> t.Any:
 
 
 def evidence_path(path: t.Any, root: t.Any = '', field: str = 'path') -> str:
-    return _call('evidence_path', _evidence_repo.repo_path, path, root, field)
+    # A filter runs in the ansible-playbook process, whose working directory is where the operator started
+    # it; modules and the pipe lookup run in the playbook's directory (inside the installed collection).
+    return _call('evidence_path', _evidence_repo.repo_path, path, root, field, os.getcwd())
+
+
+def user_path(path: t.Any, field: str = 'path') -> str:
+    return _call('user_path', _evidence_repo.user_path, path, os.getcwd(), field)
 
 
 def evidence_relative(paths: t.Any, root: t.Any = '') -> t.List[str]:
@@ -41,5 +48,5 @@ def approval_problems(infos: t.Any, approver: t.Any, authors: t.Any) -> t.List[s
 
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
-        return {'evidence_path': evidence_path, 'evidence_relative': evidence_relative,
+        return {'evidence_path': evidence_path, 'user_path': user_path, 'evidence_relative': evidence_relative,
                 'self_approvals': self_approvals, 'approval_problems': approval_problems}

@@ -363,16 +363,35 @@ def resolve_name(refs: Dict[str, str], name: str) -> Optional[str]:
 # The playbooks' side: where a job's files are, and who may approve
 # --------------------------------------------------------------------------------------------
 
-def repo_path(path: Any, root: Any, field: str) -> str:
-    """A job's file input (`field`, e.g. gpufleet_plan_file) as the job reads and writes it: as given when
-    there is no evidence repository (`root` empty), else inside the clone `root`: a path relative to the
-    repository; an absolute one, or one that escapes it, is refused naming the field."""
+def user_path(path: Any, workdir: str, field: str) -> str:
+    """A controller-side path the operator gave (`field`), as an absolute path: `~` expanded, a relative
+    path joined to `workdir`, the directory ansible-playbook was started from. Never the playbook's
+    directory: a collection's playbooks lie inside the installed collection, which may be read-only
+    and is replaced by the next install. Empty gives empty."""
+    if path is None or path == '':
+        return ''
+    if not isinstance(path, str):
+        raise RepoError('%s: %s is not a path' % (field, _text.show(path)))
+    path = os.path.expanduser(path)
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    if not workdir or not os.path.isabs(workdir):
+        raise RepoError('%s: %s is relative and there is no absolute working directory to resolve it against (%s)'
+                        % (field, _text.show(path), _text.show(workdir)))
+    return os.path.normpath(os.path.join(workdir, path))
+
+
+def repo_path(path: Any, root: Any, field: str, workdir: str = '') -> str:
+    """A job's file input (`field`, e.g. gpufleet_plan_file) as the job reads and writes it: without an
+    evidence repository (`root` empty) the path as given, a relative one resolved against `workdir` when
+    given (user_path); else inside the clone `root`: a path relative to the repository; an absolute one,
+    or one that escapes it, is refused naming the field."""
     if path is None or path == '':
         return ''
     if not isinstance(path, str):
         raise RepoError('%s: %s is not a path' % (field, _text.show(path)))
     if not root:
-        return path
+        return user_path(path, workdir, field) if workdir else path
     if os.path.isabs(path) or path.startswith('~'):
         raise RepoError('%s: %s is absolute; with gpufleet_evidence_repo the job\'s files are paths inside the '
                         'evidence repository (for example plans/gpu-upgrade-plan.json)' % (field, _text.show(path)))

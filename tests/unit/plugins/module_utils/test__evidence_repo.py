@@ -380,6 +380,38 @@ def test_repo_path_puts_a_relative_input_under_the_clone_and_refuses_the_rest():
         er.repo_path(3, '/r', 'gpufleet_evidence')
 
 
+def test_without_a_repository_a_relative_input_is_resolved_against_the_working_directory():
+    # Review H5: a collection playbook's modules run in the installed collection's playbooks/ directory, so a
+    # relative path handed on as given lands inside the collection.
+    assert er.repo_path('plan.json', '', 'gpufleet_plan_file', '/home/ops/fleet') == '/home/ops/fleet/plan.json'
+    assert er.repo_path('q/../q2', '', 'gpufleet_qualification_dir', '/w') == '/w/q2'
+    assert er.repo_path('/abs/plan.json', '', 'gpufleet_plan_file', '/w') == '/abs/plan.json'
+    assert er.repo_path('~/plan.json', '', 'gpufleet_plan_file', '/w') == os.path.expanduser('~/plan.json')
+    # With a repository the working directory plays no part.
+    assert er.repo_path('plans/p.json', '/r', 'gpufleet_plan_file', '/w') == '/r/plans/p.json'
+
+
+def test_user_path():
+    assert er.user_path('snapshots', '/home/ops', 'gpufleet_snapshot_dir') == '/home/ops/snapshots'
+    assert er.user_path('', '/home/ops', 'x') == '' and er.user_path(None, '/w', 'x') == ''
+    assert er.user_path('/srv/q/', '/w', 'x') == '/srv/q'
+    with pytest.raises(er.RepoError, match='gpufleet_snapshot_dir: "snapshots" is relative and there is no absolute '
+                                           'working directory'):
+        er.user_path('snapshots', '', 'gpufleet_snapshot_dir')
+    with pytest.raises(er.RepoError, match='gpufleet_snapshot_dir: 7 is not a path'):
+        er.user_path(7, '/w', 'gpufleet_snapshot_dir')
+
+
+def test_the_filters_resolve_against_the_process_working_directory(tmp_path, monkeypatch):
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.gpufleet.upgrade.plugins.filter import evidence_repo as F
+    monkeypatch.chdir(tmp_path)
+    assert F.evidence_path('plan.json', '', 'gpufleet_plan_file') == str(tmp_path / 'plan.json')
+    assert F.user_path('snapshots', 'gpufleet_snapshot_dir') == str(tmp_path / 'snapshots')
+    with pytest.raises(AnsibleFilterError, match='gpufleet.upgrade.user_path: gpufleet_snapshot_dir: 7 is not a path'):
+        F.user_path(7, 'gpufleet_snapshot_dir')
+
+
 def test_repo_relative_keeps_what_is_inside_the_clone():
     paths = ['/r/c/plans/plan.json', '/r/c/qualification', '', None, '/elsewhere/x', '/r/c/plans/plan.json', '/r/cc/x']
     assert er.repo_relative(paths, '/r/c') == ['plans/plan.json', 'qualification']

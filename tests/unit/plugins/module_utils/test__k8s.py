@@ -687,8 +687,8 @@ def test_in_cluster_service_account_with_a_rotated_token(tls_token_server, pki, 
     monkeypatch.setenv('KUBERNETES_SERVICE_HOST', '127.0.0.1')
     monkeypatch.setenv('KUBERNETES_SERVICE_PORT', tls_token_server.url.rsplit(':', 1)[1])
     monkeypatch.setenv('KUBECONFIG', str(tmp_path / 'no-such-kubeconfig'))
-    tls_token_server.script[('GET', '/api/v1/nodes/n')] = [(200, NODE, 0), (401, {'message': 'Unauthorized'}, 0),
-                                                          (200, NODE, 0)]
+    tls_token_server.script[('GET', '/api/v1/nodes/n')] = [
+        (200, NODE, 0), (401, {'message': 'Unauthorized'}, 0), (200, NODE, 0)]
     k8s = K.K8sClient.from_params({}, sleep=lambda s: None)
     assert k8s.api.loader == 'kubernetes' and k8s.api.verify_ssl
     assert k8s.get('/api/v1/nodes/n') == NODE
