@@ -588,8 +588,10 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
             names = set(source['nodes'])
             parts.append((values, part_key, part_id, [n for n in groups[values] if n.name in names], [source['tuple']]))
         warnings.append('combination %s runs %d source tuples (drift in %s): split into %d combinations, each with '
-                        'its own canary(ies) (source_drift=split)' % (cid, len(found['sources']),
-                                                                      ', '.join(found['components']), len(found['sources'])))
+                        'its own canary(ies) (source_drift=split); they share the PCI identity %s, and the canary '
+                        'playbook keeps one evidence bundle and one qualification record per PCI identity'
+                        % (cid, len(found['sources']), ', '.join(found['components']), len(found['sources']),
+                           key.get('pci_ids', '(not a combination key)')))
     for values, key, cid, members, source_tuples in parts:
         eligible = [n for n in members if n.ready]
         eligible.sort(key=lambda n: (n.unschedulable, (n.holders or 0) > 0, n.holders or 0, n.sort_key))
