@@ -872,12 +872,11 @@ def render_summary(plan: Dict[str, Any]) -> str:
     if plan.get('source_drift'):
         lines += ['', '## Source-tuple drift', '']
         for d in plan['source_drift']:
-            lines.append('- %s (differing: %s; %s):' % (_md(d['id']), ', '.join(d['components']),
-                                                    'split' if d['action'] == 'split' else 'refused'))
+            action = 'split' if d['action'] == 'split' else 'refused'
+            lines.append('- %s (differing: %s; %s):' % (_md(d['id']), ', '.join(d['components']), action))
             for source in d['sources']:
-                lines.append('  - %s: %d node(s), %s' % (_md(', '.join('%s %s' % (c, _key_text(source['tuple'].get(c)))
-                                                                      for c in d['components'])),
-                                                         len(source['nodes']), _md(_names(source['nodes']))))
+                values = ', '.join('%s %s' % (c, _key_text(source['tuple'].get(c))) for c in d['components'])
+                lines.append('  - %s: %d node(s), %s' % (_md(values), len(source['nodes']), _md(_names(source['nodes']))))
     if plan['omitted']:
         lines += ['', '## Omitted combinations (no canary)', '']
         for o in plan['omitted']:

@@ -33,6 +33,7 @@ def check_invariants(plan, nodes):
     names = [n for c in plan['combinations'] for n in c['nodes']]
     assert len(names) == len(set(names)) and set(names) <= {n['name'] for n in nodes}
 
+
 DRIFTS = {
     'kernel ABI': ('kernel', '6.8.0-131-generic'),
     'RKE2 revision': ('rke2', 'v1.35.3+rke2r2'),
