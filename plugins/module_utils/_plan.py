@@ -292,9 +292,11 @@ def check_plan(plan: Any) -> Dict[str, Any]:
     for shape: ``digest`` a string, ``target`` a mapping, ``canaries`` a list of node names, ``batches`` a
     list of lists of node names, ``max_unavailable`` and ``budget.failure_allowance.{nodes,gpus}.resolved``
     whole numbers, ``budget`` and ``failure_allowance`` mappings, ``pauses`` batch numbers of the plan's
-    batches (check_pauses), ``observation`` what check_observation takes. A field the plan leaves out is not
-    checked (the function that needs it says so). PlanInputError names the field and the value: a plan
-    the planner wrote always passes; an edited one is refused before it is read."""
+    batches (check_pauses), ``observation`` what check_observation takes, ``combinations`` a list whose
+    combinations each have at most one source tuple. A field the plan leaves out is not checked (the
+    function that needs it says so). PlanInputError names the field and the value: a plan the planner
+    wrote always passes; an edited one, or one written before the planner decided source-tuple drift, is
+    refused before it is read."""
     if not isinstance(plan, dict):
         raise PlanInputError('plan: %s is not a plan (a mapping)' % _shown(plan))
     if plan.get('digest') is not None and not isinstance(plan['digest'], str):
@@ -333,7 +335,24 @@ def check_plan(plan: Any) -> Dict[str, Any]:
             raise PlanInputError(str(exc)) from None
     if plan.get('observation') is not None:
         check_observation(plan['observation'], 'plan.observation')
+    if plan.get('combinations') is not None:
+        _one_source_tuple(plan['combinations'])
     return plan
+
+
+def _one_source_tuple(combinations: Any) -> None:
+    """Every combination runs one source tuple: the planner refuses or splits source-tuple drift (source_drift), so a
+    combination with several is a plan written before it did - refused here, before a canary moves, not after."""
+    if not isinstance(combinations, list):
+        raise PlanInputError('plan.combinations: %s is not a list of combinations' % _shown(combinations))
+    for i, combo in enumerate(combinations):
+        sources = combo.get('source_tuples') if isinstance(combo, dict) else None
+        if isinstance(sources, list) and len(sources) > 1:
+            raise PlanInputError(
+                'plan.combinations[%d] (%s).source_tuples: %d source tuples (source-tuple drift) - a canary qualifies '
+                'one exact tuple and the gate checks one; re-plan with gpufleet.upgrade.plan, whose source_drift '
+                '(gpufleet_source_drift) refuses naming the nodes of each tuple or splits them into combinations of '
+                'their own' % (i, show(combo.get('id'), 200), len(sources)))
 
 
 def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan: Dict[str, Any]) -> Dict[str, Any]:

@@ -169,3 +169,21 @@ def test_bad_source_drift_names_the_field_and_the_value(value, shown):
     with pytest.raises(P.PlanInputError) as exc:
         P.build_plan(fleet(4), target=TARGET, source_drift=value)
     assert str(exc.value) == 'source_drift: %s is not one of refuse, split' % shown
+
+
+def test_a_plan_written_before_with_several_source_tuples_is_refused_before_it_is_read():
+    """check_plan (the digest check that canary, approve, upgrade_check and rollout run before anything moves):
+    a combination with several source tuples - a plan written before the planner decided drift - is refused
+    there, naming the combination and the way out, not by the rollout after the canary."""
+    split = P.build_plan(drifted(), target=TARGET, max_unavailable=3, source_drift='split')
+    assert P.check_plan(split) is split
+    old = dict(split, combinations=[dict(split['combinations'][0], id='c1',
+                                         source_tuples=[dict(CURRENT), dict(CURRENT, kernel='6.8.0-131-generic')])])
+    with pytest.raises(P.PlanInputError) as exc:
+        P.check_plan(old)
+    msg = str(exc.value)
+    assert msg.startswith('plan.combinations[0] ("c1").source_tuples: 2 source tuples (source-tuple drift)')
+    assert 'gpufleet_source_drift' in msg
+    with pytest.raises(P.PlanInputError) as exc:
+        P.check_plan(dict(split, combinations={'c1': {}}))
+    assert str(exc.value) == "plan.combinations: {'c1': {}} is not a list of combinations"
