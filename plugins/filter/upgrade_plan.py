@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import (
-    DEFAULT_COMBINATION_KEYS, PlanInputError, PlanRefused, build_plan, kernel_line, planner_nodes,
+    DEFAULT_COMBINATION_KEYS, DEFAULT_SOURCE_DRIFT, PlanInputError, PlanRefused, build_plan, kernel_line, planner_nodes,
 )
 
 
@@ -21,7 +21,7 @@ def upgrade_plan(nodes: List[Dict[str, Any]], target: Optional[Dict[str, Any]] =
                  failure_allowance: Optional[Dict[str, Any]] = None,
                  combination_keys: Optional[List[str]] = None, exclude: Optional[List[str]] = None,
                  omitted_block: bool = True, single_node_pool_acknowledged: bool = False,
-                 canaries_isolated: bool = True) -> Dict[str, Any]:
+                 canaries_isolated: bool = True, source_drift: str = DEFAULT_SOURCE_DRIFT) -> Dict[str, Any]:
     """The plan dict (same shape as the upgrade_plan module's result)."""
     try:
         return build_plan(
@@ -29,7 +29,7 @@ def upgrade_plan(nodes: List[Dict[str, Any]], target: Optional[Dict[str, Any]] =
             max_unavailable=max_unavailable, failure_allowance=failure_allowance,
             combination_keys=combination_keys or DEFAULT_COMBINATION_KEYS, exclude=exclude or (),
             omitted_block=omitted_block, single_node_pool_acknowledged=single_node_pool_acknowledged,
-            canaries_isolated=canaries_isolated)
+            canaries_isolated=canaries_isolated, source_drift=source_drift)
     except (PlanInputError, PlanRefused) as exc:
         raise AnsibleFilterError('gpufleet.upgrade.upgrade_plan: %s' % exc)
 

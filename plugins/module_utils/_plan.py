@@ -41,14 +41,23 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import Pau
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry, show
 
 __all__ = [
-    'DEFAULT_COMBINATION_KEYS', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
-    'batch_admission', 'build_plan', 'check_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
+    'DEFAULT_COMBINATION_KEYS', 'DEFAULT_SOURCE_DRIFT', 'KNOWN_COMBINATION_KEYS', 'PlanInputError', 'PlanRefused',
+    'SOURCE_DRIFT_POLICIES', 'batch_admission', 'build_plan', 'check_plan', 'kernel_line', 'natural_key', 'out_of_service_reasons', 'resolve_count',
 ]
 
 DEFAULT_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'partition_mode', 'install_method')
 # Keys a combination can be made of. `label:<name>` (a node label) is accepted too.
 KNOWN_COMBINATION_KEYS = ('pci_ids', 'platform', 'kernel_line', 'kernel', 'kernel_flavour',
                           'partition_mode', 'install_method')
+
+# What the planner does with a combination whose nodes run different current tuples (source-tuple drift: kernel
+# ABI 6.8.0-131 next to -134, RKE2 +rke2r1 next to +rke2r2, driver 570.1 next to 570.2). The canary qualifies
+# one exact source tuple and the rollout's gate checks one, so such a combination is never planned as one:
+# `refuse` (the default) fails naming the combination and the nodes of each source tuple; `split` makes each
+# source tuple its own combination, with its own canary(ies). Refuse is the default because split adds
+# canaries (and, with canaries isolated, holds more of the availability budget) that nobody asked for.
+SOURCE_DRIFT_POLICIES = ('refuse', 'split')
+DEFAULT_SOURCE_DRIFT = 'refuse'
 
 _PERCENT_RE = re.compile(r'^\s*(\d+)\s*%\s*$')
 _INT_RE = re.compile(r'^\s*(\d+)\s*$')
@@ -283,9 +292,11 @@ def check_plan(plan: Any) -> Dict[str, Any]:
     for shape: ``digest`` a string, ``target`` a mapping, ``canaries`` a list of node names, ``batches`` a
     list of lists of node names, ``max_unavailable`` and ``budget.failure_allowance.{nodes,gpus}.resolved``
     whole numbers, ``budget`` and ``failure_allowance`` mappings, ``pauses`` batch numbers of the plan's
-    batches (check_pauses), ``observation`` what check_observation takes. A field the plan leaves out is not
-    checked (the function that needs it says so). PlanInputError names the field and the value: a plan
-    the planner wrote always passes; an edited one is refused before it is read."""
+    batches (check_pauses), ``observation`` what check_observation takes, ``combinations`` a list whose
+    combinations each have at most one source tuple. A field the plan leaves out is not checked (the
+    function that needs it says so). PlanInputError names the field and the value: a plan the planner
+    wrote always passes; an edited one, or one written before the planner decided source-tuple drift, is
+    refused before it is read."""
     if not isinstance(plan, dict):
         raise PlanInputError('plan: %s is not a plan (a mapping)' % _shown(plan))
     if plan.get('digest') is not None and not isinstance(plan['digest'], str):
@@ -324,7 +335,24 @@ def check_plan(plan: Any) -> Dict[str, Any]:
             raise PlanInputError(str(exc)) from None
     if plan.get('observation') is not None:
         check_observation(plan['observation'], 'plan.observation')
+    if plan.get('combinations') is not None:
+        _one_source_tuple(plan['combinations'])
     return plan
+
+
+def _one_source_tuple(combinations: Any) -> None:
+    """Every combination runs one source tuple: the planner refuses or splits source-tuple drift (source_drift), so a
+    combination with several is a plan written before it did - refused here, before a canary moves, not after."""
+    if not isinstance(combinations, list):
+        raise PlanInputError('plan.combinations: %s is not a list of combinations' % _shown(combinations))
+    for i, combo in enumerate(combinations):
+        sources = combo.get('source_tuples') if isinstance(combo, dict) else None
+        if isinstance(sources, list) and len(sources) > 1:
+            raise PlanInputError(
+                'plan.combinations[%d] (%s).source_tuples: %d source tuples (source-tuple drift) - a canary qualifies '
+                'one exact tuple and the gate checks one; re-plan with gpufleet.upgrade.plan, whose source_drift '
+                '(gpufleet_source_drift) refuses naming the nodes of each tuple or splits them into combinations of '
+                'their own' % (i, show(combo.get('id'), 200), len(sources)))
 
 
 def batch_admission(nodes: Sequence[Dict[str, Any]], batch: Sequence[str], plan: Dict[str, Any]) -> Dict[str, Any]:
@@ -462,8 +490,13 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                exclude: Sequence[str] = (), omitted_block: bool = True,
                single_node_pool_acknowledged: bool = False,
                canaries_isolated: bool = True, pause_before: Sequence[int] = (),
-               observation: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Plan the rollout. Returns the plan dict; raises PlanInputError or PlanRefused."""
+               observation: Optional[Dict[str, Any]] = None,
+               source_drift: str = DEFAULT_SOURCE_DRIFT) -> Dict[str, Any]:
+    """Plan the rollout. Returns the plan dict; raises PlanInputError or PlanRefused.
+
+    ``source_drift`` (SOURCE_DRIFT_POLICIES) says what a combination whose nodes run different current
+    tuples becomes: ``refuse`` fails naming its nodes per source tuple, ``split`` plans each source tuple as
+    its own combination. The plan lists the drift (``source_drift``) either way."""
     # ---- inputs
     if not isinstance(nodes, (list, tuple)):
         raise PlanInputError('nodes: %r is not a list' % (nodes,))
@@ -479,6 +512,8 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
             or canaries_per_combination < 0:
         raise PlanInputError('canaries_per_combination: %r is not a non-negative integer' % (canaries_per_combination,))
     keys = _validate_keys(combination_keys)
+    if not isinstance(source_drift, str) or source_drift not in SOURCE_DRIFT_POLICIES:
+        raise PlanInputError('source_drift: %s is not one of %s' % (_shown(source_drift), ', '.join(SOURCE_DRIFT_POLICIES)))
     if exclude is not None and not isinstance(exclude, (list, tuple)):
         raise PlanInputError('exclude: %s is not a list of node names or globs' % _shown(exclude))
     exclude = list(exclude or ())
@@ -545,22 +580,46 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
     omitted: List[Dict[str, Any]] = []
     undersampled: List[Dict[str, Any]] = []
     canary_nodes: List[_Node] = []
+    drift: List[Dict[str, Any]] = []
+    parts: List[Tuple[Tuple[str, ...], Dict[str, Any], str, List[_Node], List[Dict[str, Any]]]] = []
     for values in sorted(groups):
-        members = groups[values]  # already in natural order
         key = dict(zip(keys, values))
         cid = '|'.join('%s=%s' % (k, v) for k, v in zip(keys, values))
+        found = _source_drift(cid, key, groups[values])
+        if found is None:
+            parts.append((values, key, cid, groups[values], _source_tuples(groups[values])))
+            continue
+        found['action'] = source_drift
+        drift.append(found)
+        if source_drift == 'refuse':
+            problems.append(_drift_refusal(found))
+            parts.append((values, key, cid, groups[values], _source_tuples(groups[values])))
+            continue
+        ids: List[str] = []
+        for number, source in enumerate(found['sources'], 1):
+            shown = [(c, _key_text(source['tuple'].get(c))) for c in found['components']]
+            part_key = dict(key, **dict(('source.%s' % c, v) for c, v in shown))
+            part_id = cid + ''.join('|source.%s=%s' % (c, v) for c, v in shown)
+            if part_id in ids:  # values that print alike (a missing field and null): the part's number tells them apart
+                part_id += '|source=%d' % number
+                part_key['source'] = str(number)
+            ids.append(part_id)
+            names = set(source['nodes'])
+            parts.append((values, part_key, part_id, [n for n in groups[values] if n.name in names], [source['tuple']]))
+        warnings.append('combination %s runs %d source tuples (drift in %s): split into %d combinations, each with '
+                        'its own canary(ies) (source_drift=split); they share the PCI identity %s, and the canary '
+                        'playbook keeps one evidence bundle and one qualification record per PCI identity'
+                        % (cid, len(found['sources']), ', '.join(found['components']), len(found['sources']),
+                           key.get('pci_ids', '(not a combination key)')))
+    for values, key, cid, members, source_tuples in parts:
         eligible = [n for n in members if n.ready]
         eligible.sort(key=lambda n: (n.unschedulable, (n.holders or 0) > 0, n.holders or 0, n.sort_key))
         chosen = eligible[:canaries_per_combination]
         chosen_names = sorted((n.name for n in chosen), key=natural_key)
-        distinct: Dict[Any, Dict[str, Any]] = {}
-        for n in members:
-            distinct.setdefault(_tuple_key(n.current), n.current)
-        sources = sorted((_canonical(cur), cur) for cur in distinct.values())
         combo = {
             'id': cid, 'key': key, 'nodes': [n.name for n in members], 'count': len(members),
             'gpus': sum(n.gpus for n in members), 'canaries': chosen_names,
-            'source_tuples': [s for dummy, s in sources], 'target': target,
+            'source_tuples': source_tuples, 'target': target,
         }
         combinations.append(combo)
         if not chosen:
@@ -690,7 +749,7 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
             'max_unavailable': max_unavailable, 'failure_allowance': failure_allowance,
             'combination_keys': list(keys), 'exclude': exclude, 'omitted_block': omitted_block,
             'single_node_pool_acknowledged': single_node_pool_acknowledged,
-            'canaries_isolated': canaries_isolated, 'pause_before': pauses,
+            'canaries_isolated': canaries_isolated, 'pause_before': pauses, 'source_drift': source_drift,
         },
         # Batches (numbered from 1, as the summary numbers them) that wait for an approval before they start.
         'pauses': pauses,
@@ -698,6 +757,9 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
         'observation': observed,
         'combinations': combinations, 'canaries': canaries, 'omitted': omitted,
         'undersampled': undersampled,
+        # Combinations (by the combination keys) whose nodes run different current tuples, what was done
+        # (split or refused), and the nodes of each source tuple.
+        'source_drift': drift,
         'excluded': [n.name for n in excluded], 'up_to_date': [n.name for n in up_to_date],
         'batches': batches if not problems else [],
         'batch_size': bs['resolved'], 'max_unavailable': mu['resolved'],
@@ -708,6 +770,49 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
     if problems:
         raise PlanRefused(problems, plan)
     return plan
+
+
+def _source_tuples(members: Sequence[_Node]) -> List[Dict[str, Any]]:
+    """The distinct current tuples of `members`, in canonical-JSON order."""
+    distinct: Dict[Any, Dict[str, Any]] = {}
+    for n in members:
+        distinct.setdefault(_tuple_key(n.current), n.current)
+    return [cur for dummy, cur in sorted((_canonical(cur), cur) for cur in distinct.values())]
+
+
+def _key_text(value: Any) -> str:
+    """A tuple value as a combination key's text: strings as they are, anything else as canonical JSON."""
+    return value if isinstance(value, str) else _canonical(value)
+
+
+def _source_drift(cid: str, key: Dict[str, Any], members: Sequence[_Node]) -> Optional[Dict[str, Any]]:
+    """Source-tuple drift inside one combination: None when its nodes all run the same current tuple; else
+    {id, key, components (the tuple fields whose values differ, sorted), sources: [{tuple, nodes}] in
+    canonical-JSON order of the tuples, nodes in natural order}."""
+    by_tuple: Dict[Any, Dict[str, Any]] = {}
+    for n in members:
+        by_tuple.setdefault(_tuple_key(n.current), {'tuple': n.current, 'nodes': []})['nodes'].append(n.name)
+    if len(by_tuple) < 2:
+        return None
+    sources = sorted(by_tuple.values(), key=lambda e: _canonical(e['tuple']))
+    fields = sorted(set(f for s in sources for f in s['tuple']))
+    # A field one tuple lacks differs from any value (None included) of another.
+    components = [f for f in fields
+                  if len(set(_canonical(s['tuple'][f]) if f in s['tuple'] else None for s in sources)) > 1]
+    return {'id': cid, 'key': key, 'components': components, 'sources': sources}
+
+
+def _drift_refusal(found: Dict[str, Any]) -> str:
+    """The refusal of a combination with source-tuple drift: the combination, then each source tuple's
+    differing values and its nodes."""
+    shown = []
+    for source in found['sources']:
+        values = ', '.join('%s %s' % (c, _key_text(source['tuple'].get(c))) if c in source['tuple']
+                           else '%s (none)' % c for c in found['components'])
+        shown.append('%s on %d node(s): %s' % (values, len(source['nodes']), _names(source['nodes'])))
+    return ('source-tuple drift in combination %s (differing: %s): %s; one canary qualifies one exact source tuple - '
+            'plan with source_drift=split (each source tuple its own combination and canary), or bring the nodes '
+            'to one tuple or exclude some, and re-plan' % (found['id'], ', '.join(found['components']), '; '.join(shown)))
 
 
 def _stuck_reason(why: str, n: _Node, state: Dict[str, Any], mu: Dict[str, Any],
@@ -783,6 +888,14 @@ def render_summary(plan: Dict[str, Any]) -> str:
         src = '; '.join(', '.join('%s %s' % (k, v) for k, v in sorted(s.items())) for s in c['source_tuples'])
         lines.append('| %s | %d | %d | %s | %s |' % (_md(c['id']), c['count'], c['gpus'],
                                                      _md(', '.join(c['canaries']) or '—'), _md(src or '—')))
+    if plan.get('source_drift'):
+        lines += ['', '## Source-tuple drift', '']
+        for d in plan['source_drift']:
+            action = 'split' if d['action'] == 'split' else 'refused'
+            lines.append('- %s (differing: %s; %s):' % (_md(d['id']), ', '.join(d['components']), action))
+            for source in d['sources']:
+                values = ', '.join('%s %s' % (c, _key_text(source['tuple'].get(c))) for c in d['components'])
+                lines.append('  - %s: %d node(s), %s' % (_md(values), len(source['nodes']), _md(_names(source['nodes']))))
     if plan['omitted']:
         lines += ['', '## Omitted combinations (no canary)', '']
         for o in plan['omitted']:

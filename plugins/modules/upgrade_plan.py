@@ -96,6 +96,23 @@ options:
     description: Refuse the plan when a combination has no canary. V(false) accepts the omission, lists it and warns.
     type: bool
     default: true
+  source_drift:
+    description:
+      - What a combination becomes whose nodes run different current tuples (source-tuple drift, for example
+        kernel V(6.8.0-131-generic) next to V(6.8.0-134-generic), RKE2 V(v1.35.1+rke2r1) next to V(v1.35.1+rke2r2),
+        or two driver patches). A canary qualifies one exact source tuple and the rollout's gate checks one, so
+        such a combination is never planned as one.
+      - V(refuse) fails the plan, naming the combination, the differing fields and the nodes of each source tuple.
+      - V(split) makes each source tuple its own combination with its own canary(ies). Its C(key) gains
+        C(source.<field>) entries for the differing fields and its C(id) the same C(|source.<field>=<value>) parts.
+        Each part counts as a combination for O(canaries_per_combination) and O(omitted_block).
+      - Either way the drift is listed in RV(source_drift) and in the summary.
+      - V(refuse) is the default - a split adds canaries (and, with O(canaries_isolated), holds more of the
+        availability budget) that nobody asked for; and the canary and rollout playbooks name a qualification
+        record by PCI identity, so parts of one GPU model share a record path (see C(docs/planning.md)).
+    type: str
+    choices: [refuse, split]
+    default: refuse
   single_node_pool_acknowledged:
     description:
       - A pool of a single node plans only with this set, acknowledging that its GPU capacity goes
@@ -210,6 +227,22 @@ combinations:
       canaries: [gpu-01]
       source_tuples: [{driver: 570.172.08}]
       target: {driver: 580.126.20}
+source_drift:
+  description:
+    - The combinations (by O(combination_keys)) whose nodes run different current tuples, each with C(id), C(key),
+      C(components) (the tuple fields whose values differ), C(sources) (each source tuple with its C(nodes)) and
+      C(action) (V(refuse) or V(split), O(source_drift)). Empty without drift.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - id: pci_ids=10de:2330/10de:16c1|platform=SYS-821GE|kernel_line=6.8|partition_mode=none|install_method=apt
+      key: {pci_ids: 10de:2330/10de:16c1, platform: SYS-821GE, kernel_line: '6.8', partition_mode: none, install_method: apt}
+      components: [kernel]
+      sources:
+        - {tuple: {kernel: 6.8.0-131-generic, driver: 570.172.08}, nodes: [gpu-03]}
+        - {tuple: {kernel: 6.8.0-134-generic, driver: 570.172.08}, nodes: [gpu-01, gpu-02]}
+      action: split
 canaries:
   description: Canary node names, in natural order; they make up the first batch(es).
   returned: success
@@ -304,7 +337,7 @@ policy:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import (
-    DEFAULT_COMBINATION_KEYS, PlanInputError, PlanRefused, build_plan,
+    DEFAULT_COMBINATION_KEYS, DEFAULT_SOURCE_DRIFT, SOURCE_DRIFT_POLICIES, PlanInputError, PlanRefused, build_plan,
 )
 
 
@@ -324,6 +357,7 @@ def main() -> None:
             canaries_isolated=dict(type='bool', default=True),
             pause_before=dict(type='list', elements='int', default=[]),
             observation=dict(type='dict'),
+            source_drift=dict(type='str', default=DEFAULT_SOURCE_DRIFT, choices=list(SOURCE_DRIFT_POLICIES)),
         ),
         supports_check_mode=True,
     )
@@ -336,7 +370,7 @@ def main() -> None:
             combination_keys=p['combination_keys'], exclude=p['exclude'], omitted_block=p['omitted_block'],
             single_node_pool_acknowledged=p['single_node_pool_acknowledged'],
             canaries_isolated=p['canaries_isolated'], pause_before=p['pause_before'],
-            observation=p['observation'])
+            observation=p['observation'], source_drift=p['source_drift'])
     except PlanInputError as exc:
         module.fail_json(msg=str(exc))
     except PlanRefused as exc:

@@ -43,6 +43,11 @@ BAD = [
                  'gpufleet_dra': 'perhaps'}, 'gpufleet_dra', 'bool'),
     ('plan', {'gpufleet_plan_file': 'plan.json', 'gpufleet_target': dict(TARGET),
               'gpufleet_canaries_per_combination': 'many'}, 'gpufleet_canaries_per_combination', 'int'),
+    # Issue 39 item 4: the planner's switches are plan.yml's inputs, checked like the others.
+    ('plan', {'gpufleet_plan_file': 'plan.json', 'gpufleet_target': dict(TARGET),
+              'gpufleet_source_drift': 'spilt'}, 'gpufleet_source_drift', 'refuse, split'),
+    ('plan', {'gpufleet_plan_file': 'plan.json', 'gpufleet_target': dict(TARGET),
+              'gpufleet_omitted_block': 'perhaps'}, 'gpufleet_omitted_block', 'bool'),
     ('preflight', {'gpufleet_target': 'the next one'}, 'gpufleet_target', 'dict'),
     ('canary', {'gpufleet_plan_file': 'plan.json'}, 'gpufleet_qualification_dir', 'missing required arguments'),
     ('upgrade_check', {'gpufleet_qualification_file': 'q.yaml', 'gpufleet_pci_ids': list(PCI_IDS),

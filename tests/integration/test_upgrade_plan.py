@@ -103,3 +103,36 @@ def test_module_bad_input_and_single_node(run_playbook):
     assert fa['budget']['steps'][1]['in_service_gpus_during'] == 280
     assert r.result('bad')['msg'] == "nodes[1] (gpu-02).gpus: 'eight' is not a non-negative integer"
     assert "gpufleet.upgrade.upgrade_plan: nodes[1] (gpu-02).gpus: 'eight'" in r.result('bad filter')['msg']
+
+
+def test_kernel_abi_drift_is_decided_at_plan_time(run_playbook):
+    """Issue 39 item 4: two kernel ABIs of one line in one combination - refused by default, naming the nodes of each
+    kernel (the task fails with that message, no traceback); split on request, each kernel its own combination and
+    canary, the split reported as an Ansible warning; the filter takes the same switch."""
+    fleet = nodes_40()[:20]
+    for n in fleet[10:]:
+        n['kernel'] = '6.8.0-131-generic'
+        n['current'] = dict(CURRENT, kernel='6.8.0-131-generic')
+    for n in fleet[:10]:
+        n['current'] = dict(CURRENT, kernel='6.8.0-134-generic')
+    r = run_playbook(play([
+        {'name': 'default', 'gpufleet.upgrade.upgrade_plan': {'nodes': '{{ fleet }}', 'target': TARGET},
+         'ignore_errors': True},
+        {'name': 'split', 'gpufleet.upgrade.upgrade_plan': {
+            'nodes': '{{ fleet }}', 'target': TARGET, 'source_drift': 'split'}},
+        {'name': 'filter', 'ansible.builtin.set_fact': {
+            'filtered': "{{ fleet | gpufleet.upgrade.upgrade_plan(target=target, source_drift='split') }}"}},
+    ]), extravars={'fleet': fleet, 'target': TARGET})
+    assert r.rc == 0, r.stdout
+    refused = r.result('default')
+    assert refused['_event'] == 'runner_on_failed'
+    assert 'source-tuple drift in combination pci_ids=%s|' % H100 in refused['msg']
+    assert ('kernel 6.8.0-131-generic on 10 node(s): gpu-11, gpu-12, gpu-13, gpu-14, gpu-15, gpu-16, gpu-17, gpu-18, '
+            '… (+2)') in refused['msg']
+    assert refused['plan']['source_drift'][0]['sources'][0]['nodes'] == ['gpu-%02d' % i for i in range(11, 21)]
+    split = r.result('split')
+    assert [c['count'] for c in split['combinations']] == [10, 10]
+    assert split['canaries'] == ['gpu-01', 'gpu-11']
+    assert any('split into 2 combinations' in w for w in split['warnings'])
+    assert r.result('filter')['ansible_facts']['filtered']['digest'] == split['digest']
+    assert 'Traceback' not in r.stdout

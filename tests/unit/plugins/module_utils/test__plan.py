@@ -154,7 +154,11 @@ def test_source_tuples_listed_per_combination():
     nodes = fleet(3)
     nodes[2]['current'] = dict(CURRENT, driver='570.133.20')
     nodes[1]['current'] = dict(CURRENT, extra=['unhashable'])
-    plan = P.build_plan(nodes, target=TARGET, max_unavailable=2)
+    # Three source tuples in one combination: refused (source_drift=refuse, test__plan_drift.py); the
+    # refused plan still lists them.
+    with pytest.raises(P.PlanRefused) as exc:
+        P.build_plan(nodes, target=TARGET, max_unavailable=2)
+    plan = exc.value.plan
     assert [s['driver'] for s in plan['combinations'][0]['source_tuples']] == ['570.133.20', '570.172.08',
                                                                                '570.172.08']
     assert [s.get('extra') for s in plan['combinations'][0]['source_tuples']] == [None, ['unhashable'], None]

@@ -1,0 +1,189 @@
+"""Source-tuple drift inside a combination (issue 39 item 4, review 2026-12-06 H3): kernel ABI, RKE2 patch or
+driver patch drift is reported at plan time and either refused, naming the nodes of each source tuple, or split
+into one combination per source tuple - never found by the rollout after the canary ran."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _plan as P
+
+H100 = '10de:2330/10de:16c1'
+A100 = '10de:20b5/10de:1533'
+CURRENT = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '570.172.08',
+           'gpu_operator': 'v26.3.3', 'dcgm_exporter': '4.4.1-4.6.0-ubuntu22.04'}
+TARGET = dict(CURRENT, driver='580.126.20', gpu_operator='v26.3.4')
+
+
+def fleet(n, pci=H100, start=1):
+    return [{'name': 'gpu-%02d' % i, 'pci_ids': [pci], 'platform': 'SYS-821GE-TNHR', 'kernel': '6.8.0-134-generic',
+             'partition_mode': 'none', 'install_method': 'apt', 'current': dict(CURRENT), 'ready': True,
+             'unschedulable': False, 'gpus': 8} for i in range(start, start + n)]
+
+
+def check_invariants(plan, nodes):
+    """Every node of a combination in exactly one batch, canaries first, each combination's canaries its own."""
+    flat = [n for b in plan['batches'] for n in b]
+    assert len(flat) == len(set(flat))
+    assert set(flat) == {x for c in plan['combinations'] for x in c['nodes']}
+    assert set(flat[:len(plan['canaries'])]) == set(plan['canaries'])
+    for c in plan['combinations']:
+        assert set(c['canaries']) <= set(c['nodes'])
+    names = [n for c in plan['combinations'] for n in c['nodes']]
+    assert len(names) == len(set(names)) and set(names) <= {n['name'] for n in nodes}
+
+
+DRIFTS = {
+    'kernel ABI': ('kernel', '6.8.0-131-generic'),
+    'RKE2 revision': ('rke2', 'v1.35.3+rke2r2'),
+    'driver patch': ('driver', '570.172.02'),
+}
+
+
+def drifted(n=6, field='kernel', value='6.8.0-131-generic', drifting=(4, 5, 6)):
+    """`n` nodes of one combination; the nodes numbered in `drifting` run `value` for `field`."""
+    nodes = fleet(n)
+    for i in drifting:
+        nodes[i - 1]['current'] = dict(CURRENT, **{field: value})
+    return nodes
+
+
+@pytest.mark.parametrize('field, value', list(DRIFTS.values()), ids=list(DRIFTS))
+def test_drift_refuses_by_default_naming_the_combination_the_field_and_the_nodes(field, value):
+    with pytest.raises(P.PlanRefused) as exc:
+        P.build_plan(drifted(field=field, value=value), target=TARGET, max_unavailable=3)
+    problems = exc.value.problems
+    assert len(problems) == 1
+    msg = problems[0]
+    assert msg.startswith('source-tuple drift in combination pci_ids=%s|' % H100)
+    assert '(differing: %s)' % field in msg
+    assert '%s %s on 3 node(s): gpu-04, gpu-05, gpu-06' % (field, value) in msg
+    assert '%s %s on 3 node(s): gpu-01, gpu-02, gpu-03' % (field, CURRENT[field]) in msg
+    assert 'source_drift=split' in msg
+    plan = exc.value.plan
+    assert plan['batches'] == []
+    assert plan['policy']['source_drift'] == 'refuse'
+    [drift] = plan['source_drift']
+    assert drift['action'] == 'refuse' and drift['components'] == [field]
+    assert sorted(s['tuple'][field] for s in drift['sources']) == sorted([value, CURRENT[field]])
+    assert '## Source-tuple drift' in plan['summary'] and '## Refused' in plan['summary']
+
+
+@pytest.mark.parametrize('field, value', list(DRIFTS.values()), ids=list(DRIFTS))
+def test_split_gives_each_source_tuple_its_own_combination_and_canary(field, value):
+    nodes = drifted(field=field, value=value)
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=3, source_drift='split')
+    combos = plan['combinations']
+    assert len(combos) == 2
+    # What the rollout's gate needs: one exact source tuple per combination.
+    assert [len(c['source_tuples']) for c in combos] == [1, 1]
+    by_value = dict((c['source_tuples'][0][field], c) for c in combos)
+    assert by_value[value]['nodes'] == ['gpu-04', 'gpu-05', 'gpu-06']
+    assert by_value[CURRENT[field]]['nodes'] == ['gpu-01', 'gpu-02', 'gpu-03']
+    assert by_value[value]['canaries'] == ['gpu-04'] and by_value[CURRENT[field]]['canaries'] == ['gpu-01']
+    assert plan['canaries'] == ['gpu-01', 'gpu-04']
+    for v, c in by_value.items():
+        assert c['key']['source.%s' % field] == v
+        assert c['key']['pci_ids'] == H100  # what the canary and rollout playbooks read
+        assert c['id'].endswith('|source.%s=%s' % (field, v))
+    assert len(set(c['id'] for c in combos)) == 2
+    [drift] = plan['source_drift']
+    assert drift['action'] == 'split' and drift['components'] == [field]
+    assert [s['nodes'] for s in drift['sources']] == [
+        ['gpu-04', 'gpu-05', 'gpu-06'] if s['tuple'][field] == value else ['gpu-01', 'gpu-02', 'gpu-03']
+        for s in drift['sources']]
+    assert any('split into 2 combinations' in w for w in plan['warnings'])
+    assert '## Source-tuple drift' in plan['summary']
+    check_invariants(plan, nodes)
+
+
+def test_no_drift_reports_none_and_records_the_policy():
+    plan = P.build_plan(fleet(6), target=TARGET, max_unavailable=3)
+    assert plan['source_drift'] == [] and plan['policy']['source_drift'] == 'refuse'
+    assert '## Source-tuple drift' not in plan['summary']
+    assert len(plan['combinations']) == 1
+
+
+def test_split_drift_in_two_fields_and_three_tuples_is_deterministic():
+    nodes = fleet(9)
+    for i in (3, 4, 5):
+        nodes[i]['current'] = dict(CURRENT, kernel='6.8.0-131-generic')
+    for i in (6, 7, 8):
+        nodes[i]['current'] = dict(CURRENT, rke2='v1.35.3+rke2r2')
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=4, source_drift='split')
+    assert len(plan['combinations']) == 3
+    [drift] = plan['source_drift']
+    assert drift['components'] == ['kernel', 'rke2']
+    assert all(len(c['source_tuples']) == 1 for c in plan['combinations'])
+    assert sorted(plan['canaries']) == ['gpu-01', 'gpu-04', 'gpu-07']
+    shuffled = list(nodes)
+    random.Random(39).shuffle(shuffled)
+    again = P.build_plan(shuffled, target=TARGET, max_unavailable=4, source_drift='split')
+    assert again['digest'] == plan['digest'] and again['combinations'] == plan['combinations']
+    check_invariants(plan, nodes)
+
+
+def test_split_part_without_a_ready_node_is_an_omitted_combination():
+    nodes = drifted(drifting=(6,))
+    nodes[5]['ready'] = False
+    with pytest.raises(P.PlanRefused) as exc:
+        P.build_plan(nodes, target=TARGET, max_unavailable=3, source_drift='split')
+    [omitted] = exc.value.plan['omitted']
+    assert omitted['nodes'] == ['gpu-06'] and omitted['id'].endswith('|source.kernel=6.8.0-131-generic')
+    assert 'combination(s) without a canary' in exc.value.problems[0]
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=3, source_drift='split', omitted_block=False)
+    assert len(plan['combinations']) == 2
+
+
+def test_drift_is_only_inside_a_combination():
+    """Different platforms with different tuples are two combinations anyway: no drift."""
+    nodes = fleet(2) + fleet(2, pci=A100, start=3)
+    for n in nodes[2:]:
+        n['current'] = dict(CURRENT, driver='570.172.02')
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=3)
+    assert plan['source_drift'] == [] and len(plan['combinations']) == 2
+
+
+def test_up_to_date_and_excluded_nodes_do_not_drift():
+    nodes = drifted(drifting=(6,))
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=3, exclude=['gpu-06'])
+    assert plan['source_drift'] == []
+    nodes[5]['current'] = dict(TARGET)
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=3)
+    assert plan['source_drift'] == [] and plan['up_to_date'] == ['gpu-06']
+
+
+def test_a_missing_field_and_null_are_told_apart():
+    nodes = fleet(3)
+    nodes[1]['current'] = dict(CURRENT, driver=None)
+    del nodes[2]['current']['driver']
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=3, source_drift='split')
+    assert len(plan['combinations']) == 3
+    assert len(set(c['id'] for c in plan['combinations'])) == 3
+    assert plan['source_drift'][0]['components'] == ['driver']
+
+
+@pytest.mark.parametrize('value, shown', [('Split', "'Split'"), ('', "''"), (None, 'None'), (['split'], "['split']")])
+def test_bad_source_drift_names_the_field_and_the_value(value, shown):
+    with pytest.raises(P.PlanInputError) as exc:
+        P.build_plan(fleet(4), target=TARGET, source_drift=value)
+    assert str(exc.value) == 'source_drift: %s is not one of refuse, split' % shown
+
+
+def test_a_plan_written_before_with_several_source_tuples_is_refused_before_it_is_read():
+    """check_plan (the digest check that canary, approve, upgrade_check and rollout run before anything moves):
+    a combination with several source tuples - a plan written before the planner decided drift - is refused
+    there, naming the combination and the way out, not by the rollout after the canary."""
+    split = P.build_plan(drifted(), target=TARGET, max_unavailable=3, source_drift='split')
+    assert P.check_plan(split) is split
+    old = dict(split, combinations=[dict(split['combinations'][0], id='c1',
+                                         source_tuples=[dict(CURRENT), dict(CURRENT, kernel='6.8.0-131-generic')])])
+    with pytest.raises(P.PlanInputError) as exc:
+        P.check_plan(old)
+    msg = str(exc.value)
+    assert msg.startswith('plan.combinations[0] ("c1").source_tuples: 2 source tuples (source-tuple drift)')
+    assert 'gpufleet_source_drift' in msg
+    with pytest.raises(P.PlanInputError) as exc:
+        P.check_plan(dict(split, combinations={'c1': {}}))
+    assert str(exc.value) == "plan.combinations: {'c1': {}} is not a list of combinations"
