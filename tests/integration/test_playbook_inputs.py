@@ -210,3 +210,22 @@ def test_a_bad_evidence_repository_fails_the_job_before_the_cluster_is_read(clus
     if case == 'absolute':      # refused before anything was cloned
         assert [t for t, _h, e in _tasks_run(run)] == ['Evidence | Every file input is a path inside the repository '
                                                        '(checked before anything is cloned)']
+
+
+def test_canary_without_an_evidence_repository_or_revision_stops_before_anything_moves(cluster, run_playbook, tmp_path):
+    """Review H4: the draft record needs a commit holding its evidence. Without gpufleet_evidence_repo and without
+    gpufleet_source_revision the canary used to fail at its last task, after the canaries were upgraded, rolled
+    back, upgraded again and observed; now its first checks refuse, naming both ways, and nothing is read."""
+    load(cluster)
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps({'target': dict(TARGET)}))
+    run = run_playbook(REPO / 'playbooks' / 'canary.yml', inventory=_inventory(), extravars={
+        'gpufleet_kubeconfig': cluster.kubeconfig, 'gpufleet_plan_file': str(plan),
+        'gpufleet_qualification_dir': str(tmp_path / 'qualification')})
+    assert run.status == 'failed'
+    res = run.result('Canary | The evidence has a commit to live in (gpufleet_evidence_repo or gpufleet_source_revision)')
+    assert res['_event'] == 'runner_on_failed'
+    assert 'gpufleet_evidence_repo' in res['msg'] and 'gpufleet_source_revision' in res['msg'], res['msg']
+    assert [t for t, _h, _e in _tasks_run(run)] == [
+        CHECK['canary'], 'Canary | The evidence has a commit to live in (gpufleet_evidence_repo or gpufleet_source_revision)']
+    assert cluster.requests == [] and mutations(cluster) == []
