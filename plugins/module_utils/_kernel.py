@@ -998,8 +998,9 @@ class DnfKernel:
                         + list(names), env=self.env(), ok_rcs=(0, 1))
         return pk.parse_dnf_list(r.stdout)
 
-    def update_cache(self) -> None:
-        self.runner(self.base() + ['makecache'], env=self.env())
+    def update_cache(self, max_age: int = 0, now: Optional[float] = None) -> bool:  # pylint: disable=unused-argument
+        self.runner(self.base() + pk.dnf_expire(max_age) + ['makecache'], env=self.env())
+        return True
 
     def read(self, rel: str) -> Optional[str]:
         return _fsio.read_text(self.path_of(rel))

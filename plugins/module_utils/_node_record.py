@@ -66,7 +66,7 @@ class Step(NamedTuple):
 
 # In order. `holders` is not a step: node_drain lists what holds the GPUs itself.
 # The steps an evidence entry lists (`phases`): not the bookkeeping ones, not `vms`.
-EVIDENCE_EXCLUDED = ('preflight', 'progress', 'vms')
+EVIDENCE_EXCLUDED = ('preflight', 'progress', 'packages', 'vms')
 # The steps that run only when the target changes the kernel.
 KERNEL_STEPS = ('kernel_check', 'kernel_default')
 # The steps that run only where the GPU Operator runs the node's operands.
@@ -74,6 +74,9 @@ OPERATOR_STEPS = ('operands',)
 STEPS = (
     Step('preflight', None, False),
     Step('progress', None, False),
+    # The package lists refreshed (bounded by their age) and the target driver offered, before the drain.
+    Step('packages', None, False, 'nothing was changed on the node: make the repositories (or the mirror) offer the '
+                                  'packages named, or refresh its package lists'),
     # The kernel's preflight (kernel_check) again before the drain: nothing has changed on the node.
     Step('kernel_check', None, False, 'nothing was changed on the node: make the repositories offer the packages named'),
     Step('drain', 'drained', False),

@@ -603,8 +603,16 @@ class AptBackend:
         r = self.runner(['apt-cache', 'policy'] + list(names), env=self.env())
         return parse_policy(r.stdout)
 
-    def update_cache(self) -> None:
+    def update_cache(self, max_age: int = 0, now: Optional[float] = None) -> bool:
+        """`apt-get update`, unless `max_age` (seconds, > 0) is given and the package lists are younger
+        (index_age). True when it ran."""
+        if max_age > 0:
+            age = index_age(self.runner.path('var/lib/apt/lists'),
+                            self.runner.path('var/lib/apt/periodic/update-success-stamp'), now)
+            if age is not None and age < max_age:
+                return False
         self.runner(['apt-get', '-q', 'update'], env=self.env())
+        return True
 
     def repo_digests(self, versions: Dict[str, str]) -> Dict[Tuple[str, str], str]:
         """The repository's SHA-256 of each package file (apt-cache show; a version no index lists is left out)."""
@@ -710,6 +718,34 @@ def parse_versionlock(text: Optional[str]) -> Dict[str, str]:
         if m:
             res[m.group(1)] = m.group(2)
     return res
+
+
+def index_age(lists_dir: str, stamp: str, now: Optional[float] = None) -> Optional[float]:
+    """Seconds since apt's package lists were last refreshed: the newest of the update-success stamp
+    (Ubuntu's APT::Update::Post-Invoke-Success touches it) and the index files in `lists_dir`; None when
+    there is neither (never refreshed). An update that found nothing new rewrites no index, so the age
+    may overstate: a refresh then runs again, never the other way round."""
+    newest: Optional[float] = None
+    candidates = [stamp]
+    try:
+        candidates += [os.path.join(lists_dir, n) for n in os.listdir(lists_dir) if n not in ('lock', 'partial', 'auxfiles')]
+    except OSError:
+        pass
+    for path in candidates:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if os.path.isfile(path):
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
+    if newest is None:
+        return None
+    return max(0.0, (time.time() if now is None else now) - newest)
+
+
+def dnf_expire(max_age: int) -> List[str]:
+    """dnf options that expire repository metadata older than `max_age` seconds (none for 0)."""
+    return ['--setopt=metadata_expire=%d' % max_age] if max_age > 0 else []
 
 
 def dnf_base(installroot: Optional[str]) -> List[str]:
@@ -836,8 +872,11 @@ class DnfBackend:
                         env=self.env(), ok_rcs=(0, 1))
         return {n: PolicyEntry(None, None, {v: ['repo'] for v in vs}) for n, vs in parse_dnf_list(r.stdout).items()}
 
-    def update_cache(self) -> None:
-        self.runner(dnf_base(self.runner.installroot) + ['makecache'], env=self.env())
+    def update_cache(self, max_age: int = 0, now: Optional[float] = None) -> bool:  # pylint: disable=unused-argument
+        """`dnf makecache`; with `max_age` (seconds, > 0) metadata older than that is expired first (dnf's own
+        metadata_expire, 48 hours by default, is the bound otherwise). True: dnf ran (it decides per repository)."""
+        self.runner(dnf_base(self.runner.installroot) + dnf_expire(max_age) + ['makecache'], env=self.env())
+        return True
 
     def repo_digests(self, versions: Dict[str, str]) -> Dict[Tuple[str, str], str]:  # pylint: disable=unused-argument
         """Not read on dnf: the artifacts are recorded without a SHA-256 (the evidence lists them as undigested)."""

@@ -29,6 +29,7 @@ why. Pure.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -113,9 +114,57 @@ def _case(manifest: Any, index: int, gpus: Optional[int]) -> Dict[str, Any]:
             'description': ours.get('description', '')}
 
 
-def cases(manifests: Any, gpus: Any = None, skip: Any = None) -> Dict[str, Any]:
+def _normalized(image: str) -> str:
+    """An image reference with its registry spelled out, as a container runtime resolves it:
+    `rancher/rke2-upgrade` is `docker.io/rancher/rke2-upgrade`, `busybox` is `docker.io/library/busybox`."""
+    first, _sep, rest = image.partition("/")
+    if rest and ('.' in first or ':' in first or first == 'localhost'):
+        return image
+    return 'docker.io/' + (image if rest else 'library/' + image)
+
+
+def mirrored(image: Any, mirror: Any, field: str = 'image') -> str:
+    """`image` with the longest matching prefix of `mirror` ({'nvcr.io/': 'registry.example:5000/nvcr/'})
+    replaced, matched against the image as written and with its registry spelled out (docker.io); an
+    image no prefix matches is returned as written. SuiteError names the field for bad input."""
+    if not isinstance(image, str) or not image:
+        raise SuiteError('%s: %r is not an image reference' % (field, image))
+    rules = check_mirror(mirror)
+    for candidate in (image, _normalized(image)):
+        hits = [k for k in rules if candidate.startswith(k)]
+        if hits:
+            best = max(hits, key=len)
+            return rules[best] + candidate[len(best):]
+    return image
+
+
+def check_mirror(mirror: Any) -> Dict[str, str]:
+    """The image mirror map checked: prefix -> replacement prefix, both non-empty strings."""
+    if mirror is None:
+        return {}
+    if not isinstance(mirror, dict):
+        raise SuiteError('image_mirror: %r is not a mapping of image prefixes to mirror prefixes' % (mirror,))
+    for key, value in mirror.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str) or not value:
+            raise SuiteError('image_mirror: %r: %r is not a non-empty prefix mapped to a non-empty prefix' % (key, value))
+    return dict(mirror)
+
+
+def _mirror_manifest(manifest: Dict[str, Any], mirror: Dict[str, str], where: str) -> Dict[str, Any]:
+    """A copy of the Job manifest with every container's and init container's image mirrored."""
+    out = copy.deepcopy(manifest)
+    spec = ((out.get('spec') or {}).get('template') or {}).get('spec') or {}
+    for kind in ('initContainers', 'containers'):
+        for i, container in enumerate(spec.get(kind) or []):
+            if isinstance(container, dict) and 'image' in container:
+                container['image'] = mirrored(container['image'], mirror, '%s: %s[%d].image' % (where, kind, i))
+    return out
+
+
+def cases(manifests: Any, gpus: Any = None, skip: Any = None, image_mirror: Any = None) -> Dict[str, Any]:
     """The workload_gate cases of the suite ``manifests`` for a node with ``gpus`` GPUs (None: unknown,
-    no case is skipped for it), leaving out the optional cases named in ``skip``.
+    no case is skipped for it), leaving out the optional cases named in ``skip``, with every image
+    rewritten by ``image_mirror`` (an air-gapped site's registry; see mirrored()).
 
     {'cases': [workload_gate case], 'skipped': [{'name', 'reason'}], 'names': [run case names]}.
     SuiteError names the case and the annotation for anything that does not parse, a repeated name,
@@ -129,7 +178,11 @@ def cases(manifests: Any, gpus: Any = None, skip: Any = None) -> Dict[str, Any]:
     skip = list(skip or [])
     if not all(isinstance(s, str) for s in skip):
         raise SuiteError('skip: %r is not a list of case names' % (skip,))
+    mirror = check_mirror(image_mirror)
     parsed = [_case(m, i, gpus) for i, m in enumerate(manifests)]
+    if mirror:
+        for p in parsed:
+            p['case']['manifest'] = _mirror_manifest(p['case']['manifest'], mirror, p['case']['name'])
     names = [p['case']['name'] for p in parsed]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -515,3 +515,42 @@ def test_an_interrupted_dpkg_is_refused_before_anything_changes(apt_root, run_pl
                           'unpacked but not yet configured.'), msg
     assert 'libnvidia-nscq-580' in msg and msg.endswith('then rerun; nothing was changed')
     assert root.state_digest() == before
+
+
+def _age_lists(root: AptRoot, seconds: float) -> None:
+    then = time.time() - seconds
+    for p in [*(root.path / 'var/lib/apt/lists').iterdir(), root.path / 'var/lib/apt/periodic/update-success-stamp']:
+        if p.is_file():
+            os.utime(p, (then, then))
+
+
+def test_package_index_refreshes_only_stale_lists(apt_root, run_playbook):
+    """Issue 39 item 7 (review M8): the lists are refreshed before an availability check when older than the
+    bound, with the real apt-get under the root; fresh lists are left alone; check mode runs nothing."""
+    root = apt_root
+    task = {'name': 'index', 'gpufleet.upgrade.package_index': {'installroot': str(root.path), 'cache_valid_time': 3600}}
+    r = run_playbook(play(task))
+    assert r.rc == 0, r.stdout
+    fresh = r.result('index')
+    assert fresh['refreshed'] is False and fresh['changed'] is False and fresh['commands'] == []
+    assert fresh['backend'] == 'apt' and 0 <= fresh['age'] < 3600
+
+    _age_lists(root, 7200)
+    r = run_playbook(play(task, check=True))
+    assert r.rc == 0, r.stdout
+    assert r.result('index')['changed'] is True and r.result('index')['commands'] == []
+    assert min(p.stat().st_mtime for p in (root.path / 'var/lib/apt/lists').iterdir() if p.is_file()) < time.time() - 7000
+
+    r = run_playbook(play(task))
+    assert r.rc == 0, r.stdout
+    stale = r.result('index')
+    assert stale['refreshed'] is True and stale['age'] >= 7200
+    assert [c[:3] for c in stale['commands']] == [['apt-get', '-q', 'update']]
+    # The driver set is read from the refreshed lists: the availability check that follows passes.
+    r = run_playbook(play(pin_task(root, NEW, install=True, name='check'), check=True))
+    assert r.rc == 0 and r.result('check')['changed'] is True, r.stdout
+
+    r = run_playbook(play({'name': 'bad', 'gpufleet.upgrade.package_index': {'installroot': str(root.path),
+                                                                             'cache_valid_time': -5}}))
+    assert r.rc != 0
+    assert r.result('bad')['msg'] == 'package_index: cache_valid_time must be 0 or more seconds, got -5'

@@ -1,6 +1,7 @@
 """Unit tests of the package core: versions, presets, preference files, parsers, dnf commands."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -567,3 +568,42 @@ def test_package_artifacts_record_every_package_and_a_digest_only_where_the_inde
     assert arts == [{'kind': 'package', 'name': 'nvidia-driver-580-server', 'version': '580.130.00-0ubuntu1',
                      'sha256': '0f3a5e1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7'},
                     {'kind': 'package', 'name': 'nvidia-fabricmanager-580', 'version': '580.130.00-1'}]
+
+
+def test_index_age_is_the_newest_of_the_stamp_and_the_lists(tmp_path):
+    lists = tmp_path / 'lists'
+    lists.mkdir()
+    stamp = tmp_path / 'update-success-stamp'
+    assert pk.index_age(str(lists), str(stamp), now=1000.0) is None          # never refreshed
+    (lists / 'lock').write_text('')
+    (lists / 'partial').mkdir()
+    assert pk.index_age(str(lists), str(stamp), now=1000.0) is None          # the lock and partial/ are no index
+    idx = lists / 'mirror_dists_noble_InRelease'
+    idx.write_text('x')
+    os.utime(idx, (400.0, 400.0))
+    assert pk.index_age(str(lists), str(stamp), now=1000.0) == 600.0
+    stamp.write_text('')
+    os.utime(stamp, (900.0, 900.0))
+    assert pk.index_age(str(lists), str(stamp), now=1000.0) == 100.0
+    assert pk.index_age(str(lists), str(stamp), now=800.0) == 0.0            # a clock behind the files
+
+
+def test_update_cache_skips_lists_younger_than_the_bound(tmp_path):
+    ran = []
+
+    def run(argv, env):
+        ran.append(argv)
+        return 0, '', ''
+    b = pk.AptBackend(pk.Runner(run, str(tmp_path)))
+    lists = tmp_path / 'var/lib/apt/lists'
+    lists.mkdir(parents=True)
+    (lists / 'InRelease').write_text('x')
+    now = (lists / 'InRelease').stat().st_mtime
+    assert b.update_cache(3600, now=now + 60) is False and ran == []
+    assert b.update_cache(3600, now=now + 4000) is True and ran[-1][:3] == ['apt-get', '-q', 'update']
+    assert b.update_cache(0, now=now) is True and len(ran) == 2                # 0: always
+    b.close()
+
+
+def test_dnf_metadata_expire():
+    assert pk.dnf_expire(0) == [] and pk.dnf_expire(900) == ['--setopt=metadata_expire=900']

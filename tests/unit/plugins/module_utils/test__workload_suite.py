@@ -103,3 +103,39 @@ def test_expected_is_json_else_the_text():
     second = dict(_job(), metadata={'name': 'y', 'annotations': {'gpufleet.io/expected': '"2"'}})
     out = W.cases([_job(**{'gpufleet.io/expected': 'PASS'}), second])
     assert [c['expected'] for c in out['cases']] == ['PASS', '2']
+
+
+# -- an air-gapped site's registry (issue 39 item 7) ------------------------------------------------
+MIRROR = {'nvcr.io/': 'registry.example:5000/nvcr/', 'nvcr.io/nvidia/k8s/': 'registry.example:5000/k8s/',
+          'docker.io/rancher/': 'registry.example:5000/rancher/'}
+
+
+@pytest.mark.parametrize('image,want', [
+    ('nvcr.io/nvidia/pytorch:25.01-py3', 'registry.example:5000/nvcr/nvidia/pytorch:25.01-py3'),
+    ('nvcr.io/nvidia/k8s/cuda-sample:devicequery', 'registry.example:5000/k8s/cuda-sample:devicequery'),  # longest
+    ('rancher/rke2-upgrade', 'registry.example:5000/rancher/rke2-upgrade'),          # docker.io spelled out
+    ('quay.io/other/image:1', 'quay.io/other/image:1'),                             # no rule: as written
+    ('busybox', 'busybox'),
+])
+def test_mirrored(image, want):
+    assert W.mirrored(image, MIRROR) == want
+    assert W.mirrored(image, {}) == image and W.mirrored(image, None) == image
+
+
+def test_mirrored_library_images_and_bad_input():
+    assert W.mirrored('busybox:1.36', {'docker.io/library/': 'm.local/lib/'}) == 'm.local/lib/busybox:1.36'
+    with pytest.raises(W.SuiteError, match="image_mirror: 'nvcr.io/': '' is not a non-empty prefix"):
+        W.mirrored('nvcr.io/x', {'nvcr.io/': ''})
+    with pytest.raises(W.SuiteError, match='image_mirror: .* is not a mapping'):
+        W.mirrored('nvcr.io/x', ['nvcr.io/'])
+    with pytest.raises(W.SuiteError, match='image: None is not an image reference'):
+        W.mirrored(None, MIRROR)
+
+
+def test_every_image_of_the_shipped_suite_comes_from_the_mirror():
+    manifests = shipped()
+    out = W.cases(manifests, 8, image_mirror=MIRROR)
+    images = [c['image'] for case in out['cases'] for c in case['manifest']['spec']['template']['spec']['containers']]
+    assert images and all(i.startswith('registry.example:5000/') for i in images), images
+    # the manifests given are not changed in place
+    assert all(c['image'].startswith('nvcr.io/') for m in manifests for c in m['spec']['template']['spec']['containers'])
