@@ -14,10 +14,10 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import (
-    _gpu_operator, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
+    _gpu_operator, _node_names, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
 
 _ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError,
-           _plan_digest.PlanDigestError, _gpu_operator.GpuOperatorError)
+           _plan_digest.PlanDigestError, _gpu_operator.GpuOperatorError, _node_names.NodeNameError)
 
 
 def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any, **kwargs: t.Any) -> t.Any:
@@ -163,6 +163,22 @@ def observation_gpu(registered: t.List[t.Any], regate: t.Dict[str, t.Any]) -> t.
     return _call('observation_gpu', _rollout.observation_gpu, registered, regate)
 
 
+def _declared(hostvars: t.Any, hosts: t.Any) -> t.Dict[str, t.Any]:
+    # {inventory host: its gpufleet_node_name, None where not set}; hosts not a list is refused by _node_names.
+    if not isinstance(hosts, (list, tuple)):
+        return {}
+    return {h: (hostvars[h].get('gpufleet_node_name') if h in hostvars else None) for h in hosts if isinstance(h, str)}
+
+
+def inventory_hosts(nodes: t.List[str], hostvars: t.Any, where: str = 'nodes') -> t.List[str]:
+    # Every inventory host is read (the Node a host stands for is its gpufleet_node_name, else its name).
+    return _call('inventory_hosts', _node_names.inventory_hosts, nodes, _declared(hostvars, list(hostvars)), where)
+
+
+def node_names(hosts: t.List[str], hostvars: t.Any) -> t.List[str]:
+    return _call('node_names', _node_names.node_names, hosts, _declared(hostvars, hosts))
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
@@ -180,4 +196,5 @@ class FilterModule:
                 'operator_revisions': operator_revisions, 'operands_back': operands_back,
                 'operand_window_verdict': operand_window_verdict,
                 'rollback_activation': rollback_activation,
-                'install_method_verdict': install_method_verdict}
+                'install_method_verdict': install_method_verdict,
+                'inventory_hosts': inventory_hosts, 'node_names': node_names}

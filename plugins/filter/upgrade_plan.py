@@ -14,6 +14,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import (
     DEFAULT_COMBINATION_KEYS, DEFAULT_SOURCE_DRIFT, PlanInputError, PlanRefused, build_plan, kernel_line, planner_nodes,
 )
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_names import NodeNameError, plan_hosts
 
 
 def upgrade_plan(nodes: List[Dict[str, Any]], target: Optional[Dict[str, Any]] = None,
@@ -42,17 +43,27 @@ def kernel_line_filter(kernel: str) -> str:
         raise AnsibleFilterError('gpufleet.upgrade.kernel_line: %s' % exc)
 
 
+def _declared(hostvars: Any, hosts: Any) -> Dict[str, Any]:
+    """{inventory host: its gpufleet_node_name, None where not set} for `hosts` (all of hostvars' when None)."""
+    names = list(hostvars) if hosts is None else hosts
+    if not isinstance(names, (list, tuple)):
+        raise NodeNameError('hosts: %r is not a list of inventory host names' % (names,))
+    return {h: (hostvars[h].get('gpufleet_node_name') if h in hostvars else None) for h in names}
+
+
 def planner_nodes_filter(fleet: Dict[str, Any], hostvars: Any, holders: Optional[Dict[str, Any]] = None,
-                         install_method: str = 'apt') -> List[Dict[str, Any]]:
-    """The planner's input from fleet_info's result, the hosts' NVML facts and the holders count."""
-    facts = {}
-    for node in (fleet or {}).get('nodes') or []:
-        name = node.get('name') if isinstance(node, dict) else None
-        if name and name in hostvars:
-            facts[name] = hostvars[name].get('gpufleet_gpu_facts')
+                         install_method: str = 'apt', hosts: Optional[List[str]] = None,
+                         exclude: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """The planner's input from fleet_info's result, the hosts' NVML facts and the holders count; each Node's
+    facts are its inventory host's (gpufleet_node_name, else the inventory name; _node_names.plan_hosts)."""
     try:
+        fleet_nodes = (fleet or {}).get('nodes') if isinstance(fleet, dict) else None
+        names = [n['name'] for n in fleet_nodes or [] if isinstance(n, dict) and isinstance(n.get('name'), str)] \
+            if isinstance(fleet_nodes, list) else []
+        by_node = plan_hosts(names, _declared(hostvars, hosts), exclude)
+        facts = {node: hostvars[host].get('gpufleet_gpu_facts') for node, host in by_node.items() if host in hostvars}
         return planner_nodes(fleet, facts, holders, install_method)
-    except PlanInputError as exc:
+    except (PlanInputError, NodeNameError) as exc:
         raise AnsibleFilterError('gpufleet.upgrade.planner_nodes: %s' % exc)
 
 

@@ -647,3 +647,48 @@ def test_evidence_tuple_after_is_measured(tmp_path):
         assert 'gpu-04' not in nodes or nodes['gpu-04']['verdict'] != 'upgraded'
     finally:
         lab.stop()
+
+
+def test_fqdn_inventory_hosts_with_gpufleet_node_name_plan_canary_and_roll_out(tmp_path):
+    """Issue 39 item 3: the inventory names its hosts by FQDN and gives each its Node with gpufleet_node_name.
+    The plan joins each Node to its host's NVML facts (no PCI identity `unknown`), the canary and the rollout
+    run on those hosts (not on new bare hosts of the Node names) and the release finds them; a Node of the pool
+    without an inventory host is refused at plan time, naming it."""
+    from tools.lab import Lab
+
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', workload_suite=True)
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        groups = lab.inventory['all']['children']['gpu_nodes']['children']
+        for group in groups.values():
+            group['hosts'] = {name + '.gpu.example.com': dict(hv, gpufleet_node_name=name)
+                              for name, hv in group['hosts'].items()}
+        plan = lab.plan()
+        keys = [c['key']['pci_ids'] for c in plan['combinations']]
+        assert 'unknown' not in ','.join(keys) and len(keys) == 2, keys
+        assert sorted(n for b in plan['batches'] for n in b) == lab.names
+
+        if lab.play('canary', 'canary.yml') != 'successful':
+            raise AssertionError('canary.yml failed: %s' % lab.runs['canary']['failures'])
+        ran = {e['host'] for e in lab.runs['canary']['events'] if e['event'] == 'runner_on_ok'}
+        assert set(plan['canaries']).isdisjoint(ran) and {c + '.gpu.example.com' for c in plan['canaries']} <= ran
+        lab.approve()
+        lab.approve_pauses(plan)
+        lab.gate()
+        rollout = lab.play('rollout', 'rollout.yml')
+        problems = lab.verdict(plan, rollout)
+        assert problems == [] and lab.release() == [], problems
+        bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
+        # the rollout's entries are keyed by Node name (the canaries were upgraded and recorded by the canary)
+        assert sorted(bundle['nodes']) == sorted(set(lab.names) - set(plan['canaries'])), sorted(bundle['nodes'])
+
+        # A Node of the pool without an inventory host: refused at plan time, naming it.
+        missing = lab.names[-1]
+        for group in groups.values():
+            group['hosts'].pop(missing + '.gpu.example.com', None)
+        assert lab.play('plan-missing', 'plan.yml') == 'failed'
+        msgs = [f['msg'] or '' for f in lab.runs['plan-missing']['failures']]
+        assert any('Node(s) %s have no inventory host' % missing in m for m in msgs), msgs
+    finally:
+        lab.stop()

@@ -162,6 +162,32 @@ def test_rollback_without_nodes_acts_on_the_recorded_failures_only(cluster, run_
     assert mutations(cluster) == []
 
 
+
+def test_rollback_queues_the_failed_nodes_inventory_host_by_gpufleet_node_name(cluster, run_playbook, tmp_path):
+    """Issue 39 item 3: a failed Node whose inventory host is an FQDN naming it with gpufleet_node_name is rolled
+    back on that host (not on a new bare host of the Node name); a failed Node without a host is refused, named."""
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps({'target': dict(TARGET)}))
+    load(cluster, [S.node(S.NODE, annotations={'gpufleet.io/upgrade-state': 'failed'}), S.node(S.OTHER)])
+    extravars = {'gpufleet_rollback_nodes': '', 'gpufleet_plan_file': str(plan), 'gpufleet_node_selector': '',
+                 'gpufleet_kubeconfig': cluster.kubeconfig}
+    inventory = _inventory()
+    hosts = inventory['all']['children']['gpu_nodes']['hosts']
+    fqdn = S.NODE + '.gpu.example.com'
+    hosts[fqdn] = dict(hosts.pop(S.NODE), gpufleet_node_name=S.NODE)
+    run = run_playbook(REPO / 'playbooks' / 'rollback.yml', extravars=extravars, inventory=inventory)
+    assert run.result('Rollback | The nodes')['msg'] == 'rolling back the nodes recorded as failed: ' + fqdn
+    ran = {r['_host'] for r in run.task_results("Rollback | Read the node's NVML facts (its PCI identity picks the record)")}
+    assert ran == {fqdn}
+
+    del hosts[fqdn]
+    run = run_playbook(REPO / 'playbooks' / 'rollback.yml', extravars=extravars, inventory=inventory)
+    assert run.status == 'failed'
+    res = run.result('Rollback | Queue the failed nodes')
+    assert res['_event'] == 'runner_on_failed'
+    assert 'failed nodes: Node(s) %s have no inventory host' % S.NODE in res['msg'], res['msg']
+    assert mutations(cluster) == []
+
 def test_preflight_needs_the_plan_or_the_target(cluster, run_playbook, tmp_path):
     load(cluster)
     run = run_playbook(REPO / 'playbooks' / 'preflight.yml', inventory=_inventory(),
