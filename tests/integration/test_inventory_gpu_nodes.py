@@ -14,6 +14,8 @@ import yaml
 
 from cluster import fixtures as f
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
 
 def inventory(config: pathlib.Path, body: dict[str, Any], env: dict[str, str] | None = None,
               check: bool = True) -> subprocess.CompletedProcess:
@@ -96,6 +98,13 @@ def test_gpu_nodes_become_hosts_with_groups_auth_and_cache(cluster, tmp_path):
     cluster.clear_requests()
     second = listed(inventory(config, body, env))
     assert second == first and node_lists(cluster) == []
+
+    # The documented example works as shipped (its kubeconfig and cache directory here).
+    example = yaml.safe_load((REPO / 'docs' / 'examples' / 'gpu_nodes.yml').read_text())
+    example.update(kubeconfig=cluster.kubeconfig, cache_connection=str(tmp_path / 'example-cache'))
+    shown = listed(inventory(tmp_path / 'example.gpu_nodes.yml', example))
+    assert sorted(shown['gpu_model_NVIDIA_H100_80GB_HBM3']['hosts']) == ['gpu-a', 'gpu-cp']
+    assert shown['_meta']['hostvars']['gpu-mig']['ansible_host'] == '10.9.0.3'
 
 
 def test_bad_source_and_unreachable_api_are_clear_errors(cluster, tmp_path):
