@@ -35,8 +35,8 @@ description:
   - Authenticates as the collection's modules do - O(kubeconfig), O(context), explicit O(host) and credentials, the
     C(K8S_AUTH_*) environment variables, E(KUBECONFIG), else the in-cluster service account.
   - The configuration file's name must end in C(gpu_nodes.yml) or C(gpu_nodes.yaml). The C(auto) inventory plugin,
-    enabled by default, loads this plugin from the file's C(plugin) key; where C(enable_plugins) (E(ANSIBLE_INVENTORY_ENABLED))
-    is set, list C(gpufleet.upgrade.gpu_nodes) (or C(auto)) in it.
+    enabled by default, loads this plugin from the file's C(plugin) key; where C(enable_plugins)
+    (E(ANSIBLE_INVENTORY_ENABLED)) is set, list C(gpufleet.upgrade.gpu_nodes) (or C(auto)) in it.
   - With O(cache), the Nodes read are kept per the configuration file and O(node_selector); the host names, variables
     and groups are computed again on each run, from the cached Nodes.
 options:
@@ -56,6 +56,9 @@ options:
       - V(name) is the Node name; V(InternalIP), V(ExternalIP), V(Hostname), V(InternalDNS) and V(ExternalDNS) are the
         Node's address of that type; V(label:<key>) and V(annotation:<key>) the value of that label or annotation.
       - A Node that no source names, and a host name two Nodes would share, fail the inventory, naming the Nodes.
+      - Keep the default for the collection's playbooks and say where to connect with O(ansible_host) instead - the
+        canary and rollout plays add hosts by Node name, so a host named otherwise (found through
+        C(gpufleet_node_name)) is not the host those plays reach.
     type: list
     elements: str
     default: [name]
@@ -106,7 +109,7 @@ from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._inventory import (
-    InventoryConfigError, host_entries, node_record, parse_sources)
+    InventoryConfigError, are_records, host_entries, node_record, parse_sources)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import AUTH_ARG_SPEC, K8sClient, K8sError
 
 
@@ -153,7 +156,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 records = self._cache[cache_key]
             except KeyError:
                 records = None
-        if not isinstance(records, list):
+        if not are_records(records):     # not cached, expired, or written by another version: read again
             records = self._list_nodes()
             if use_cache:
                 self._cache[cache_key] = records

@@ -125,6 +125,12 @@ def node_record(node: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def are_records(value: Any) -> bool:
+    """Whether a cached value is a list of Node records as node_record() writes them (else: read the Nodes again)."""
+    return isinstance(value, list) and all(isinstance(r, dict) and isinstance(r.get('name'), str)
+                                           and isinstance(r.get('labels'), dict) for r in value)
+
+
 def resolve(record: Dict[str, Any], sources: Sequence[Source]) -> Optional[str]:
     """The first value the sources give for the record (None: none)."""
     for kind, key in sources:

@@ -129,3 +129,8 @@ def test_a_node_without_a_name_is_refused():
 
 def test_group_names_are_valid():
     assert I.group_name('gpufleet_gpu_', 'NVIDIA A100-SXM4-40GB (MIG)') == 'gpufleet_gpu_nvidia_a100_sxm4_40gb__mig_'
+
+
+def test_only_records_node_record_wrote_are_taken_from_the_cache():
+    assert I.are_records([record(f.gpu_node('a'))]) and I.are_records([])
+    assert not I.are_records(None) and not I.are_records({'a': 1}) and not I.are_records([{'name': 'a'}])
