@@ -31,7 +31,8 @@ description:
   - The partition mode is V(mig) where the Node offers C(nvidia.com/mig-*) resources or its C(nvidia.com/mig.config)
     label asks mig-manager for a layout other than V(all-disabled), else V(none); the plan takes it from the GPUs'
     current MIG mode on the host.
-  - It only reads (lists Nodes); it needs RBAC to C(list) C(nodes) and nothing else.
+  - It only reads (lists Nodes); it needs RBAC to C(list) C(nodes) and nothing else, which the collection's
+    C(gpufleet-upgrade-reader) ClusterRole (C(docs/rbac)) grants.
   - Authenticates as the collection's modules do - O(kubeconfig), O(context), explicit O(host) and credentials, the
     C(K8S_AUTH_*) environment variables, E(KUBECONFIG), else the in-cluster service account.
   - The configuration file's name must end in C(gpu_nodes.yml) or C(gpu_nodes.yaml). The C(auto) inventory plugin,

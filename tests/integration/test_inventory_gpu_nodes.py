@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from cluster import fixtures as f
+from cluster import fixtures as f, rbac
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -60,10 +60,11 @@ def test_gpu_nodes_become_hosts_with_groups_auth_and_cache(cluster, tmp_path):
                    labels={'nvidia.com/mig.config': 'all-1g.10gb', 'gpufleet.io/install-method': 'apt'}),
         f.node('cpu-x', internal_ip='10.9.0.9'),
     ])
+    reader = rbac.kubeconfig_for(cluster, 'gpufleet-upgrade-reader')   # the read-only role of docs/rbac is enough
     cluster.clear_requests()
     config = tmp_path / 'prod.gpu_nodes.yml'
     out = listed(inventory(config, {
-        'kubeconfig': cluster.kubeconfig, 'ansible_host': ['InternalIP'],
+        'kubeconfig': reader, 'ansible_host': ['InternalIP'],
         'keyed_groups': [{'key': "gpufleet_node.labels['nvidia.com/gpu.count']", 'prefix': 'gpus'}],
         'compose': {'node_ready': 'gpufleet_node.ready'},
     }))
