@@ -57,9 +57,8 @@ options:
       - V(name) is the Node name; V(InternalIP), V(ExternalIP), V(Hostname), V(InternalDNS) and V(ExternalDNS) are the
         Node's address of that type; V(label:<key>) and V(annotation:<key>) the value of that label or annotation.
       - A Node that no source names, and a host name two Nodes would share, fail the inventory, naming the Nodes.
-      - Keep the default for the collection's playbooks and say where to connect with O(ansible_host) instead - the
-        canary and rollout plays add hosts by Node name, so a host named otherwise (found through
-        C(gpufleet_node_name)) is not the host those plays reach.
+      - The collection's playbooks find each Node's host by its C(gpufleet_node_name), so any source works for them;
+        O(ansible_host) says where to connect independently of the name.
     type: list
     elements: str
     default: [name]

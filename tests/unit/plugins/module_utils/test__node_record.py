@@ -6,7 +6,7 @@ import pytest
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _node_record
 
 ROLLED_BACK = ('install', 'activate', 'operands', 'verify', 'gates', 'kernel_default')
-NOT_ROLLED_BACK = ('preflight', 'progress', 'kernel_check', 'drain', 'snapshot', 'rke2', 'ready', 'vms', 'postflight',
+NOT_ROLLED_BACK = ('preflight', 'progress', 'packages', 'kernel_check', 'drain', 'snapshot', 'rke2', 'ready', 'vms', 'postflight',
                    'uncordon')
 
 
@@ -55,10 +55,11 @@ def test_failure_hints():
     assert _node_record.failure('ready')['hint'].startswith('it did not come back Ready within node_upgrade_reboot_timeout')
     assert 'gpufleet.upgrade.rollback' in _node_record.failure('ready')['hint']
     assert _node_record.failure('drain')['hint'] == ''
+    assert _node_record.failure('packages')['hint'].startswith('nothing was changed on the node: make the repositories')
 
 
 # -- T3-19: a failure before the drain leaves a node no run of this target touched as it was ------
-BEFORE_DRAIN = ('preflight', 'progress', 'kernel_check')
+BEFORE_DRAIN = ('preflight', 'progress', 'packages', 'kernel_check')
 UNTOUCHED = {'recorded': None, 'stale_target': None, 'phase': None, 'done_phases': [], 'unschedulable': False}
 
 
@@ -102,7 +103,7 @@ def test_a_malformed_progress_is_refused_naming_the_value(progress, message):
 
 def test_step_records():
     assert dict((s.name, s.records) for s in _node_record.STEPS) == {
-        'preflight': None, 'progress': None, 'drain': 'drained', 'snapshot': 'snapshotted', 'rke2': None,
+        'preflight': None, 'progress': None, 'packages': None, 'drain': 'drained', 'snapshot': 'snapshotted', 'rke2': None,
         'install': 'installed', 'activate': None, 'ready': 'activated', 'gates': 'validated', 'vms': None,
         'postflight': None, 'uncordon': 'done', 'kernel_check': None, 'verify': None, 'kernel_default': None, 'operands': None}
 

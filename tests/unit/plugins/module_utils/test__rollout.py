@@ -336,7 +336,7 @@ def test_node_entry_finished_defaults_to_now():
 
 
 def test_node_entry_unknown_failed_step():
-    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of preflight, progress, kernel_check, drain"):
+    with pytest.raises(_node_record.RecordError, match="step: 'holders' is not one of preflight, progress, packages, kernel_check, drain"):
         _rollout.node_entry(plan(), 'gpu-02', failed_phase='holders')
 
 
