@@ -38,8 +38,11 @@ RECORD_KEYS = {'kernel': 'kernel', 'rke2': 'rke2', 'driver': 'driver', 'gpu_oper
 DEFAULT_PLATFORM_RECOVERY = (
     'the platform recovery procedure for RKE2 (restore the control plane from an etcd snapshot taken on '
     'the previous minor; see the RKE2 roll-back documentation and the cluster runbook)')
-GATES = ('accelerator health (NVML/Xid/ECC)', 'a real GPU allocation', 'GPU alerts clear',
-         'normal cluster health checks')
+# What the rollback role runs after a restore (roles/rollback: kernel_boot verify, then node_upgrade's host gates).
+# Not the workload or metric gates: a rolled-back node stays cordoned unless asked, and the canary's re-upgrade
+# and the observation windows run those.
+GATES = ('the snapshot\'s kernel running with the previous driver\'s module', 'accelerator health against the snapshot '
+         '(NVML/Xid/ECC)', 'the node gate (Ready, the device plugin, the expected GPU resources, taints)')
 
 
 @dataclass
