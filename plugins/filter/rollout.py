@@ -14,10 +14,11 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import (
-    _gpu_operator, _node_names, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
+    _gpu_operator, _node_gate, _node_names, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
 
 _ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError,
-           _plan_digest.PlanDigestError, _gpu_operator.GpuOperatorError, _node_names.NodeNameError)
+           _plan_digest.PlanDigestError, _gpu_operator.GpuOperatorError, _node_names.NodeNameError,
+           _node_gate.NodeGateError)
 
 
 def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any, **kwargs: t.Any) -> t.Any:
@@ -179,6 +180,10 @@ def node_names(hosts: t.List[str], hostvars: t.Any) -> t.List[str]:
     return _call('node_names', _node_names.node_names, hosts, _declared(hostvars, hosts))
 
 
+def expected_gpus(explicit: t.Any, baseline: t.Any) -> t.Dict[str, int]:
+    return _call('expected_gpus', _node_gate.expected_from_baseline, explicit, baseline)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
@@ -197,4 +202,4 @@ class FilterModule:
                 'operand_window_verdict': operand_window_verdict,
                 'rollback_activation': rollback_activation,
                 'install_method_verdict': install_method_verdict,
-                'inventory_hosts': inventory_hosts, 'node_names': node_names}
+                'inventory_hosts': inventory_hosts, 'node_names': node_names, 'expected_gpus': expected_gpus}

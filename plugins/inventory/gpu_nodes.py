@@ -86,7 +86,7 @@ plugin: gpufleet.upgrade.gpu_nodes
 kubeconfig: ~/.kube/rke2-prod.yaml
 node_selector: nvidia.com/gpu.present=true
 ansible_host: [InternalIP]
-
+---
 # Named by an address, and extra groups with the constructed options
 plugin: gpufleet.upgrade.gpu_nodes
 hostname: [Hostname, name]

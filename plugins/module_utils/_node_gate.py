@@ -34,7 +34,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import ima
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import is_gpu_resource
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import finished
 
-__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'evaluate_nodes', 'gated_nodes', 'label_selector_matches',
+__all__ = ['ALWAYS_ALLOWED_TAINTS', 'NodeGateError', 'evaluate', 'expected_from_baseline', 'evaluate_nodes', 'gated_nodes', 'label_selector_matches',
            'measure', 'node_views', 'parse_label_selector', 'pod_list_selectors', 'pod_ready', 'validate_finished_for',
            'validate_nodes']
 
@@ -139,6 +139,22 @@ def _pod_evidence(pod: Dict[str, Any]) -> Dict[str, Any]:
         'restarts': sum(int(c.get('restartCount') or 0) for c in (status.get('containerStatuses') or [])),
         'images': sorted({c.get('image') for c in ((pod.get('spec') or {}).get('containers') or []) if c.get('image')}),
     }
+
+
+def expected_from_baseline(explicit: Any, baseline: Any) -> Dict[str, int]:
+    """What a node's gate expects after its upgrade, decided once: `explicit` (node_upgrade_expected_gpus)
+    when given; else, when MIG was enabled on any of the node's GPUs before the change (`baseline`,
+    gpu_info's facts from the snapshot), {} - no count: its own layout decides, every GPU resource in its
+    capacity must be allocatable in full and there must be one (a MIG layout advertises nvidia.com/mig-*
+    resources, not one nvidia.com/gpu per GPU); else one nvidia.com/gpu per GPU NVML saw."""
+    if explicit:
+        return validate_expected(explicit)
+    gpus = (baseline or {}).get('gpus') if isinstance(baseline, dict) else None
+    if not isinstance(gpus, list):
+        raise NodeGateError('baseline: %r has no list of GPUs (gpu_info facts)' % (baseline,))
+    if any(isinstance(g, dict) and ((g.get('mig_mode') or {}).get('current') is True) for g in gpus):
+        return {}
+    return {'nvidia.com/gpu': len(gpus)}
 
 
 def validate_expected(expected: Any) -> Dict[str, int]:

@@ -44,7 +44,9 @@ options:
     description:
       - Expected allocatable count per GPU resource, for example C(nvidia.com/gpu=8) or, with the MIG
         mixed strategy, C(nvidia.com/mig-1g.10gb=56) (a dict of resource name to count).
-      - Required with O(node).
+      - Required with O(node). An empty dict means no count is known (a MIG node, whose layout advertises
+        C(nvidia.com/mig-*) resources) - every GPU resource in its capacity must then be allocatable in full, and there
+        must be at least one, as for a node of O(nodes) mapped to an empty dict.
     type: dict
   nodes:
     description:
@@ -292,6 +294,8 @@ def run(module: K8sModule) -> None:
         if params['nodes'] is not None:
             nodes = _node_gate.validate_nodes(params['nodes'])
             _node_gate.validate_finished_for(params['finished_for'])
+        elif params['expected_gpus'] == {}:
+            params['expected_gpus'] = None  # no count known: the node's capacity decides (as in the nodes form)
         else:
             _node_gate.validate_expected(params['expected_gpus'])
         _node_gate.parse_label_selector(params['device_plugin_selector'], 'device_plugin_selector')

@@ -122,6 +122,10 @@ def test_node_gate_mig_and_missing_plugin_and_missing_node(emu, run_playbook):
     res = r.result('gate')
     assert res['checks']['allocatable']['passed'] is True
     assert res['problems'] == ['no device plugin pod (app=nvidia-device-plugin-daemonset) on node gpu-1']
+    # No count given (what node_upgrade passes for a node with MIG enabled, filter expected_gpus): its own
+    # layout, every GPU resource of its capacity allocatable, decides; a count of nvidia.com/gpu would fail it.
+    r = run_playbook(gate(emu, expected_gpus={}))
+    assert r.result('gate')['checks']['allocatable']['passed'] is True, r.result('gate')['checks']
     r = run_playbook(gate(emu, node='gpu-9'))
     assert r.result('gate')['problems'] == ['node gpu-9 does not exist']
 

@@ -162,7 +162,6 @@ def test_rollback_without_nodes_acts_on_the_recorded_failures_only(cluster, run_
     assert mutations(cluster) == []
 
 
-
 def test_rollback_queues_the_failed_nodes_inventory_host_by_gpufleet_node_name(cluster, run_playbook, tmp_path):
     """Issue 39 item 3: a failed Node whose inventory host is an FQDN naming it with gpufleet_node_name is rolled
     back on that host (not on a new bare host of the Node name); a failed Node without a host is refused, named."""
@@ -187,6 +186,7 @@ def test_rollback_queues_the_failed_nodes_inventory_host_by_gpufleet_node_name(c
     assert res['_event'] == 'runner_on_failed'
     assert 'failed nodes: Node(s) %s have no inventory host' % S.NODE in res['msg'], res['msg']
     assert mutations(cluster) == []
+
 
 def test_preflight_needs_the_plan_or_the_target(cluster, run_playbook, tmp_path):
     load(cluster)

@@ -23,7 +23,7 @@ NAMES = ['target_key', 'pci_slug', 'snapshot_file', 'batch_admission', 'node_fai
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'observation_share', 'observation_gpu', 'plan_workflow_digest', 'observation_cases',
          'operator_revisions', 'operands_back', 'operand_window_verdict', 'rollback_activation', 'install_method_verdict',
-         'plan_nodes', 'plan_serial', 'inventory_hosts', 'node_names']
+         'plan_nodes', 'plan_serial', 'expected_gpus', 'inventory_hosts', 'node_names']
 
 
 def fleet():

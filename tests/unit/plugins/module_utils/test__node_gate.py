@@ -270,3 +270,32 @@ def test_gated_nodes_judges_only_those_the_read_records_finished():
     views = G.node_views(['gpu-3', 'gpu-1', 'gpu-4'], objects)
     assert [(v['name'], v['ready'], v['annotations']) for v in views] == [
         ('gpu-1', True, {ANN_DONE: 'key-1'}), ('gpu-3', True, {ANN_DONE: 'key-0'})]
+
+
+# -- issue 39 item 9: a MIG node's expectation comes from its own layout ----------------------------
+def _baseline(*mig):
+    return {'gpus': [{'index': i, 'mig_mode': {'current': m, 'pending': m}} for i, m in enumerate(mig)]}
+
+
+def test_expected_from_baseline():
+    assert G.expected_from_baseline({}, _baseline(False, False)) == {'nvidia.com/gpu': 2}
+    assert G.expected_from_baseline(None, _baseline(None)) == {'nvidia.com/gpu': 1}       # MIG not supported
+    assert G.expected_from_baseline({}, _baseline(False, True)) == {}                     # MIG on: its layout decides
+    assert G.expected_from_baseline({'nvidia.com/mig-1g.10gb': '14'}, _baseline(True)) == {'nvidia.com/mig-1g.10gb': 14}
+    with pytest.raises(G.NodeGateError, match="expected_gpus: 'gpu' is not a GPU resource"):
+        G.expected_from_baseline({'gpu': 1}, _baseline(False))
+    with pytest.raises(G.NodeGateError, match='baseline: .* has no list of GPUs'):
+        G.expected_from_baseline({}, {'driver_version': '580'})
+
+
+def test_a_mig_layout_passes_the_capacity_check_and_a_lost_instance_fails_it():
+    node = {'metadata': {'name': 'gpu-mig'}, 'spec': {},
+            'status': {'conditions': [{'type': 'Ready', 'status': 'True'}],
+                       'capacity': {'nvidia.com/mig-1g.10gb': '14', 'nvidia.com/gpu': '0'},
+                       'allocatable': {'nvidia.com/mig-1g.10gb': '14', 'nvidia.com/gpu': '0'}}}
+    expected = G.expected_from_baseline({}, _baseline(True, True))
+    verdict = G.evaluate('gpu-mig', node, [], expected or None, validator_selector=None)
+    assert verdict['checks']['allocatable']['passed'] is True, verdict['checks']['allocatable']
+    node['status']['allocatable']['nvidia.com/mig-1g.10gb'] = '13'
+    verdict = G.evaluate('gpu-mig', node, [], expected or None, validator_selector=None)
+    assert verdict['checks']['allocatable']['passed'] is False
