@@ -229,8 +229,8 @@ def test_a_gpu_node_labelled_control_plane_gets_a_server_plan_without_any_per_ho
     """Issue 39 item 8 (review M9 trap 2): the role is the Node's. A GPU node that is an RKE2 server gets a server
     Plan that selects it, and the stand-in upgrades it: no timeout with the node cordoned. A role given that is not
     the Node's is refused before any write, naming both."""
-    emu.apply([f.node('gpu-s-01', kubelet_version=CUR, labels={'node-role.kubernetes.io/control-plane': 'true',
-                                                                 'nvidia.com/gpu.present': 'true'})])
+    labels = {'node-role.kubernetes.io/control-plane': 'true', 'nvidia.com/gpu.present': 'true'}
+    emu.apply([f.node('gpu-s-01', kubelet_version=CUR, labels=labels)])
     emu.clear_requests()
     args = {'target_rke2': TGT, 'read_cluster': True, 'wait': True, 'wait_timeout': 60, 'wait_interval': 0.1,
             'cordon': False, 'nodes': [{'name': 'gpu-s-01', 'role': 'agent'}]}
