@@ -193,7 +193,9 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
                  tolerations: Optional[List[Dict[str, Any]]] = None) -> SucPlanResult:
     """Render one Plan per node to upgrade, in order; raise ``SucPlanError`` with every problem.
 
-    ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?}]``;
+    ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?, role_label?,
+    role_value?}]`` (``assign_roles`` sets role and the server label with its value from the Node;
+    without them a server's Plan selects ``node-role.kubernetes.io/control-plane=true``);
     a node without ``current_rke2`` takes ``current_rke2``. ``control_plane_rke2``: the control
     plane's version when no server is in ``nodes`` (agents may not be newer). ``server_plan``: the
     server Plan agents wait for in their ``prepare`` step when no server is in ``nodes``.
