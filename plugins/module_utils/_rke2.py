@@ -66,3 +66,46 @@ def transition_problems(current: Rke2Version, target: Rke2Version) -> t.List[str
     if target.minor - current.minor > 1:
         return [MINOR_SKIP]
     return []
+
+
+# The labels RKE2 puts on a server's Node (any of them: an etcd-only or a control-plane-only server is a
+# server too); an agent has none. The Node is the truth: no per-host variable decides the role.
+CONTROL_PLANE_LABEL = 'node-role.kubernetes.io/control-plane'
+SERVER_ROLE_LABELS = (CONTROL_PLANE_LABEL, 'node-role.kubernetes.io/etcd', 'node-role.kubernetes.io/master')
+ROLES = ('server', 'agent')
+
+
+class NodeRole(t.NamedTuple):
+    """A Node's RKE2 role and the label that says so (None for an agent) with its value."""
+    role: str
+    label: t.Optional[str] = None
+    value: t.Optional[str] = None
+
+    def __str__(self) -> str:
+        if self.label is None:
+            return '%s (none of the labels %s)' % (self.role, ', '.join(SERVER_ROLE_LABELS))
+        return '%s (label %s=%s)' % (self.role, self.label, self.value)
+
+
+def node_role(labels: t.Any) -> NodeRole:
+    """The RKE2 role of a Node from its labels: ``server`` when it carries any of ``SERVER_ROLE_LABELS``
+    (whatever the value: Kubernetes role labels count by their presence; RKE2 sets them to "true"), the
+    first of them in that order naming why; otherwise ``agent``."""
+    labels = labels if isinstance(labels, dict) else {}
+    for key in SERVER_ROLE_LABELS:
+        if key in labels:
+            return NodeRole('server', key, str(labels[key]))
+    return NodeRole('agent')
+
+
+def role_problem(node: str, declared: t.Any, actual: NodeRole, field: str = 'role') -> t.Optional[str]:
+    """The refusal when a role declared for ``node`` (a per-host variable) is not the one its Node has,
+    naming both; None when it agrees or none is declared (None or empty)."""
+    if declared is None or declared == '':
+        return None
+    if declared not in ROLES:
+        return '%s: %s for node %s is not one of %s' % (field, show(declared), node, ', '.join(ROLES))
+    if declared != actual.role:
+        return ('%s: node %s is declared an RKE2 %s, but its Node is an RKE2 %s; the Node decides: remove the '
+                'declaration (or correct the Node\'s labels)' % (field, node, declared, actual))
+    return None

@@ -193,7 +193,9 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
                  tolerations: Optional[List[Dict[str, Any]]] = None) -> SucPlanResult:
     """Render one Plan per node to upgrade, in order; raise ``SucPlanError`` with every problem.
 
-    ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?}]``;
+    ``nodes``: the serialized plan, in order: ``[{name, role: server|agent, current_rke2?, role_label?,
+    role_value?}]`` (``assign_roles`` sets role and the server label with its value from the Node;
+    without them a server's Plan selects ``node-role.kubernetes.io/control-plane=true``);
     a node without ``current_rke2`` takes ``current_rke2``. ``control_plane_rke2``: the control
     plane's version when no server is in ``nodes`` (agents may not be newer). ``server_plan``: the
     server Plan agents wait for in their ``prepare`` step when no server is in ``nodes``.
@@ -224,6 +226,7 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
 
     seen: Dict[str, int] = {}
     parsed: List[Tuple[int, str, str, Optional[Rke2Version]]] = []
+    role_labels: Dict[str, Tuple[str, str]] = {}
     first_agent: Optional[Tuple[int, str]] = None
     for i, node in enumerate(nodes):
         where = 'nodes[%d]' % i
@@ -240,6 +243,10 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
                             % (where, name, seen[name]))
             continue
         seen[name] = i
+        if role is None:
+            problems.append('%s.role: not given for node %r; give it, or read it from the Node (read_cluster)'
+                            % (where, name))
+            continue
         if role not in ROLES:
             problems.append('%s.role: %r for node %r must be one of %s' % (where, role, name, ', '.join(ROLES)))
             continue
@@ -263,6 +270,9 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
         if refusal:
             problems.append(refusal)
         parsed.append((i, name, role, cur))
+        if role == 'server' and node.get('role_label'):
+            # Read from the Node (read_cluster): the label that makes it a server, with its value.
+            role_labels[name] = (str(node['role_label']), str(node.get('role_value') or 'true'))
 
     servers_in_plan = [p for p in parsed if p[2] == 'server']
     agents_to_upgrade = [p for p in parsed if p[2] == 'agent' and p[3] is not None and p[3] < target]
@@ -296,8 +306,10 @@ def render_plans(nodes: List[Dict[str, Any]], target_rke2: str, current_rke2: Op
             'exclusive': True,
             'nodeSelector': {'matchExpressions': [
                 {'key': HOSTNAME_LABEL, 'operator': 'In', 'values': [name]},
-                # The role is part of the selector: a node declared with the wrong role matches nothing.
-                ({'key': CONTROL_PLANE_LABEL, 'operator': 'In', 'values': ['true']} if role == 'server'
+                # The role is part of the selector: a server by the label its Node carries (control-plane
+                # unless read otherwise), an agent by having no control-plane label.
+                ({'key': role_labels.get(name, (CONTROL_PLANE_LABEL, 'true'))[0], 'operator': 'In',
+                  'values': [role_labels.get(name, (CONTROL_PLANE_LABEL, 'true'))[1]]} if role == 'server'
                  else {'key': CONTROL_PLANE_LABEL, 'operator': 'DoesNotExist'}),
             ]},
             'serviceAccountName': service_account,
@@ -503,7 +515,8 @@ def plan_progress(plan: Optional[Dict[str, Any]], node: Optional[Dict[str, Any]]
         return PlanProgress(True, None, summary, kubelet, marked)
     if latest_ok and complete.get('status') == 'True' and not labelled and not at_target and node_name not in applying:
         return PlanProgress(False, 'the Plan completed without upgrading node %s: its node selector does not match '
-                            'the node (is node_upgrade_rke2_role right for it?)' % node_name, summary, kubelet)
+                            'the node (were its role labels changed after the Plan was written?)' % node_name,
+                            summary, kubelet)
     return PlanProgress(False, None, summary, kubelet)
 
 
@@ -634,16 +647,120 @@ def read_versions(client: Any, names: List[str],
     version (None without control plane nodes). Raises SucPlanError naming what is wrong when a node
     does not exist or the control plane nodes run different versions (finish the control plane
     upgrade first)."""
+    currents, _roles, running = read_nodes(client, names, control_plane_selector)
+    return currents, running
+
+
+def read_nodes(client: Any, names: List[str], control_plane_selector: str = CONTROL_PLANE_SELECTOR
+               ) -> Tuple[Dict[str, str], Dict[str, _rke2.NodeRole], Optional[str]]:
+    """``read_versions`` with each named node's RKE2 role as its Node's labels say (``_rke2.node_role``)."""
     currents: Dict[str, str] = {}
+    roles: Dict[str, _rke2.NodeRole] = {}
     for name in names:
         try:
             node = client.get(path_for('v1', 'nodes', name))
         except NotFoundError:
             raise SucPlanError(['node %s: not found in the API' % name])
         currents[name] = ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion') or ''
+        roles[name] = _rke2.node_role((node.get('metadata') or {}).get('labels'))
     servers = client.list_all(path_for('v1', 'nodes'), {'labelSelector': control_plane_selector})
     versions = sorted(set(((n.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion') or '' for n in servers))
     if len(versions) > 1:
         raise SucPlanError(['the control plane nodes run different RKE2 versions (%s): finish the control plane upgrade '
                             'before upgrading agents' % ', '.join(versions)])
-    return currents, (versions[0] or None) if versions else None
+    return currents, roles, (versions[0] or None) if versions else None
+
+
+def assign_roles(nodes: List[Dict[str, Any]], roles: Dict[str, _rke2.NodeRole]) -> List[Dict[str, Any]]:
+    """The input nodes with each one's role as read from its Node (``read_nodes``), its server label for the
+    Plan's selector. A role given for a node must agree with its Node: else SucPlanError naming both."""
+    problems: List[str] = []
+    out: List[Dict[str, Any]] = []
+    for i, node in enumerate(nodes):
+        actual = roles.get(node.get('name'))
+        if actual is None:
+            out.append(dict(node))
+            continue
+        problem = _rke2.role_problem(node['name'], node.get('role'), actual, 'nodes[%d].role' % i)
+        if problem:
+            problems.append(problem)
+        out.append(dict(node, role=actual.role, role_label=actual.label, role_value=actual.value))
+    if problems:
+        raise SucPlanError(problems)
+    return out
+
+
+# ------------------------------------------------------------------------------- preflight
+# Before anything is drained: the System Upgrade Controller runs (its Plan CRD is established and its
+# Deployment has ready replicas), and every node's RKE2 hop is allowed and its declared role (if any)
+# is its Node's. Pure functions over the objects read (suc_info reads them).
+PLAN_CRD = 'plans.upgrade.cattle.io'
+DEFAULT_CONTROLLER = 'system-upgrade-controller'
+
+
+def controller_state(crd: Optional[Dict[str, Any]], deployment: Optional[Dict[str, Any]], namespace: str,
+                     controller: str) -> Tuple[Dict[str, Any], List[str]]:
+    """What the CRD and the controller's Deployment say (read as they are; None when absent) and the
+    problems that keep a Plan from being acted on, each naming the object and what is wrong."""
+    problems: List[str] = []
+    established = _condition(crd or {}, 'Established').get('status') == 'True'
+    if crd is None:
+        problems.append('CustomResourceDefinition %s not found: the System Upgrade Controller is not installed '
+                        '(install it before an RKE2 upgrade)' % PLAN_CRD)
+    elif not established:
+        problems.append('CustomResourceDefinition %s is not Established' % PLAN_CRD)
+    spec = (deployment or {}).get('spec') or {}
+    status = (deployment or {}).get('status') or {}
+    replicas = int(spec.get('replicas', 1) or 0)
+    ready = int(status.get('readyReplicas') or 0)
+    where = 'Deployment %s/%s' % (namespace, controller)
+    if deployment is None:
+        problems.append('%s not found: the System Upgrade Controller does not run there (namespace, controller)'
+                        % where)
+    elif ready < 1:
+        problems.append('%s has %d ready replicas of %d: the System Upgrade Controller is not running'
+                        % (where, ready, replicas))
+    state = {'crd': PLAN_CRD, 'crd_established': established, 'namespace': namespace, 'deployment': controller,
+             'replicas': replicas if deployment is not None else None,
+             'ready_replicas': ready if deployment is not None else None,
+             'ready': not problems}
+    return state, problems
+
+
+def preflight_nodes(nodes: List[Dict[str, Any]], names: List[str], target_rke2: Optional[str],
+                    declared_roles: Optional[Dict[str, Any]] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Per named node (its Node object in ``nodes``): its RKE2 role from its labels, its current RKE2 (the
+    kubeletVersion) and, with ``target_rke2``, whether it needs a Plan (``action`` upgrade / up_to_date).
+    Problems: a node not found, a kubeletVersion that is no RKE2 version, a downgrade or minor skip to the
+    target, a declared role (``declared_roles``, node -> server/agent) that is not the Node's."""
+    problems: List[str] = []
+    target = parse_rke2_version(target_rke2, 'target_rke2') if target_rke2 else None
+    declared = declared_roles or {}
+    if not isinstance(declared, dict):
+        raise SucPlanError(['declared_roles: %r is not a mapping of node name to server or agent' % (declared,)])
+    by_name = {(n.get('metadata') or {}).get('name'): n for n in nodes}
+    rows: List[Dict[str, Any]] = []
+    for name in names:
+        node = by_name.get(name)
+        if node is None:
+            problems.append('node %s: not found in the API' % name)
+            continue
+        role = _rke2.node_role((node.get('metadata') or {}).get('labels'))
+        kubelet = ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion')
+        row: Dict[str, Any] = {'name': name, 'role': role.role, 'role_label': role.label, 'current_rke2': kubelet,
+                               'target_rke2': str(target) if target else None, 'action': None}
+        problem = _rke2.role_problem(name, declared.get(name), role, 'declared_roles[%s]' % name)
+        if problem:
+            problems.append(problem)
+        if target is not None:
+            try:
+                cur = _rke2.parse(kubelet)
+            except ValueError as exc:
+                problems.append('node %s: kubeletVersion %s' % (name, exc))
+            else:
+                refusal = check_hop(cur, target, 'node %s' % name)
+                if refusal:
+                    problems.append(refusal)
+                row['action'] = 'up_to_date' if cur == target else 'upgrade'
+        rows.append(row)
+    return rows, problems

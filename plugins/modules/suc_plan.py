@@ -80,9 +80,12 @@ options:
         type: str
         required: true
       role:
-        description: RKE2 role of the node.
+        description:
+          - RKE2 role of the node. With O(read_cluster=true) the role is read from the Node (V(server) when it carries
+            C(node-role.kubernetes.io/control-plane), C(node-role.kubernetes.io/etcd) or C(node-role.kubernetes.io/master),
+            else V(agent)) and a role given here must agree with it, or nothing is rendered (the refusal names both).
+          - Required without O(read_cluster).
         type: str
-        required: true
         choices: [server, agent]
       current_rke2:
         description: RKE2 version the node runs now; defaults to I(current_rke2).
@@ -187,11 +190,12 @@ options:
     default: 10
   read_cluster:
     description:
-      - Read from the API what the cluster runs before rendering, with read-only requests. Each node's current RKE2
+      - Read from the API what the cluster runs before rendering, with read-only requests. Each node's RKE2 role (from
+        its labels, see O(nodes[].role); a server's Plan selects it by the label that makes it one), its current RKE2
         (its C(kubeletVersion)) where O(nodes[].current_rke2) is not given, and the control plane's version
         (nodes labelled C(node-role.kubernetes.io/control-plane=true)) where O(control_plane_rke2) is not given.
-      - Refuses, writing nothing, when a node does not exist or the control plane nodes run different versions
-        (finish the control plane upgrade before upgrading agents).
+      - Refuses, writing nothing, when a node does not exist, a given O(nodes[].role) is not its Node's, or the control
+        plane nodes run different versions (finish the control plane upgrade before upgrading agents).
     type: bool
     default: false
 seealso:
@@ -227,11 +231,11 @@ EXAMPLES = r"""
     cordon: false
     kubeconfig: ~/.kube/config
     target_rke2: v1.36.1+rke2r1
-    current_rke2: v1.35.3+rke2r3
-    control_plane_rke2: v1.36.1+rke2r1
+    # the node's role and RKE2, and the control plane's RKE2, as the Nodes say
+    read_cluster: true
     server_plan: gpufleet-rke2-server-cp-3
     nodes:
-      - {name: gpu-a-02, role: agent}
+      - {name: gpu-a-02}
 """
 
 RETURN = r"""
@@ -291,7 +295,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import K8sEr
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._suc_plan import (
     DEFAULT_IMAGE, DEFAULT_NAME_PREFIX, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, SucPlanError, apply_one_at_a_time,
-    apply_plans, read_versions, render_plans, taint_tolerations)
+    apply_plans, assign_roles, read_nodes, render_plans, taint_tolerations)
 
 
 # The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
@@ -300,7 +304,7 @@ OPTIONS = dict(
     state=dict(type='str', choices=['rendered', 'present'], default='rendered'),
     nodes=dict(type='list', elements='dict', required=True, options=dict(
         name=dict(type='str', required=True),
-        role=dict(type='str', required=True, choices=['server', 'agent']),
+        role=dict(type='str', choices=['server', 'agent']),
         current_rke2=dict(type='str'),
     )),
     target_rke2=dict(type='str', required=True),
@@ -336,7 +340,8 @@ def run(module: K8sModule) -> None:
     control_plane_rke2 = p['control_plane_rke2']
     if p['read_cluster']:
         with module.errors(expected=(SucPlanError,), prefixes={SucPlanError: 'refusing to render RKE2 Plans: '}):
-            currents, running = read_versions(module.client, [n['name'] for n in p['nodes']])
+            currents, roles, running = read_nodes(module.client, [n['name'] for n in p['nodes']])
+            p['nodes'] = assign_roles(p['nodes'], roles)
         for node in p['nodes']:
             if node.get('current_rke2') is None and currents.get(node['name']):
                 node['current_rke2'] = currents[node['name']]

@@ -93,7 +93,7 @@ def test_every_read_only_module_reads_only_under_the_reader_role(cluster, run_pl
     load(cluster)
     role = 'gpufleet-upgrade-reader'
     modules = sorted(m for m, r in R.module_roles().items() if r == role)
-    assert modules == ['fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'node_gate', 'stop_switch_info']
+    assert modules == ['fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'node_gate', 'stop_switch_info', 'suc_info']
     kubeconfig = rbac.kubeconfig_for(cluster, role)
     tasks = {
         'fleet_info': {'node_selector': 'nvidia.com/gpu.present=true'},
@@ -101,13 +101,15 @@ def test_every_read_only_module_reads_only_under_the_reader_role(cluster, run_pl
         'gpu_operator_info': {},
         'node_gate': {'node': S.OTHER, 'expected_gpus': {'nvidia.com/gpu': 8}, 'timeout': 5},
         'stop_switch_info': {},
+        'suc_info': {'nodes': [S.NODE, S.OTHER]},
     }
     mark = cluster.audit_mark()
     run = run_playbook(play(As(kubeconfig), *({'name': m, 'ignore_errors': True, 'gpufleet.upgrade.%s' % m: tasks[m]}
                                               for m in modules)))
-    for m in ('fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'stop_switch_info'):
+    for m in ('fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'stop_switch_info', 'suc_info'):
         assert run.result(m)['_event'] == 'runner_on_ok', run.result(m)
     assert run.result('stop_switch_info')['stopped'] is False
+    assert run.result('suc_info')['controller']['crd_established'] is True  # the CRD read under the reader role
     # the scenario's gpu-2 has no device plugin pod: the gate's verdict, read with the reader's rights
     assert run.result('node_gate')['msg'].startswith('node gate: FAIL for gpu-2: no device plugin pod')
     events = cluster.audit_events(since=mark, user=rbac.user(rbac.SERVICE_ACCOUNTS[role]))

@@ -223,3 +223,31 @@ def test_wait_fails_on_a_failed_job_and_refuses_the_next_plan_while_one_is_unfin
             'system-upgrade/gpufleet-rke2-agent-gpu-a-01 (node gpu-a-01) is not complete (Complete=False, JobFailed)'
             in res['msg'])
     assert emu.mutating_requests() == []
+
+
+def test_a_gpu_node_labelled_control_plane_gets_a_server_plan_without_any_per_host_variable(emu, run_playbook):
+    """Issue 39 item 8 (review M9 trap 2): the role is the Node's. A GPU node that is an RKE2 server gets a server
+    Plan that selects it, and the stand-in upgrades it: no timeout with the node cordoned. A role given that is not
+    the Node's is refused before any write, naming both."""
+    labels = {'node-role.kubernetes.io/control-plane': 'true', 'nvidia.com/gpu.present': 'true'}
+    emu.apply([f.node('gpu-s-01', kubelet_version=CUR, labels=labels)])
+    emu.clear_requests()
+    args = {'target_rke2': TGT, 'read_cluster': True, 'wait': True, 'wait_timeout': 60, 'wait_interval': 0.1,
+            'cordon': False, 'nodes': [{'name': 'gpu-s-01', 'role': 'agent'}]}
+    res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == ("refusing to render RKE2 Plans: nodes[0].role: node gpu-s-01 is declared an RKE2 agent, but "
+                          "its Node is an RKE2 server (label node-role.kubernetes.io/control-plane=true); the Node "
+                          "decides: remove the declaration (or correct the Node's labels)")
+    assert emu.mutating_requests() == []
+
+    args['nodes'] = [{'name': 'gpu-s-01'}]
+    with SucStandIn(emu, delay=0.1) as suc:
+        res = run_playbook(_present_play(emu, args)).result('apply')
+    assert res['_event'] == 'runner_on_ok', res.get('msg')
+    assert [(n['name'], n['role'], n['plan_name']) for n in res['nodes']] == [
+        ('gpu-s-01', 'server', 'gpufleet-rke2-server-gpu-s-01')]
+    assert res['plans'][0]['spec']['nodeSelector']['matchExpressions'][1] == {
+        'key': 'node-role.kubernetes.io/control-plane', 'operator': 'In', 'values': ['true']}
+    assert [(e['event'], e['node']) for e in suc.log] == [('start', 'gpu-s-01'), ('finish', 'gpu-s-01')]
+    assert [(w['node'], w['done'], w['kubelet_version']) for w in res['waited']] == [('gpu-s-01', True, TGT)]

@@ -61,3 +61,31 @@ def test_parse_refuses_non_strings():
 ])
 def test_transition(current, target, problems):
     assert _rke2.transition_problems(_rke2.parse(current), _rke2.parse(target)) == problems
+
+
+# ---- the RKE2 role of a Node, from its labels (issue 39 item 8: no per-host variable decides it)
+
+@pytest.mark.parametrize('labels,role,label', [
+    ({'node-role.kubernetes.io/control-plane': 'true'}, 'server', 'node-role.kubernetes.io/control-plane'),
+    ({'node-role.kubernetes.io/etcd': 'true'}, 'server', 'node-role.kubernetes.io/etcd'),
+    ({'node-role.kubernetes.io/master': ''}, 'server', 'node-role.kubernetes.io/master'),
+    ({'node-role.kubernetes.io/etcd': 'true', 'node-role.kubernetes.io/control-plane': 'true'}, 'server',
+     'node-role.kubernetes.io/control-plane'),
+    ({'node-role.kubernetes.io/worker': 'true', 'nvidia.com/gpu.present': 'true'}, 'agent', None),
+    ({}, 'agent', None),
+    (None, 'agent', None),
+])
+def test_node_role_is_server_with_any_server_label(labels, role, label):
+    got = _rke2.node_role(labels)
+    assert (got.role, got.label) == (role, label)
+
+
+def test_role_problem_names_the_declared_role_and_the_nodes():
+    server = _rke2.node_role({'node-role.kubernetes.io/control-plane': 'true'})
+    assert _rke2.role_problem('gpu-1', None, server) is None
+    assert _rke2.role_problem('gpu-1', '', server) is None
+    assert _rke2.role_problem('gpu-1', 'server', server) is None
+    msg = _rke2.role_problem('gpu-1', 'agent', server, 'gpufleet_rke2_role')
+    assert msg.startswith('gpufleet_rke2_role: node gpu-1 is declared an RKE2 agent, but its Node is an RKE2 server '
+                          '(label node-role.kubernetes.io/control-plane=true)')
+    assert 'not one of server, agent' in _rke2.role_problem('gpu-1', 'worker', server)

@@ -360,7 +360,7 @@ def test_progress_fails_fast_on_job_failed_and_on_a_plan_that_missed_the_node():
                              _node_obj(), tgt)
     assert failed.failed == 'the upgrade Job failed: Job x failed on Node gpu-1: BackoffLimitExceeded'
     missed = S.plan_progress(_plan_obj('True', 'Complete'), _node_obj(), tgt)
-    assert 'completed without upgrading node gpu-1' in missed.failed and 'node_upgrade_rke2_role' in missed.failed
+    assert 'completed without upgrading node gpu-1' in missed.failed and 'role labels' in missed.failed
     assert S.plan_progress(None, _node_obj(), tgt).failed.startswith('the Plan does not exist')
     assert S.plan_progress(_plan_obj(), None, tgt).failed == 'the Node does not exist'
     assert missed.summary == ('Plan gpufleet-rke2-agent-gpu-1: Complete=True (Complete), latestVersion '
@@ -737,3 +737,83 @@ def test_bad_tolerations_are_refused_naming_the_entry(tolerations, problem):
 def test_bad_taints_to_tolerate(taints):
     with pytest.raises(SucPlanError, match='tolerate_taints'):
         S.taint_tolerations(taints)
+
+
+# ---- the role from the Node (issue 39 item 8, review M9 trap 2)
+
+def test_read_nodes_gives_each_nodes_role_from_its_labels():
+    etcd = _node('gpu-2', 'v1.35.3+rke2r3')
+    etcd['metadata']['labels'] = {'node-role.kubernetes.io/etcd': 'true'}
+    client = FakeNodes([_node('gpu-1', 'v1.35.3+rke2r3', True), etcd, _node('gpu-3', 'v1.35.3+rke2r3')])
+    _currents, roles, _running = S.read_nodes(client, ['gpu-1', 'gpu-2', 'gpu-3'])
+    assert {n: r.role for n, r in roles.items()} == {'gpu-1': 'server', 'gpu-2': 'server', 'gpu-3': 'agent'}
+
+
+def test_a_gpu_node_that_is_a_server_gets_a_server_plan_selecting_it_by_its_label():
+    etcd = _node('gpu-2', CUR)
+    etcd['metadata']['labels'] = {'node-role.kubernetes.io/etcd': 'true'}
+    _c, roles, _r = S.read_nodes(FakeNodes([_node('gpu-1', CUR, True), etcd]), ['gpu-1', 'gpu-2'])
+    nodes = S.assign_roles([{'name': 'gpu-1'}, {'name': 'gpu-2'}], roles)
+    res = render_plans(nodes=nodes, target_rke2=TGT, current_rke2=CUR)
+    sel = [p['spec']['nodeSelector']['matchExpressions'][1] for p in res.plans]
+    assert [p['metadata']['labels']['gpufleet.io/rke2-upgrade'] for p in res.plans] == ['server', 'server']
+    assert sel == [{'key': 'node-role.kubernetes.io/control-plane', 'operator': 'In', 'values': ['true']},
+                   {'key': 'node-role.kubernetes.io/etcd', 'operator': 'In', 'values': ['true']}]
+
+
+def test_a_declared_role_that_is_not_the_nodes_is_refused_naming_both():
+    _c, roles, _r = S.read_nodes(FakeNodes([_node('gpu-1', CUR, True), _node('gpu-2', CUR)]), ['gpu-1', 'gpu-2'])
+    with pytest.raises(SucPlanError) as exc:
+        S.assign_roles([{'name': 'gpu-1', 'role': 'agent'}, {'name': 'gpu-2', 'role': 'agent'}], roles)
+    assert exc.value.problems == [
+        'nodes[0].role: node gpu-1 is declared an RKE2 agent, but its Node is an RKE2 server (label '
+        'node-role.kubernetes.io/control-plane=true); the Node decides: remove the declaration (or correct the '
+        "Node's labels)"]
+
+
+def test_a_node_without_a_role_and_without_reading_the_cluster_is_refused():
+    assert _problems(nodes=[{'name': 'gpu-1'}], target_rke2=TGT, current_rke2=CUR) == [
+        "nodes[0].role: not given for node 'gpu-1'; give it, or read it from the Node (read_cluster)"]
+
+
+# ---- preflight: the System Upgrade Controller runs, hops and roles (suc_info)
+
+CRD_OK = {'metadata': {'name': 'plans.upgrade.cattle.io'},
+          'status': {'conditions': [{'type': 'Established', 'status': 'True'}]}}
+DEPLOY_OK = {'metadata': {'name': 'system-upgrade-controller'}, 'spec': {'replicas': 1},
+             'status': {'readyReplicas': 1}}
+
+
+@pytest.mark.parametrize('crd,deployment,problems', [
+    (CRD_OK, DEPLOY_OK, []),
+    (None, DEPLOY_OK, ['CustomResourceDefinition plans.upgrade.cattle.io not found: the System Upgrade Controller is '
+                       'not installed (install it before an RKE2 upgrade)']),
+    ({'status': {'conditions': [{'type': 'Established', 'status': 'False'}]}}, DEPLOY_OK,
+     ['CustomResourceDefinition plans.upgrade.cattle.io is not Established']),
+    (CRD_OK, None, ['Deployment system-upgrade/system-upgrade-controller not found: the System Upgrade Controller does '
+                    'not run there (namespace, controller)']),
+    (CRD_OK, {'spec': {'replicas': 1}, 'status': {}},
+     ['Deployment system-upgrade/system-upgrade-controller has 0 ready replicas of 1: the System Upgrade Controller '
+      'is not running']),
+])
+def test_controller_state(crd, deployment, problems):
+    state, got = S.controller_state(crd, deployment, 'system-upgrade', 'system-upgrade-controller')
+    assert got == problems and state['ready'] is (not problems)
+
+
+def test_preflight_nodes_refuses_a_minor_skip_a_downgrade_and_a_wrong_declared_role():
+    nodes = [_node('gpu-1', 'v1.34.2+rke2r1'), _node('gpu-2', 'v1.36.2+rke2r1'), _node('gpu-3', CUR, True),
+             _node('gpu-4', TGT), _node('gpu-5', 'garbage')]
+    rows, problems = S.preflight_nodes(nodes, ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-4', 'gpu-5', 'gpu-9'], TGT,
+                                       {'gpu-3': 'agent', 'gpu-4': 'agent'})
+    assert [(r['name'], r['role'], r['action']) for r in rows] == [
+        ('gpu-1', 'agent', 'upgrade'), ('gpu-2', 'agent', 'upgrade'), ('gpu-3', 'server', 'upgrade'),
+        ('gpu-4', 'agent', 'up_to_date'), ('gpu-5', 'agent', None)]
+    assert len(problems) == 5, problems
+    assert 'node gpu-9: not found in the API' in problems
+    assert any(p.startswith('node gpu-1: v1.34.2+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor '
+                            '(skips 1.35') for p in problems)
+    assert any(p.startswith('node gpu-2: v1.36.2+rke2r1 → v1.36.1+rke2r1: RKE2 downgrade is not allowed') for p in problems)
+    assert any(p.startswith('declared_roles[gpu-3]: node gpu-3 is declared an RKE2 agent, but its Node is an RKE2 server')
+               for p in problems)
+    assert any(p.startswith('node gpu-5: kubeletVersion "garbage" is not a valid RKE2 version') for p in problems)
