@@ -16,7 +16,8 @@ description:
     collection's playbooks target.
   - Each host has C(gpufleet_node_name) (the Node name, which the playbooks use to find the host's Node),
     C(gpufleet_rke2_role) (V(server) for a Node with a C(node-role.kubernetes.io/control-plane), C(etcd) or C(master)
-    label, else V(agent)), and C(gpufleet_node), a dictionary of what the Node says - C(kernel), C(kernel_line),
+    label, whatever its value - the role M(gpufleet.upgrade.suc_plan) and M(gpufleet.upgrade.suc_info) read - else
+    V(agent)), and C(gpufleet_node), a dictionary of what the Node says - C(kernel), C(kernel_line),
     C(rke2_version) (the kubelet version), C(platform), C(gpu_product), C(gpus), C(partition_mode), C(mig_strategy),
     C(install_method), C(addresses), C(labels), C(ready) and C(unschedulable).
   - Groups by the upgrade plan's combination keys as far as a Node says them - C(gpufleet_platform_<platform>)

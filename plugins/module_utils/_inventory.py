@@ -24,18 +24,17 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import node_facts
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._gpu_resources import MIG_PREFIX
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._rke2 import node_role
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._plan import PlanInputError, kernel_line
 
 # The group the playbooks target (hosts: gpufleet_hosts | default('gpu_nodes')).
 ALL_GROUP = 'gpu_nodes'
 ADDRESS_TYPES = ('InternalIP', 'ExternalIP', 'Hostname', 'InternalDNS', 'ExternalDNS')
-SERVER_ROLE_LABELS = ('node-role.kubernetes.io/control-plane', 'node-role.kubernetes.io/etcd',
-                      'node-role.kubernetes.io/master')
 INSTALL_METHOD_LABEL = 'gpufleet.io/install-method'
 PRODUCT_LABEL = 'nvidia.com/gpu.product'
 MIG_CONFIG_LABEL = 'nvidia.com/mig.config'
 MIG_STRATEGY_LABEL = 'nvidia.com/mig.strategy'
-MIG_RESOURCE_PREFIX = 'nvidia.com/mig-'
 # kubectl apply's copy of the object: large, and nothing a host needs.
 _DROPPED_ANNOTATIONS = ('kubectl.kubernetes.io/last-applied-configuration',)
 _UNSAFE_GROUP_CHARS = re.compile(r'[^a-z0-9_]')
@@ -97,14 +96,6 @@ def partition_mode(labels: Dict[str, str], mig_resources: int) -> str:
     return 'none'
 
 
-def rke2_role(labels: Dict[str, str]) -> str:
-    """V(server) for a Node with a control-plane, etcd or master role label (not V(false)), else V(agent)."""
-    for key in SERVER_ROLE_LABELS:
-        if key in labels and str(labels[key]).lower() != 'false':
-            return 'server'
-    return 'agent'
-
-
 def node_record(node: Dict[str, Any]) -> Dict[str, Any]:
     """What the inventory keeps of one Node (JSON-serialisable)."""
     if not isinstance(node, dict) or not isinstance((node.get('metadata') or {}).get('name'), str):
@@ -116,7 +107,7 @@ def node_record(node: Dict[str, Any]) -> Dict[str, Any]:
     annotations = {k: v for k, v in sorted((meta.get('annotations') or {}).items()) if k not in _DROPPED_ANNOTATIONS}
     addresses = [{'type': str(a.get('type')), 'address': str(a.get('address'))}
                  for a in status.get('addresses') or [] if isinstance(a, dict) and a.get('address')]
-    mig = sum(_int(v) for k, v in alloc.items() if k.startswith(MIG_RESOURCE_PREFIX))
+    mig = sum(_int(v) for k, v in alloc.items() if k.startswith(MIG_PREFIX))
     return {
         'name': facts['name'], 'labels': facts['labels'], 'annotations': annotations, 'addresses': addresses,
         'kernel': facts['kernel'], 'rke2': facts['rke2'], 'platform': facts['platform'],
@@ -171,7 +162,8 @@ def host_entry(record: Dict[str, Any], hostname: Sequence[Source], ansible_host:
     if name is None:
         raise InventoryConfigError('hostname: Node %s has no value for any of %s' % (node, _describe(hostname)))
     labels = record.get('labels') or {}
-    role = rke2_role(labels)
+    # The one RKE2 role decision (suc_plan and preflight use it too): a role label present makes a server.
+    role = node_role(labels).role
     mode = partition_mode(labels, _int(record.get('mig_resources')))
     line = _kernel_line(record.get('kernel'))
     method = str(labels.get(INSTALL_METHOD_LABEL) or '').strip() or None

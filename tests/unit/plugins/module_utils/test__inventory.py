@@ -67,7 +67,8 @@ def test_platform_falls_back_as_the_plan_reads_it():
     ({'node-role.kubernetes.io/control-plane': 'true'}, 'server'),
     ({'node-role.kubernetes.io/etcd': 'true'}, 'server'),
     ({'node-role.kubernetes.io/master': ''}, 'server'),
-    ({'node-role.kubernetes.io/control-plane': 'false'}, 'agent'),
+    # present means server, as for suc_plan and preflight (_rke2.node_role): one decision for the role
+    ({'node-role.kubernetes.io/control-plane': 'false'}, 'server'),
     ({}, 'agent'),
 ])
 def test_rke2_role_from_the_role_labels(labels, role):
