@@ -603,14 +603,16 @@ class AptBackend:
         r = self.runner(['apt-cache', 'policy'] + list(names), env=self.env())
         return parse_policy(r.stdout)
 
+    def index_age(self, now: Optional[float] = None) -> Optional[float]:
+        """Seconds since the package lists under the root were refreshed (index_age)."""
+        return index_age(self.runner.path('var/lib/apt/lists'),
+                         self.runner.path('var/lib/apt/periodic/update-success-stamp'), now)
+
     def update_cache(self, max_age: int = 0, now: Optional[float] = None) -> bool:
-        """`apt-get update`, unless `max_age` (seconds, > 0) is given and the package lists are younger
-        (index_age). True when it ran."""
-        if max_age > 0:
-            age = index_age(self.runner.path('var/lib/apt/lists'),
-                            self.runner.path('var/lib/apt/periodic/update-success-stamp'), now)
-            if age is not None and age < max_age:
-                return False
+        """`apt-get update`, unless the package lists are younger than `max_age` seconds (refresh_due).
+        True when it ran."""
+        if not refresh_due(self.index_age(now) if max_age > 0 else None, max_age):
+            return False
         self.runner(['apt-get', '-q', 'update'], env=self.env())
         return True
 
@@ -741,6 +743,12 @@ def index_age(lists_dir: str, stamp: str, now: Optional[float] = None) -> Option
     if newest is None:
         return None
     return max(0.0, (time.time() if now is None else now) - newest)
+
+
+def refresh_due(age: Optional[float], max_age: int) -> bool:
+    """Whether lists `age` seconds old (None: never refreshed, or not known) are refreshed under the bound
+    `max_age` (0: every time)."""
+    return max_age <= 0 or age is None or age >= max_age
 
 
 def dnf_expire(max_age: int) -> List[str]:

@@ -112,12 +112,10 @@ def main():
         name = kn.managed_backend(runner) if p['backend'] == 'auto' else p['backend']
         backend = pk.AptBackend(runner) if name == 'apt' else pk.DnfBackend(runner)
         task.backend = backend
-        age = None
-        if name == 'apt':
-            age = pk.index_age(runner.path('var/lib/apt/lists'), runner.path('var/lib/apt/periodic/update-success-stamp'))
-        due = name == 'dnf' or p['cache_valid_time'] == 0 or age is None or age >= p['cache_valid_time']
-        refreshed = due
-        if due and not module.check_mode:
+        age = backend.index_age() if name == 'apt' else None
+        if module.check_mode:  # dnf decides per repository: a refresh may always run there
+            refreshed = name == 'dnf' or pk.refresh_due(age, p['cache_valid_time'])
+        else:
             refreshed = backend.update_cache(p['cache_valid_time'])
         module.exit_json(changed=refreshed, backend=name, refreshed=refreshed, age=age,
                          commands=list(backend.runner.commands))
