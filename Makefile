@@ -158,6 +158,9 @@ test: collection system-deps controlplane
 # seed's change (kernel 6.8.0-134 → 135, RKE2 v1.35.3 → v1.36.1 through the SUC, driver 580.126.20 →
 # 580.130.00; CHANGE=driver: the driver alone), with an injected Xid 79 (FAULT=none: the whole rollout
 # completes; FAULT=<node>; FAULT_KIND=xid|temperature|kernel: kernel = the target kernel does not boot).
+# FLEET=production: the fleet shaped like a real one and run from the built collection installed read-only, with the
+# dynamic inventory, K8S_AUTH_* credentials and no evidence repository (docs/lab.md, "A production-shaped fleet").
+FLEET ?= lab
 FAULT ?= auto
 FAULT_KIND ?= xid
 CHANGE ?= seed
@@ -172,7 +175,7 @@ INSTALL_METHOD ?= apt
 # DRIVER_POOLS=1 (with INSTALL_METHOD=operator): the driver rendered per node pool from an NVIDIADriver object.
 DRIVER_POOLS ?= 0
 lab: collection controlplane
-	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(CHANGE) --install-method $(INSTALL_METHOD) $(LAB_GPU_OPERATOR) $(if $(filter 1,$(DRIVER_POOLS)),--driver-pools)
+	$(VPY) tests/tools/lab.py --fault $(FAULT) --fault-kind $(FAULT_KIND) --change $(if $(filter production,$(FLEET)),production,$(CHANGE)) --install-method $(INSTALL_METHOD) $(if $(filter production,$(FLEET)),,$(LAB_GPU_OPERATOR)) $(if $(filter 1,$(DRIVER_POOLS)),--driver-pools) --fleet $(FLEET)
 
 # Real-GPU fixtures (issue 4): the GPU machine has no network, so the nvidia-ml-py wheel travels in
 # .device/; there run `python3 tests/tools/device_capture.py --out DIR` (read only).

@@ -36,6 +36,10 @@ def pci_slug(pci_ids: t.Any) -> str:
     return _call('pci_slug', _rollout.pci_slug, pci_ids)
 
 
+def combination_slug(combination: t.Any) -> str:
+    return _call('combination_slug', _rollout.combination_slug, combination)
+
+
 def snapshot_file(directory: str, node: str, target: t.Dict[str, t.Any]) -> str:
     return _call('snapshot_file', _rollout.snapshot_file, directory, node, target)
 
@@ -186,7 +190,8 @@ def expected_gpus(explicit: t.Any, baseline: t.Any) -> t.Dict[str, int]:
 
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
-        return {'target_key': target_key, 'pci_slug': pci_slug, 'snapshot_file': snapshot_file,
+        return {'target_key': target_key, 'pci_slug': pci_slug, 'combination_slug': combination_slug,
+                'snapshot_file': snapshot_file,
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
                 'tuple_gate': tuple_gate,
                 'rollout_node_entry': rollout_node_entry, 'unfinished_nodes': unfinished_nodes, 'plan_nodes': plan_nodes,

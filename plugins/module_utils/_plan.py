@@ -34,7 +34,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate, _rke2
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._duration import parse_seconds
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import PauseError, check_pauses
@@ -199,7 +199,7 @@ def digest_of(plan: Dict[str, Any]) -> str:
 class _Node(object):
     __slots__ = ('name', 'pci_ids', 'platform', 'kernel', 'kernel_line', 'partition_mode',
                  'install_method', 'current', 'ready', 'unschedulable', 'gpus', 'holders',
-                 'labels', 'sort_key')
+                 'labels', 'sort_key', 'rke2_server')
 
     def __init__(self, raw: Any, index: int) -> None:
         where = 'nodes[%d]' % index
@@ -244,6 +244,9 @@ class _Node(object):
             raise PlanInputError('%s.labels: %r is not a dict' % (where, labels))
         self.labels = labels
         self.sort_key = natural_key(name)
+        # An RKE2 server (control-plane / etcd member, as its Node's labels say): at most one of them out of service
+        # at a time, so etcd keeps its quorum; an agent is the canary where the combination has one.
+        self.rke2_server = _rke2.node_role(labels).role == 'server'
 
     @property
     def out_of_service(self) -> bool:
@@ -613,7 +616,7 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                            key.get('pci_ids', '(not a combination key)')))
     for values, key, cid, members, source_tuples in parts:
         eligible = [n for n in members if n.ready]
-        eligible.sort(key=lambda n: (n.unschedulable, (n.holders or 0) > 0, n.holders or 0, n.sort_key))
+        eligible.sort(key=lambda n: (n.rke2_server, n.unschedulable, (n.holders or 0) > 0, n.holders or 0, n.sort_key))
         chosen = eligible[:canaries_per_combination]
         chosen_names = sorted((n.name for n in chosen), key=natural_key)
         combo = {
@@ -639,6 +642,13 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                         ('holding %d GPU workload(s)' % n.holders) if (n.holders or 0) > 0 else '') if x)))
     canary_nodes.sort(key=lambda n: n.sort_key)
     canaries = [n.name for n in canary_nodes]
+    server_canaries = [n.name for n in canary_nodes if n.rke2_server]
+    if len(server_canaries) > 1:
+        # The canaries are upgraded together: two RKE2 servers down at once can cost etcd its quorum.
+        problems.append('canaries %s are RKE2 servers (etcd members; their Nodes carry a control-plane, etcd or master '
+                        'label), and the canaries are upgraded together: at most one server may be out of service at a '
+                        'time. Their combinations have no agent to take instead; exclude all but one of them (exclude) '
+                        'and plan them after this rollout' % ', '.join(server_canaries))
     if omitted:
         msg = 'combination(s) without a canary: %s' % '; '.join(
             '%s (%d node(s): %s)' % (o['id'], o['count'], o['reason']) for o in omitted)
@@ -690,6 +700,8 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                     why = 'failure_allowance.nodes'
                 elif in_gpus < min_gpus:
                     why = 'failure_allowance.gpus'
+                elif n.rke2_server and any(b.rke2_server for b in batch):
+                    why = 'one_rke2_server'   # etcd keeps its quorum: one server per batch
                 if why:
                     limited_by = why
                     if not batch:

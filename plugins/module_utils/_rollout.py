@@ -10,6 +10,7 @@ the rollout's evidence bundle. Pure functions; the playbooks call them as filter
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -33,6 +34,26 @@ def pci_slug(pci_ids: Union[str, Sequence[str]]) -> str:
     if not isinstance(pci_ids, str) or not pci_ids.strip():
         raise RolloutError('pci_ids: %r is not a PCI id list (e.g. 10de:2330 or 10de:2330,10de:2331)' % (pci_ids,))
     return re.sub(r'[/,]', '-', pci_ids.replace(':', ''))
+
+
+def combination_slug(combination: Dict[str, Any]) -> str:
+    """The file-name form of a plan combination: its ``pci_slug``, and for a part of a combination the planner split
+    by source-tuple drift (``source_drift: split``: a key with ``source.<component>`` values) those values after it
+    (``10de2330-10de16c1--kernel-6.8.0-133-generic``, lower case, every character but letters, digits, ``.`` and ``-``
+    as ``-``: the record's id carries it), so each part's canary evidence and qualification record is a file of its
+    own. An unsplit combination's slug is its ``pci_slug``, as before."""
+    key = combination.get('key') if isinstance(combination, dict) else None
+    if not isinstance(key, dict) or 'pci_ids' not in key:
+        raise RolloutError('combination: %r is not a plan combination (a mapping with key.pci_ids)' % (combination,))
+    base = pci_slug(key['pci_ids'])
+    parts = sorted((k, v) for k, v in key.items() if k == 'source' or k.startswith('source.'))
+    if not parts:
+        return base
+    text = '-'.join('%s-%s' % (k[len('source.'):] if k.startswith('source.') else k, v) for k, v in parts)
+    text = re.sub(r'[^a-z0-9.-]+', '-', text.lower())   # a record id's characters
+    if len(text) > 80:
+        text = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return '%s--%s' % (base, text)
 
 
 def snapshot_file(directory: str, node: str, target: Dict[str, Any]) -> str:

@@ -653,13 +653,17 @@ def test_fqdn_inventory_hosts_with_gpufleet_node_name_plan_canary_and_roll_out(t
     """Issue 39 item 3: the inventory names its hosts by FQDN and gives each its Node with gpufleet_node_name.
     The plan joins each Node to its host's NVML facts (no PCI identity `unknown`), the canary and the rollout
     run on those hosts (not on new bare hosts of the Node names) and the release finds them; a Node of the pool
-    without an inventory host is refused at plan time, naming it."""
-    from tools.lab import Lab
+    without an inventory host is refused at plan time, naming it. Issue 39's "second run": from the built collection
+    installed read-only, started by FQCN from the lab's directory with relative paths, Kubernetes credentials only as
+    K8S_AUTH_*, no evidence repository."""
+    from tools.lab import LAB_ONLY_VARS, Lab
 
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', workload_suite=True)
+    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', workload_suite=True,
+              installed=True)
     lab.dir.mkdir()
     try:
         lab.prepare()
+        assert not set(LAB_ONLY_VARS) & set(lab.inventory['all']['vars'])   # credentials only as K8S_AUTH_*
         groups = lab.inventory['all']['children']['gpu_nodes']['children']
         for group in groups.values():
             group['hosts'] = {name + '.gpu.example.com': dict(hv, gpufleet_node_name=name)
@@ -679,6 +683,7 @@ def test_fqdn_inventory_hosts_with_gpufleet_node_name_plan_canary_and_roll_out(t
         rollout = lab.play('rollout', 'rollout.yml')
         problems = lab.verdict(plan, rollout)
         assert problems == [] and lab.release() == [], problems
+        assert lab.installed_changes() == [] and (lab.dir / 'plan.json').is_file()
         bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
         # the rollout's entries are keyed by Node name (the canaries were upgraded and recorded by the canary)
         assert sorted(bundle['nodes']) == sorted(set(lab.names) - set(plan['canaries'])), sorted(bundle['nodes'])
@@ -690,5 +695,55 @@ def test_fqdn_inventory_hosts_with_gpufleet_node_name_plan_canary_and_roll_out(t
         assert lab.play('plan-missing', 'plan.yml') == 'failed'
         msgs = [f['msg'] or '' for f in lab.runs['plan-missing']['failures']]
         assert any('Node(s) %s have no inventory host' % missing in m for m in msgs), msgs
+    finally:
+        lab.stop()
+
+
+def test_production_fleet_from_the_installed_collection_plans_splits_and_rolls_out(tmp_path):
+    """Issue 39, "Done when": the fleet shaped like a real one (labenv.FLEETS['production']: gpu-03 on another kernel
+    ABI, gpu-07 on another RKE2 patch, gpu-01 and gpu-05 RKE2 servers) runs plan -> preflight -> canary -> approve ->
+    upgrade_check -> rollout -> release from the collection built with `ansible-galaxy collection build` and installed
+    read-only, started by FQCN from the lab's directory (relative paths), with the collection's dynamic inventory
+    (hosts named by InternalIP, so no host is named as its Node), Kubernetes credentials only as K8S_AUTH_*, no
+    evidence repository. The drift is split at plan time, each part with its own canary and qualification record;
+    the servers' role comes from their Nodes; the drifted RKE2 node is brought to the fleet's patch."""
+    from tools.lab import Lab
+
+    lab = Lab(tmp_path / 'lab', nodes=0, fault='none', stuck=[], quiet=True, fleet='production', workload_suite=True)
+    lab.dir.mkdir()
+    try:
+        lab.prepare()
+        assert isinstance(lab.inventory, str) and 'kubeconfig' not in (lab.dir / 'inventory' / 'group_vars' / 'all.yml').read_text()
+        plan = lab.plan()
+        combos = {c['id']: c for c in plan['combinations']}
+        assert len(combos) == 4, sorted(combos)
+        parts = sorted(k for c in combos.values() for k in c['key'] if k.startswith('source.'))
+        assert parts == ['source.kernel', 'source.kernel', 'source.rke2', 'source.rke2'], parts
+        alone = {n for c in combos.values() if c['count'] == 1 for n in c['nodes']}
+        assert alone == {'gpu-03', 'gpu-07'}, combos
+        assert len(plan['canaries']) == 4 and sorted(n for b in plan['batches'] for n in b) == lab.names
+        assert {'gpu-03', 'gpu-07'} <= set(plan['canaries'])
+
+        lab.preflight()
+        if lab.play('canary', 'canary.yml') != 'successful':
+            raise AssertionError('canary.yml failed: %s' % lab.runs['canary']['failures'])
+        hosts = {e['host'] for e in lab.runs['canary']['events'] if e['event'] == 'runner_on_ok'} - {'localhost'}
+        assert hosts and all(h.startswith('10.0.') for h in hosts), hosts        # InternalIP hosts, not Node names
+        records = sorted(p.name for p in (lab.dir / 'qualification').glob('*.yaml'))
+        assert len(records) == 4 and sum('--' in r for r in records) == 4, records     # one record per part
+        lab.approve()
+        lab.approve_pauses(plan)
+        lab.gate()
+        rollout = lab.play('rollout', 'rollout.yml')
+        problems = lab.verdict(plan, rollout)
+        assert problems == [] and lab.release() == [], problems
+        rows = {r['node']: r for r in lab.node_view()}
+        assert rows['gpu-07']['kubelet'] == labenv.RKE2 and rows['gpu-03']['kernel'] == labenv.TARGET_KERNEL
+        for server in ('gpu-01', 'gpu-05'):
+            labels = lab.cluster.get('v1', 'Node', server)['metadata']['labels']
+            assert labels.get('node-role.kubernetes.io/etcd') == 'true' and not rows[server]['cordoned']
+        assert lab.installed_changes() == []
+        assert not (lab.installed / 'ansible_collections' / 'gpufleet' / 'upgrade' / 'playbooks' / 'plan.json').exists()
+        assert (lab.dir / 'plan.json').is_file() and (lab.dir / 'evidence' / 'rollout.json').is_file()
     finally:
         lab.stop()

@@ -318,6 +318,9 @@ UUID = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0'
 # (kernel, driver, n): linux-modules-nvidia-580-server-<kernel> at <kernel version>+<n>, built for
 # <driver>. Kernel 134 has builds for both drivers; 135 only for the newer driver.
 PREBUILT_MODULES = ((KERNEL_OLD, OLD, 1), (KERNEL_OLD, NEW, 2), (KERNEL_TARGET, NEW, 1))
+# An older ABI some nodes of a production-shaped lab fleet still run (kernel drift: labenv.FLEETS), with the
+# prebuilt module of the source driver for it.
+KERNEL_DRIFT = '6.8.0-133-generic'
 
 
 def kernel_version(release: str) -> str:
@@ -377,9 +380,11 @@ def kernel_repo_specs() -> list[DebSpec]:
 
 def lab_repo_specs() -> list[DebSpec]:
     """The lab's repository (tests/tools/labenv.py): both driver versions for both module sources,
-    kernels 6.8.0-134-generic and 6.8.0-135-generic whose images ship /boot/vmlinuz-<k>, and the
-    prebuilt NVIDIA modules of PREBUILT_MODULES."""
-    return (driver_specs() + prebuilt_driver_specs() + kernel_stack_specs(boot=True) + prebuilt_module_specs())
+    kernels 6.8.0-134-generic and 6.8.0-135-generic (and KERNEL_DRIFT, 133, some nodes of the production fleet run)
+    whose images ship /boot/vmlinuz-<k>, and the prebuilt NVIDIA modules of PREBUILT_MODULES (and of the source
+    driver for KERNEL_DRIFT)."""
+    return (driver_specs() + prebuilt_driver_specs() + kernel_stack_specs((KERNEL_OLD, KERNEL_TARGET, KERNEL_DRIFT), boot=True)
+            + prebuilt_module_specs(PREBUILT_MODULES + ((KERNEL_DRIFT, OLD, 1),)))
 
 
 def update_grub_hook_text(command: Sequence[str]) -> str:

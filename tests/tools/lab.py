@@ -41,6 +41,7 @@ Everything lives under --dir (default .lab/); ansible output is the progress dis
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import pathlib
@@ -58,6 +59,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / '.venv' / 'collections'), str(REPO / 'tests')]
 
 import ansible_runner  # noqa: E402
+import yaml  # noqa: E402
 
 from cluster import start_cluster  # noqa: E402
 from cluster.client import Cluster  # noqa: E402
@@ -69,6 +71,9 @@ from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
 
 APPROVER = 'lab-approver'
+# What the lab's static inventory sets that a platform team's does not (Lab(installed=True), fleet production): the
+# credentials come only as K8S_AUTH_*, each node's RKE2 role from its Node, the current tuple from the nodes.
+LAB_ONLY_VARS = ('gpufleet_kubeconfig', 'gpufleet_rke2_role', 'gpufleet_current')
 # Simulated maintenance time of one node on a real fleet (seconds): drain, install, reboot/reload
 # and the gates' observation. The lab does not sleep them; bench/lab_overhead.py compares the
 # controller's own time against them.
@@ -101,7 +106,8 @@ class Lab:
                  account_node_cpu: bool = False, change: str = 'seed', suc: bool = True,
                  misreport: dict[str, dict[str, str]] | None = None, gpu_operator: bool = False,
                  pause_before: list[int] | None = None, workload_suite: bool = False,
-                 install_method: str = 'apt', driver_pools: bool = False) -> None:
+                 install_method: str = 'apt', driver_pools: bool = False, fleet: str = 'lab',
+                 installed: bool = False) -> None:
         """`change`: labenv.CHANGES key (the target); `suc`: run the System Upgrade Controller
         stand-in for the lab's lifetime (a test that brings its own passes False); `misreport`:
         {node: {status.nodeInfo field: value}} the node's kubelet reports after each boot instead
@@ -110,7 +116,20 @@ class Lab:
         it to labenv.TARGET_GPU_OPERATOR and the playbooks run with gpufleet_gpu_operator_managed;
         `install_method` operator (with gpu_operator): the operator's driver container is the driver (the lab's
         hook plays it loading its module: tests/tools/lab_node.py operator); `driver_pools` (with it): the driver
-        rendered per node pool from an NVIDIADriver (labenv.DRIVER_POOL) instead of the ClusterPolicy."""
+        rendered per node pool from an NVIDIADriver (labenv.DRIVER_POOL) instead of the ClusterPolicy.
+        `fleet` (labenv.FLEETS): `lab`, every node alike, the playbooks run from this checkout with a static inventory;
+        `production`, the fleet shaped like a real one (drift, GPU nodes that are RKE2 servers; its node count and the
+        change `production`) and run as a platform team runs it (issue 39): the collection built and installed
+        read-only, its playbooks started by FQCN from the lab's directory with relative paths, the hosts from the
+        collection's dynamic inventory (gpu_nodes, named by InternalIP), Kubernetes credentials only as K8S_AUTH_*,
+        no evidence repository. `installed` (implied by `production`): run as installed, with the lab's static
+        inventory (its hosts' names, credentials only as K8S_AUTH_*)."""
+        self.fleet = fleet
+        self.installed_mode = installed or fleet == 'production'
+        self.shape = labenv.FLEETS[fleet]
+        if fleet == 'production':
+            nodes, change = self.shape['nodes'], 'production'
+        self.installed: pathlib.Path | None = None   # the installed collection (fleet production)
         self.dir = lab
         self.install_method = install_method
         self.driver_pools = driver_pools
@@ -167,8 +186,8 @@ class Lab:
         self.launch_prometheus()   # starts up (about 5 s) while the install roots are built
         t0 = time.monotonic()
         self.lib_dir = nvml_stub.build()
-        labenv.make_roots(self.dir, self.names)
-        labenv.write_node_files(self.dir, self.names)
+        labenv.make_roots(self.dir, self.names, shape=self.shape)
+        labenv.write_node_files(self.dir, self.names, shape=self.shape)
         log('%d install roots (kernel %s, driver %s from %s, real dpkg, GRUB environment block) and NVML states '
             'ready in %.1fs under %s' % (len(self.names), labenv.KERNEL, labenv.SOURCE_DRIVER, labenv.DRIVER_PRESET,
                                          time.monotonic() - t0, self.dir))
@@ -186,7 +205,15 @@ class Lab:
                 'every node upgraded so far at the end of each observation window; their Jobs are scheduled '
                 'for real and KWOK runs them; each pod\'s log is what the case prints on a healthy GPU (the lab\'s '
                 'stand-in for the CUDA binaries, WORKLOAD_OUTPUTS): the real cases need GPUs' % ', '.join(cases))
-        self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
+        if self.installed_mode:
+            self.install_collection()
+        if self.fleet == 'production':
+            self.inventory = self.dynamic_inventory()
+        else:
+            self.inventory = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())
+            if self.installed_mode:
+                for key in LAB_ONLY_VARS:
+                    self.inventory['all']['vars'].pop(key, None)
         self.before = {r['node']: r for r in self.node_view()}
         moved = [(k, v) for k, v in self.target.items() if labenv.CURRENT[k] != v]
         log('the change: %s' % ', '.join('%s %s -> %s' % (k, labenv.CURRENT[k], v) for k, v in moved))
@@ -206,7 +233,8 @@ class Lab:
             self.helm = HelmChartStandIn(self.cluster).__enter__()
             log('NVIDIA GPU Operator (built from its Go module) running; RKE2 helm-controller stand-in for its HelmChart')
         labenv.apply_pool(self.cluster, self.names, operator=self.operator,
-                          operator_driver=self.install_method == 'operator', driver_pools=self.driver_pools)
+                          operator_driver=self.install_method == 'operator', driver_pools=self.driver_pools,
+                          shape=self.shape)
         self.kubeconfig = labenv.operator_kubeconfig(self.cluster, self.dir / 'kubeconfig', gpu_operator=self.gpu_operator)
         # KWOK does not play the kubelet's pod status sync: a pod the node lifecycle controller marks not Ready
         # as a rebooted node comes back would stay so for ever; a real kubelet sets it Ready again.
@@ -217,9 +245,88 @@ class Lab:
             # controller on the real API: each agent Plan's Job is placed by the scheduler on the
             # (cordoned) node, KWOK completes it, the node's kubelet then reports the Plan's version.
             self.cluster.apply([labenv.control_plane_node(SERVER, self.target['rke2'])], settle=False)
+            # The controller's own Deployment (what preflight's suc_info finds ready: its pod placed by the scheduler
+            # on a control-plane node, run by KWOK); the stand-in below does its work.
+            self.cluster.apply(labenv.suc_controller_objects(), settle=False)
             self.suc = SucStandIn(self.cluster, delay=SUC_DELAY, interval=SUC_INTERVAL).__enter__()
             log('System Upgrade Controller stand-in running (tests/cluster/suc.py; Plans in system-upgrade); '
                 'RKE2 server %s at %s' % (SERVER, self.target['rke2']))
+
+    def install_collection(self) -> None:
+        """fleet production: the collection as a platform team gets it, `ansible-galaxy collection build` of this
+        checkout and `ansible-galaxy collection install` of the tarball into <lab>/collections, then made read-only
+        (every directory and file without write permission; root may still write, so the lab also compares the tree
+        after the run: `installed_changes`)."""
+        base = self.dir / 'collections'
+        shutil.rmtree(base, ignore_errors=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(('ANSIBLE_', 'K8S_AUTH_'))}
+        env['ANSIBLE_COLLECTIONS_PATH'] = str(base)
+        galaxy = str(pathlib.Path(sys.executable).parent / 'ansible-galaxy')
+        subprocess.run([galaxy, 'collection', 'build', '--output-path', str(self.dir / 'dist'), '--force', str(REPO)],
+                       check=True, capture_output=True, text=True, timeout=300, env=env)
+        tarball = next((self.dir / 'dist').glob('gpufleet-upgrade-*.tar.gz'))
+        subprocess.run([galaxy, 'collection', 'install', '--offline', '--force', '-p', str(base), str(tarball)],
+                       check=True, capture_output=True, text=True, timeout=300, env=env)
+        root = base / 'ansible_collections' / 'gpufleet' / 'upgrade'
+        for path in [root, *root.rglob('*')]:
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode & ~0o222)
+        self.installed = base
+        self._installed_tree = self.installed_tree()
+        log('collection: %s built and installed read-only into %s; the playbooks run by FQCN from %s'
+            % (tarball.name, base, self.dir))
+
+    def installed_tree(self) -> dict[str, tuple[int, int]]:
+        root = self.installed / 'ansible_collections' / 'gpufleet' / 'upgrade'
+        return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size)
+                for p in sorted(root.rglob('*')) if not p.is_symlink()}
+
+    def installed_changes(self) -> list[str]:
+        """What changed inside the installed collection since it was installed (fleet production; empty: nothing)."""
+        if self.installed is None:
+            return []
+        now = self.installed_tree()
+        return sorted(k for k in set(now) | set(self._installed_tree) if now.get(k) != self._installed_tree.get(k))
+
+    def k8s_auth_env(self) -> dict[str, str]:
+        """fleet production: the playbooks' Kubernetes credentials as an AWX credential or a CI job gives them, only
+        K8S_AUTH_* (host, token, CA) from the rollout identity's kubeconfig; no kubeconfig reaches the playbooks."""
+        conf = yaml.safe_load(pathlib.Path(self.kubeconfig).read_text())
+        cluster = conf['clusters'][0]['cluster']
+        user = conf['users'][0]['user']
+        ca = cluster.get('certificate-authority')
+        if not ca:
+            ca_path = self.dir / 'k8s-ca.crt'
+            ca_path.write_bytes(base64.b64decode(cluster['certificate-authority-data']))
+            ca = str(ca_path)
+        token = user.get('token') or pathlib.Path(user['tokenFile']).read_text().strip()
+        return {'K8S_AUTH_HOST': cluster['server'], 'K8S_AUTH_API_KEY': token, 'K8S_AUTH_SSL_CA_CERT': ca}
+
+    def dynamic_inventory(self) -> str:
+        """fleet production: an inventory directory whose hosts come from the collection's gpu_nodes plugin (named by
+        their InternalIP, so no host is named as its Node), the lab's per-node paths composed from each host's
+        gpufleet_node_name, and group_vars/all.yml with what every host shares."""
+        inv = self.dir / 'inventory'
+        shutil.rmtree(inv, ignore_errors=True)
+        (inv / 'group_vars').mkdir(parents=True)
+        nodes = str((self.dir / 'nodes').resolve())
+
+        def at(suffix: str) -> str:
+            return "%s ~ '/' ~ gpufleet_node_name ~ %s" % (json.dumps(nodes), json.dumps(suffix))
+        env = nvml_stub.env(self.lib_dir, 'STATE')
+        node_env = '{%s}' % ', '.join('%s: %s' % (json.dumps(k), at('/nvml.state') if v == 'STATE' else json.dumps(v))
+                                      for k, v in env.items())
+        config = {'plugin': 'gpufleet.upgrade.gpu_nodes', 'node_selector': 'nvidia.com/gpu.present=true',
+                  'hostname': ['InternalIP'], 'ansible_host': ['InternalIP'], 'strict': True,
+                  'compose': {'gpufleet_installroot': at('/root'), 'gpufleet_proc_path': at('/proc'),
+                              'gpufleet_kernel_log': at('/kern.log'), 'gpufleet_node_environment': node_env},
+                  'keyed_groups': [{'key': "gpufleet_node.labels['gpufleet.io/model']", 'prefix': 'model'}]}
+        (inv / 'lab.gpu_nodes.yml').write_text(yaml.safe_dump(config, sort_keys=False))
+        all_vars = labenv.inventory(self.dir, self.names, self.lib_dir, self.role_vars())['all']['vars']
+        for key in LAB_ONLY_VARS:
+            all_vars.pop(key, None)
+        (inv / 'group_vars' / 'all.yml').write_text(yaml.safe_dump(all_vars, sort_keys=False))
+        return str(inv)
 
     def node_cpu(self) -> float:
         """CPU seconds logged by node-side modules and the lab hook so far (0 without accounting)."""
@@ -289,11 +396,14 @@ class Lab:
         os.replace(tmp, self.dir / 'lab.json')   # the DCGM stand-in reads it at every scrape
 
     def role_vars(self) -> dict[str, Any]:
+        # fleet production: every path relative, resolved against the directory the playbooks start from (the lab's).
+        here = (lambda p: p) if self.installed_mode else (lambda p: str(self.dir / p))
         v = {
-            'gpufleet_plan_file': str(self.dir / 'plan.json'),
-            'gpufleet_qualification_dir': str(self.dir / 'qualification'),
-            'gpufleet_evidence': str(self.dir / 'evidence' / 'rollout.json'),
-            'gpufleet_record_id': 'lab-driver-580-130' if self.change == 'driver' else 'lab-seed-k135-rke2-136-driver-580-130',
+            'gpufleet_plan_file': here('plan.json'),
+            'gpufleet_qualification_dir': here('qualification'),
+            'gpufleet_evidence': here('evidence/rollout.json'),
+            'gpufleet_record_id': {'driver': 'lab-driver-580-130', 'production': 'lab-production-k135-driver-580-130'}.get(
+                self.change, 'lab-seed-k135-rke2-136-driver-580-130'),
             'gpufleet_target': self.target,
             'gpufleet_source_revision': self.revision(),
             'gpufleet_canaries_per_combination': 2 if len(self.names) >= 20 else 1,
@@ -334,6 +444,15 @@ class Lab:
                       'gpufleet_gpu_operator_timeout': 20 if self.fault_kind == 'operand' else 120})
         if self.install_method != 'apt':
             v['gpufleet_install_method'] = self.install_method
+        if self.installed_mode:
+            v['gpufleet_snapshot_dir'] = 'snapshots'
+        if self.fleet == 'production':
+            v.update({
+                      # The drift among the nodes (kernel ABI, RKE2 patch) is planned as parts with their own canary;
+                      # a part of one node is its own canary, acknowledged.
+                      'gpufleet_source_drift': 'split', 'gpufleet_single_node_pool_acknowledged': True,
+                      'gpufleet_canaries_per_combination': 1, 'gpufleet_batch_size': 2, 'gpufleet_max_unavailable': 6,
+                      'gpufleet_failure_allowance': {'gpus': '25%'}})
         v.update(self.lab_vars)
         return v
 
@@ -383,21 +502,27 @@ class Lab:
 
         env = {k: os.environ[k] for k in ('PATH', 'HOME', 'LANG', 'TMPDIR') if k in os.environ}
         env['PATH'] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get('PATH', '')
+        installed = self.installed if collection is None else None
         env.update({
-            'ANSIBLE_COLLECTIONS_PATH': str(collection.parents[2] if collection else REPO / '.venv' / 'collections'),
+            'ANSIBLE_COLLECTIONS_PATH': str(installed or (collection.parents[2] if collection else REPO / '.venv' / 'collections')),
             'ANSIBLE_RETRY_FILES_ENABLED': '0', 'ANSIBLE_FORKS': '8', 'ANSIBLE_PIPELINING': '1',
             'ANSIBLE_DISPLAY_SKIPPED_HOSTS': 'false', 'ANSIBLE_DEPRECATION_WARNINGS': 'false',
             'ANSIBLE_LOCALHOST_WARNING': 'false', 'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'false',
             'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
             'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
         })
+        if installed is not None:
+            env.update(self.k8s_auth_env())
         env.update(envvars or {})
         if playbook != 'plan.yml':   # plan.yml runs no gate: Prometheus starts meanwhile
             self.wait_prometheus()
         log('== %s (%s)' % (name, playbook))
         t0, c0, n0 = time.monotonic(), _children_cpu(), self.node_cpu()
+        # fleet production: by FQCN from the installed collection, in the lab's directory (relative paths land there).
+        where = ({'playbook': 'gpufleet.upgrade.' + playbook.rsplit('.', 1)[0], 'project_dir': str(self.dir.resolve())}
+                 if installed is not None else {'playbook': str((collection or REPO) / 'playbooks' / playbook)})
         result = ansible_runner.run(
-            private_data_dir=str(pdd), playbook=str((collection or REPO) / 'playbooks' / playbook), inventory=self.inventory,
+            private_data_dir=str(pdd), inventory=self.inventory, **where,
             extravars=extravars or {}, envvars=env, quiet=self.quiet, event_handler=on_event,
             timeout=self.play_timeout(),
             cancel_callback=lambda: cancelled[0])
@@ -472,6 +597,12 @@ class Lab:
                if self.fault != 'none' else 'none'))
         return plan
 
+    def preflight(self) -> None:
+        """preflight.yml on the plan (read-only: the live tuple, holders, the System Upgrade Controller and every
+        node's RKE2 hop, the target driver's availability per host)."""
+        if self.play('preflight', 'preflight.yml', {'gpufleet_plan_file': self.role_vars()['gpufleet_plan_file']}) != 'successful':
+            raise LabError('preflight.yml failed: %s' % self.runs['preflight']['failures'])
+
     def inject_operand_fault(self, node: str) -> None:
         """FAULT_KIND=operand: the API server's admission (a real ValidatingAdmissionPolicy) refuses the DCGM
         exporter pod of the target operator's revision on `node`, as an image that cannot be pulled or a pod
@@ -541,9 +672,9 @@ class Lab:
         return names
 
     def gate(self) -> None:
+        v = self.role_vars()
         status = self.play('upgrade_check', 'upgrade_check.yml', {
-            'gpufleet_qualification_dir': str(self.dir / 'qualification'),
-            'gpufleet_plan_file': str(self.dir / 'plan.json')})
+            'gpufleet_qualification_dir': v['gpufleet_qualification_dir'], 'gpufleet_plan_file': v['gpufleet_plan_file']})
         if status != 'successful':
             raise LabError('upgrade_check did not PASS: %s' % self.runs['upgrade_check']['failures'])
 
@@ -625,6 +756,9 @@ class Lab:
     def verdict(self, plan: dict, rollout_status: str) -> list[str]:
         rows = {r['node']: r for r in self.node_view()}
         problems = self.metric_verdict(rows)
+        changed = self.installed_changes()
+        if changed:
+            problems.append('the run wrote inside the installed collection: %s' % ', '.join(changed[:10]))
         target, source = self.target, labenv.CURRENT
         if self.fault == 'none':
             if rollout_status != 'successful':
@@ -924,10 +1058,12 @@ def run(args: argparse.Namespace) -> int:
     if args.without_canary and args.gpu_operator:
         raise SystemExit('--without-canary cannot run with --gpu-operator: canary.yml makes the operator\'s cluster '
                          'step, which the rollout needs')
-    lab = Lab(args.dir.resolve(), args.nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
+    nodes = labenv.FLEETS[args.fleet].get('nodes', args.nodes)
+    lab = Lab(args.dir.resolve(), nodes, args.fault, args.stuck, args.quiet, fault_kind=args.fault_kind,
               metrics=args.metrics, account_node_cpu=args.account_node_cpu, change=args.change, misreport=misreport,
-              gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, args.nodes),
-              workload_suite=True, install_method=args.install_method, driver_pools=args.driver_pools)
+              gpu_operator=args.gpu_operator, pause_before=_pauses(args.pause_before, nodes),
+              workload_suite=True, install_method=args.install_method, driver_pools=args.driver_pools,
+              fleet=args.fleet)
     lab.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     # SIGTERM (a CI job cancelled) ends the run as Ctrl-C does: through the `finally` below, which
@@ -949,6 +1085,7 @@ def run(args: argparse.Namespace) -> int:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
         plan = lab.plan()
+        lab.preflight()
         if args.without_canary:
             lab.approve_without_canary(plan)
         else:
@@ -1028,6 +1165,11 @@ def main(argv: list[str] | None = None) -> int:
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '
                              'operands' % labenv.TARGET_GPU_OPERATOR)
     parser.add_argument('--nodes', type=int, default=40)
+    parser.add_argument('--fleet', choices=sorted(labenv.FLEETS), default=os.environ.get('FLEET', 'lab'),
+                        help='lab: 40 nodes alike, the playbooks from this checkout; production: a fleet shaped like a '
+                             'real one (kernel ABI and RKE2 patch drift split at plan time, two GPU nodes that are RKE2 '
+                             'servers) run from the built collection installed read-only, with the dynamic inventory, '
+                             'K8S_AUTH_* credentials and no evidence repository (docs/lab.md)')
     parser.add_argument('--pause-before', default=os.environ.get('PAUSE_BEFORE', 'auto'),
                         help='pause points of the plan: batch numbers that wait for an approval (the lab approves '
                              'them itself); auto: batch 3 with 12 nodes or more; "" for none')

@@ -55,7 +55,29 @@ TARGET = dict(CURRENT, kernel=TARGET_KERNEL, rke2=TARGET_RKE2, driver=TARGET_DRI
 # With the real GPU Operator (Lab(gpu_operator=True), `make lab GPU_OPERATOR=1`): the seed's operator change too.
 TARGET_GPU_OPERATOR = 'v26.3.4'
 # `lab.py --change driver`: the lab's earlier change, the driver alone (a reload, no reboot).
-CHANGES = {'seed': TARGET, 'driver': dict(CURRENT, driver=TARGET_DRIVER)}
+CHANGES = {'seed': TARGET, 'driver': dict(CURRENT, driver=TARGET_DRIVER),
+           # FLEET=production: kernel and driver move; RKE2 stays at the fleet's patch, which brings the
+           # node that drifted to an older patch up to it (through the SUC).
+           'production': dict(CURRENT, kernel=TARGET_KERNEL, driver=TARGET_DRIVER)}
+KERNEL_DRIFT = debrepo.KERNEL_DRIFT          # 6.8.0-133-generic: an older ABI of the same kernel line
+RKE2_DRIFT = 'v1.35.2+rke2r1'                 # an older patch of the fleet's RKE2 minor
+# The fleet's shape (Lab(fleet=...)): `lab` is every node alike (the one-command lab); `production` is shaped like a
+# real fleet: some nodes on another kernel ABI and another RKE2 patch (drift the plan splits), two GPU nodes that are
+# RKE2 servers (control-plane and etcd), hosts found by the collection's dynamic inventory. Lab(fleet='production').
+FLEETS: dict[str, dict[str, Any]] = {
+    'lab': {'kernel': {}, 'rke2': {}, 'servers': ()},
+    'production': {'nodes': 8, 'kernel': {'gpu-03': KERNEL_DRIFT}, 'rke2': {'gpu-07': RKE2_DRIFT},
+                   'servers': ('gpu-01', 'gpu-05')},
+}
+
+
+def kernel_of(name: str, shape: dict | None = None) -> str:
+    """The kernel a node of `shape` runs at the source."""
+    return ((shape or {}).get('kernel') or {}).get(name, KERNEL)
+
+
+def rke2_of(name: str, shape: dict | None = None) -> str:
+    return ((shape or {}).get('rke2') or {}).get(name, RKE2)
 DRIVER_PRESET = 'ubuntu-server-prebuilt'
 MODULE_SOURCE = 'prebuilt'
 # The lab's nodes run the prebuilt user space (plugins/module_utils/_packages.py PRESETS
@@ -100,8 +122,9 @@ def nvml_state(model: dict, name: str, driver: str) -> dict:
     return {'driver_version': driver, 'cuda_version': 13000, 'gpus': gpus}
 
 
-def _node(name: str, model: dict) -> dict:
-    """A GPU node as RKE2's kubelet, NFD and GPU Feature Discovery report it (labels, allocatable, nodeInfo)."""
+def _node(name: str, model: dict, shape: dict | None = None) -> dict:
+    """A GPU node as RKE2's kubelet, NFD and GPU Feature Discovery report it (labels, allocatable, nodeInfo);
+    `shape` (FLEETS): its kernel, its RKE2 and whether it is an RKE2 server (RKE2's control-plane and etcd labels)."""
     major, minor, rev = SOURCE_DRIVER.split('.')
     labels = {
         'kubernetes.io/hostname': name, 'kubernetes.io/os': 'linux', 'kubernetes.io/arch': 'amd64',
@@ -115,6 +138,9 @@ def _node(name: str, model: dict) -> dict:
         'feature.node.kubernetes.io/pci-10de.present': 'true', 'nvidia.com/mig.strategy': 'single',
         'gpufleet.io/platform': model['platform'], 'gpufleet.io/model': model['group'],
     }
+    if name in ((shape or {}).get('servers') or ()):
+        del labels['node-role.kubernetes.io/worker']
+        labels.update({'node-role.kubernetes.io/control-plane': 'true', 'node-role.kubernetes.io/etcd': 'true'})
     alloc = {'cpu': '128', 'memory': '1056000000Ki', 'pods': '110', 'ephemeral-storage': '900000000Ki',
              GPU: str(GPUS_PER_NODE)}
     index = int(name.rsplit('-', 1)[1])
@@ -125,12 +151,12 @@ def _node(name: str, model: dict) -> dict:
                                 'message': 'kubelet is posting ready status'}],
                 'addresses': [{'type': 'InternalIP', 'address': '10.0.%d.%d' % (index // 250, index % 250 + 1)},
                               {'type': 'Hostname', 'address': name}],
-                'nodeInfo': node_info(name, KERNEL)}}
+                'nodeInfo': node_info(name, kernel_of(name, shape), rke2=rke2_of(name, shape))}}
 
 
-def node_info(name: str, kernel: str, boot: int = 0) -> dict:
+def node_info(name: str, kernel: str, boot: int = 0, rke2: str = RKE2) -> dict:
     """status.nodeInfo as the node's kubelet reports it; `boot` counts the node's reboots (its bootID)."""
-    return {'kernelVersion': kernel, 'kubeletVersion': RKE2, 'kubeProxyVersion': RKE2,
+    return {'kernelVersion': kernel, 'kubeletVersion': rke2, 'kubeProxyVersion': rke2,
             'osImage': 'Ubuntu 24.04.3 LTS', 'containerRuntimeVersion': 'containerd://2.1.4-k3s1',
             'operatingSystem': 'linux', 'architecture': 'amd64',
             'machineID': uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
@@ -150,6 +176,19 @@ def control_plane_node(name: str, rke2: str) -> dict:
             'status': {'capacity': alloc, 'allocatable': alloc, 'nodeInfo': info,
                        'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady',
                                        'message': 'kubelet is posting ready status'}]}}
+
+
+def suc_controller_objects() -> list[dict]:
+    """The System Upgrade Controller's namespace and Deployment as its manifest installs them (on a control-plane node,
+    tolerating CriticalAddonsOnly); tests/cluster/suc.py plays the controller's reconciliation."""
+    labels = {'upgrade.cattle.io/controller': 'system-upgrade-controller'}
+    return [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': 'system-upgrade'}},
+            _workload('Deployment', 'system-upgrade-controller', 'system-upgrade', labels, {
+                'nodeSelector': {'node-role.kubernetes.io/control-plane': 'true'},
+                'tolerations': [{'key': 'CriticalAddonsOnly', 'operator': 'Exists'},
+                                {'key': 'node-role.kubernetes.io/control-plane', 'operator': 'Exists', 'effect': 'NoSchedule'}],
+                'containers': [_container('system-upgrade-controller', 'rancher/system-upgrade-controller:v0.17.0')]},
+                replicas=1)]
 
 
 def _workload(kind: str, name: str, namespace: str, labels: dict, spec: dict, replicas: int | None = None) -> dict:
@@ -201,7 +240,7 @@ def operator_objects(driver: bool = False, pools: bool = False) -> list[dict]:
 
 
 def kubernetes_objects(names: list[str], operator: bool = False, operator_driver: bool = False,
-                       driver_pools: bool = False) -> list[dict]:
+                       driver_pools: bool = False, shape: dict | None = None) -> list[dict]:
     """The pool and its workloads, run by the control plane's real controllers: the GPU Operator's
     Deployment, the device plugin's and the DCGM exporter's DaemonSets (one pod per GPU node, made by
     the DaemonSet controller), and per GPU model a training ReplicaSet with one pod per node of the
@@ -237,7 +276,7 @@ def kubernetes_objects(names: list[str], operator: bool = False, operator_driver
         objs.append({'apiVersion': 'policy/v1', 'kind': 'PodDisruptionBudget',
                      'metadata': {'name': 'train-' + short, 'namespace': 'ml'},
                      'spec': {'selector': {'matchLabels': app}, 'maxUnavailable': 4}})
-    nodes = [_node(name, model_of(i, len(names))) for i, name in enumerate(names)]
+    nodes = [_node(name, model_of(i, len(names)), shape) for i, name in enumerate(names)]
     if operator:   # the operator labels its nodes' nvidia.com/gpu.deploy.* itself
         for node in nodes:
             node['metadata']['labels'] = {k: v for k, v in node['metadata']['labels'].items()
@@ -247,14 +286,14 @@ def kubernetes_objects(names: list[str], operator: bool = False, operator_driver
 
 
 def apply_pool(cluster: Any, names: list[str], timeout: float = 180, operator: Any = None,
-               operator_driver: bool = False, driver_pools: bool = False) -> None:
+               operator_driver: bool = False, driver_pools: bool = False, shape: dict | None = None) -> None:
     """The pool on the control plane: the nodes first, until each is Ready and free of taints (the
     node lifecycle controller lifts its not-ready taint), then the workloads, until they run
     (wait_workloads). In that order the scheduler spreads the training pods one per node, as on a
     fleet whose nodes were up before its jobs; created together, the pods would pile on the first
     node that came up."""
     objs = kubernetes_objects(names, operator=operator is not None, operator_driver=operator_driver,
-                              driver_pools=driver_pools)
+                              driver_pools=driver_pools, shape=shape)
     nodes = [o for o in objs if o['kind'] == 'Node']
     cluster.apply(nodes, settle=False)
 
@@ -348,16 +387,18 @@ def operator_kubeconfig(cluster: Any, path: pathlib.Path, gpu_operator: bool = F
 TEMPLATE_VERSION = 3      # bump when what a template root holds changes
 
 
-def _lab_packages(module_source: str) -> list[str]:
-    """`name=version` of what a lab node has installed at the source."""
-    v134 = debrepo.kernel_version(KERNEL)
-    kernel = ['%s=%s' % (n % KERNEL, v134) for n in ('linux-image-%s', 'linux-modules-%s', 'linux-modules-extra-%s')]
+def _lab_packages(module_source: str, kernel_release: str = KERNEL) -> list[str]:
+    """`name=version` of what a lab node has installed at the source (running `kernel_release`)."""
+    v134 = debrepo.kernel_version(kernel_release)
+    kernel = ['%s=%s' % (n % kernel_release, v134)
+              for n in ('linux-image-%s', 'linux-modules-%s', 'linux-modules-extra-%s')]
     if module_source == 'prebuilt':
-        n = next(n for k, d, n in debrepo.PREBUILT_MODULES if k == KERNEL and d == SOURCE_DRIVER)
+        builds = debrepo.PREBUILT_MODULES + ((debrepo.KERNEL_DRIFT, SOURCE_DRIVER, 1),)
+        n = next(n for k, d, n in builds if k == kernel_release and d == SOURCE_DRIVER)
         return (kernel + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in PREBUILT_SET]
-                + ['linux-modules-nvidia-580-server-%s=%s+%d' % (KERNEL, v134, n)])
+                + ['linux-modules-nvidia-580-server-%s=%s+%d' % (kernel_release, v134, n)])
     # The DKMS roots (the molecule scenarios) carry Fabric Manager and NSCQ too, as an HGX node does.
-    return (kernel + ['linux-headers-%s=%s' % (KERNEL, v134)]
+    return (kernel + ['linux-headers-%s=%s' % (kernel_release, v134)]
             + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER)) for p in DKMS_SET]
             + ['%s=%s' % (p, debrepo.deb_version(SOURCE_DRIVER, debrepo.FM_REVISION))
                for p in ('nvidia-fabricmanager-580', 'libnvidia-nscq-580')])
@@ -372,61 +413,72 @@ def update_grub_hook(root: pathlib.Path) -> None:
         [sys.executable, str(HERE / 'grubsim.py'), 'update-grub', str(root.resolve())]))
 
 
-def make_roots(lab: pathlib.Path, names: list[str], module_source: str = MODULE_SOURCE) -> pathlib.Path:
+def make_roots(lab: pathlib.Path, names: list[str], module_source: str = MODULE_SOURCE,
+               shape: dict | None = None) -> pathlib.Path:
     """One install root per node at the source tuple (kernel 6.8.0-134-generic, driver 580.126.20
     from `module_source`: `prebuilt`, the lab's, or `dkms`), with /boot, GRUB's environment block
     (real grub-editenv; saved_entry = the 134 entry), grub.cfg and GRUB_DEFAULT=saved; built once
-    and copied (cheap on 2 cores). Returns the repository."""
+    and copied (cheap on 2 cores); a node of `shape` that runs another kernel (FLEETS) gets a template of that
+    kernel. Returns the repository."""
     grubsim.editenv()         # the lab's reboots use the real grub-editenv: fail early and clearly
     cache = lab / 'cache'
     cache.mkdir(parents=True, exist_ok=True)
     repo = debrepo.cached_repo(cache, debrepo.lab_repo_specs())
-    template = cache / ('root-template-v%d-%s-%s' % (TEMPLATE_VERSION, module_source, repo.name))
-    marker = template.parent / (template.name + '.done')
-    if not marker.is_file():
-        shutil.rmtree(template, ignore_errors=True)
-        root = debrepo.AptRoot.create(template, repo)
-        update_grub_hook(template)
-        (template / 'etc/default/grub').write_text(
-            'GRUB_DEFAULT=saved\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\nGRUB_DISTRIBUTOR=Ubuntu\n'
-            'GRUB_CMDLINE_LINUX_DEFAULT=""\n')
-        root.apt_get('install', '-y', *_lab_packages(module_source))
-        # As on a node where the meta package pulled the kernel: its packages are automatic.
-        root.apt_mark('auto', *[n for n in root.installed() if n.startswith('linux-')])
-        if module_source == 'dkms':      # what DKMS autoinstall leaves (no maintainer scripts here)
-            mod = template / 'var/lib/dkms/nvidia' / SOURCE_DRIVER / KERNEL / 'x86_64/module'
-            mod.mkdir(parents=True)
-            (mod / 'nvidia.ko.zst').write_bytes(b'\0')
-        listed = grubsim.boot_kernels(template)
-        if listed != [KERNEL] or 'vmlinuz-' + KERNEL not in (template / 'boot/grub/grub.cfg').read_text():
-            raise RuntimeError('the template root\'s update-grub hook did not list %s in %s (boot/: %s)'
-                               % (KERNEL, template / 'boot/grub/grub.cfg', listed))
-        grubsim.create_grubenv(template / 'boot/grub/grubenv', saved_entry=GRUB_ENTRY(KERNEL))
-        marker.write_text('ok\n')
+    templates = {k: _template_root(cache, repo, module_source, k) for k in sorted({kernel_of(n, shape) for n in names})}
     for name in names:
         dest = lab / 'nodes' / name / 'root'
         shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(template, dest, symlinks=True)
+        shutil.copytree(templates[kernel_of(name, shape)], dest, symlinks=True)
         update_grub_hook(dest)
         (dest.parent / 'root.apt.conf').write_text(debrepo.apt_config_text(dest.resolve()))
     return repo
 
 
-def write_node_files(lab: pathlib.Path, names: list[str]) -> None:
+def _template_root(cache: pathlib.Path, repo: pathlib.Path, module_source: str, kernel: str) -> pathlib.Path:
+    """The install root every node running `kernel` starts as (built once per repository, kernel and module source)."""
+    suffix = '' if kernel == KERNEL else '-' + kernel
+    template = cache / ('root-template-v%d-%s-%s%s' % (TEMPLATE_VERSION, module_source, repo.name, suffix))
+    marker = template.parent / (template.name + '.done')
+    if marker.is_file():
+        return template
+    shutil.rmtree(template, ignore_errors=True)
+    root = debrepo.AptRoot.create(template, repo)
+    update_grub_hook(template)
+    (template / 'etc/default/grub').write_text(
+        'GRUB_DEFAULT=saved\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\nGRUB_DISTRIBUTOR=Ubuntu\n'
+        'GRUB_CMDLINE_LINUX_DEFAULT=""\n')
+    root.apt_get('install', '-y', *_lab_packages(module_source, kernel))
+    # As on a node where the meta package pulled the kernel: its packages are automatic.
+    root.apt_mark('auto', *[n for n in root.installed() if n.startswith('linux-')])
+    if module_source == 'dkms':      # what DKMS autoinstall leaves (no maintainer scripts here)
+        mod = template / 'var/lib/dkms/nvidia' / SOURCE_DRIVER / kernel / 'x86_64/module'
+        mod.mkdir(parents=True)
+        (mod / 'nvidia.ko.zst').write_bytes(b'\0')
+    listed = grubsim.boot_kernels(template)
+    if listed != [kernel] or 'vmlinuz-' + kernel not in (template / 'boot/grub/grub.cfg').read_text():
+        raise RuntimeError('the template root\'s update-grub hook did not list %s in %s (boot/: %s)'
+                           % (kernel, template / 'boot/grub/grub.cfg', listed))
+    grubsim.create_grubenv(template / 'boot/grub/grubenv', saved_entry=GRUB_ENTRY(kernel))
+    marker.write_text('ok\n')
+    return template
+
+
+def write_node_files(lab: pathlib.Path, names: list[str], shape: dict | None = None) -> None:
     """What a node booted on its saved GRUB entry (kernel 134) shows: proc/ (osrelease, cmdline,
     driver/nvidia/version of the module installed for the kernel), a kernel log with the boot's
     "Linux version" line, the NVML stand-in's state with that driver."""
     for i, name in enumerate(names):
         d = lab / 'nodes' / name
+        kernel = kernel_of(name, shape)
         (d / 'proc' / 'sys' / 'kernel').mkdir(parents=True, exist_ok=True)
-        (d / 'proc' / 'sys' / 'kernel' / 'osrelease').write_text(KERNEL + '\n')
-        (d / 'proc' / 'cmdline').write_text('BOOT_IMAGE=/boot/vmlinuz-%s root=UUID=%s ro\n' % (KERNEL, grubsim.UUID))
-        driver = module_driver(d / 'root', KERNEL)
+        (d / 'proc' / 'sys' / 'kernel' / 'osrelease').write_text(kernel + '\n')
+        (d / 'proc' / 'cmdline').write_text('BOOT_IMAGE=/boot/vmlinuz-%s root=UUID=%s ro\n' % (kernel, grubsim.UUID))
+        driver = module_driver(d / 'root', kernel)
         nv = d / 'proc' / 'driver' / 'nvidia' / 'version'
         nv.parent.mkdir(parents=True, exist_ok=True)
         nv.write_text(grubsim.nvidia_version_text(driver or SOURCE_DRIVER))
         (d / 'kern.log').write_text('%s %s kernel: Linux version %s (lab node booted)\n' % (
-            '2026-01-01T00:00:00+00:00', name, KERNEL))
+            '2026-01-01T00:00:00+00:00', name, kernel))
         state = nvml_state(model_of(i, len(names)), name, driver or SOURCE_DRIVER)
         (d / 'nvml.json').write_text(json.dumps(state, indent=1))
         nvml_stub.write_state(d / 'nvml.state', state)

@@ -539,3 +539,35 @@ def test_the_observation_settings_are_validated_and_kept_in_the_plan():
         with pytest.raises(P.PlanInputError) as err:
             P.build_plan(nodes, TARGET, observation=value)
         assert str(err.value).startswith(message), (str(err.value), message)
+
+
+# ---------------------------------------------------------------------------- RKE2 servers among the GPU nodes
+SERVER = {'node-role.kubernetes.io/control-plane': 'true', 'node-role.kubernetes.io/etcd': 'true'}
+
+
+def test_rke2_servers_are_not_canaries_where_an_agent_can_be_and_never_two_in_a_batch():
+    """Issue 39 (RKE2 servers among the GPU nodes): a server is an etcd member; the canary of a combination is an
+    agent where it has one, and a batch holds at most one server (two out together can cost etcd its quorum), the
+    plan saying why the batch was cut short."""
+    nodes = fleet(6)
+    for n in nodes[:3]:
+        n['labels'] = dict(SERVER)
+    plan = P.build_plan(nodes, target=TARGET, batch_size=3, max_unavailable=4)
+    check_invariants(plan, nodes)
+    assert plan['canaries'] == ['gpu-04']
+    servers = {'gpu-01', 'gpu-02', 'gpu-03'}
+    assert all(len(set(b) & servers) <= 1 for b in plan['batches']), plan['batches']
+    assert plan['batches'][1:] == [['gpu-01'], ['gpu-02'], ['gpu-03', 'gpu-05', 'gpu-06']], plan['batches']
+    assert [s['limited_by'] for s in plan['budget']['steps'][1:3]] == ['one_rke2_server', 'one_rke2_server']
+    # A server counts by its label's presence, whatever the value (as suc_plan and preflight read it).
+    nodes[0]['labels'] = {'node-role.kubernetes.io/master': 'false'}
+    plan = P.build_plan(nodes, target=TARGET, batch_size=3, max_unavailable=4)
+    assert all(len(set(b) & servers) <= 1 for b in plan['batches']), plan['batches']
+
+
+def test_two_server_canaries_are_refused_naming_them():
+    """Two combinations of servers only: their canaries, upgraded together, would be two servers down at once."""
+    nodes = fleet(2, labels=dict(SERVER)) + fleet(2, pci=A100, start=3, labels=dict(SERVER)) + fleet(2, pci=L40S, start=5)
+    with pytest.raises(P.PlanRefused) as exc:
+        P.build_plan(nodes, target=TARGET, max_unavailable=4)
+    assert any(p.startswith('canaries gpu-01, gpu-03 are RKE2 servers') for p in exc.value.problems), exc.value.problems

@@ -187,3 +187,22 @@ def test_a_plan_written_before_with_several_source_tuples_is_refused_before_it_i
     with pytest.raises(P.PlanInputError) as exc:
         P.check_plan(dict(split, combinations={'c1': {}}))
     assert str(exc.value) == "plan.combinations: {'c1': {}} is not a list of combinations"
+
+
+def test_split_parts_have_distinct_record_names_and_an_unsplit_combination_keeps_its_pci_slug():
+    """Issue 39 item 4: each part of a split combination has its own canary, so its own evidence and qualification
+    record (`combination_slug`); with the PCI slug alone the parts' files overwrote each other. An unsplit
+    combination's record keeps its old name (`<pci>.yaml`)."""
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _rollout as R
+
+    nodes = drifted(field='kernel', value='6.8.0-131-generic') + fleet(3, pci=A100, start=7)
+    plan = P.build_plan(nodes, target=TARGET, max_unavailable=4, source_drift='split')
+    slugs = [R.combination_slug(c) for c in plan['combinations']]
+    assert len(slugs) == len(set(slugs)) == 3, slugs
+    assert R.pci_slug(A100) in slugs
+    split = sorted(s for s in slugs if s.startswith(R.pci_slug(H100)))
+    assert split == ['10de2330-10de16c1--kernel-6.8.0-131-generic', '10de2330-10de16c1--kernel-6.8.0-134-generic'], split
+    rke2 = R.combination_slug({'key': {'pci_ids': H100, 'source.rke2': 'v1.35.2+rke2r1'}})
+    assert rke2 == '10de2330-10de16c1--rke2-v1.35.2-rke2r1', rke2     # what a record id may hold
+    with pytest.raises(R.RolloutError, match='not a plan combination'):
+        R.combination_slug({'id': 'x'})
