@@ -21,7 +21,9 @@ description:
     C(rke2_version) (the kubelet version), C(platform), C(gpu_product), C(gpus), C(partition_mode), C(mig_strategy),
     C(install_method), C(addresses), C(labels), C(ready) and C(unschedulable).
   - Groups by the upgrade plan's combination keys as far as a Node says them - C(gpufleet_platform_<platform>)
-    (label C(gpufleet.io/platform), else C(node.kubernetes.io/instance-type), else V(unknown), as the plan reads it),
+    (label C(gpufleet.io/platform), else C(node.kubernetes.io/instance-type), else V(unknown) - the inventory sees
+    the Node only, not the machine's DMI identity that the plan falls back to where no label says the platform, so
+    two platforms the plan tells apart by DMI can share the group C(gpufleet_platform_unknown)),
     C(gpufleet_kernel_<line>) (the kernel's major.minor, C(6.8) as C(6_8)), C(gpufleet_partition_<mode>),
     C(gpufleet_install_<method>) (only where a C(gpufleet.io/install-method) label says it), C(gpufleet_gpu_<product>)
     (label C(nvidia.com/gpu.product)) - and by RKE2 role, C(gpufleet_rke2_server) and C(gpufleet_rke2_agent).
@@ -49,9 +51,13 @@ options:
     choices: [gpufleet.upgrade.gpu_nodes]
   node_selector:
     description:
-      - Label selector of the Nodes to list (the GPU pool). An empty string lists every Node.
+      - Label selector of the Nodes to list (the GPU pool), used exactly as given. An empty string lists every Node.
+      - Not set (the default), the hosts are the NVIDIA GPU Nodes, as M(gpufleet.upgrade.fleet_info) and the playbooks
+        choose them without a selector - labelled C(nvidia.com/gpu.present=true) by GPU Feature Discovery or
+        C(feature.node.kubernetes.io/pci-10de.present=true) by Node Feature Discovery, or reporting an NVIDIA GPU
+        resource in their capacity or allocatable, or carrying a C(gpufleet.io/) annotation; no GPU Feature Discovery
+        is needed.
     type: str
-    default: nvidia.com/gpu.present=true
   hostname:
     description:
       - How a host is named, from its Node, by sources tried in order; the first that gives a value names the host.
@@ -85,8 +91,11 @@ EXAMPLES = r"""
 # inventories/prod/gpu_nodes.yml
 plugin: gpufleet.upgrade.gpu_nodes
 kubeconfig: ~/.kube/rke2-prod.yaml
-node_selector: nvidia.com/gpu.present=true
 ansible_host: [InternalIP]
+---
+# A pool of one's own label rather than every NVIDIA GPU Node
+plugin: gpufleet.upgrade.gpu_nodes
+node_selector: gpufleet.io/pool=h100
 ---
 # Named by an address, and extra groups with the constructed options
 plugin: gpufleet.upgrade.gpu_nodes
@@ -109,6 +118,7 @@ from typing import Any, Dict, List
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._fleet import FleetError, pool_nodes, pool_query
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._inventory import (
     InventoryConfigError, are_records, host_entries, node_record, parse_sources)
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import AUTH_ARG_SPEC, K8sClient, K8sError
@@ -129,14 +139,14 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         return {name: self.get_option(name) for name in AUTH_ARG_SPEC}
 
     def _list_nodes(self) -> List[Dict[str, Any]]:
-        selector = self.get_option('node_selector') or ''
+        selector = self.get_option('node_selector')     # None: the default pool (_fleet.is_gpu_node)
         try:
             client = K8sClient.from_params(self._auth_params())
-            nodes = client.list_all('/api/v1/nodes', {'labelSelector': selector} if selector else None)
-            return [node_record(n) for n in nodes]
+            nodes = client.list_all('/api/v1/nodes', pool_query(selector) or None)
+            return [node_record(n) for n in pool_nodes(nodes, selector)]
         except K8sError as exc:
             raise self._fail('cannot list the Nodes (node_selector=%r): %s' % (selector, exc)) from None
-        except InventoryConfigError as exc:
+        except (InventoryConfigError, FleetError) as exc:
             raise self._fail(str(exc)) from None
 
     def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
@@ -148,8 +158,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         except InventoryConfigError as exc:
             raise self._fail(str(exc)) from None
 
-        selector = self.get_option('node_selector') or ''
-        cache_key = '%s_%s' % (self.get_cache_key(path), hashlib.sha256(selector.encode('utf-8')).hexdigest()[:12])
+        selector = self.get_option('node_selector')
+        # The default pool and the empty selector (every Node) are two pools: two cache entries.
+        pool = 'default-pool' if selector is None else 'selector=%s' % selector
+        cache_key = '%s_%s' % (self.get_cache_key(path), hashlib.sha256(pool.encode('utf-8')).hexdigest()[:12])
         use_cache = bool(self.get_option('cache'))
         records = None
         if use_cache and cache:

@@ -7,7 +7,8 @@
 """The decisions of the `gpufleet.upgrade.gpu_nodes` inventory plugin (pure functions).
 
 - `node_record(node)`: what the inventory keeps of a Node (JSON, so the inventory cache holds it): fleet_info's
-  view (`_fleet.node_facts`: the platform as the plan keys it, `gpufleet.io/platform` else the instance type)
+  view (`_fleet.node_facts`: the platform as far as the Node says it, `gpufleet.io/platform` else the instance
+  type else `unknown`; the plan also falls back to the host's DMI identity, which a Node does not carry)
   plus the addresses, every annotation and the MIG resources it offers.
 - `parse_sources(option, value)`: a checked `hostname` / `ansible_host` source list
   (V(name), an address type, V(label:<key>), V(annotation:<key>)).

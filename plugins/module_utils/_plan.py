@@ -38,6 +38,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_ga
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._duration import parse_seconds
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import PauseError, check_pauses
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._platform import node_platform
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import named_entry, show
 
 __all__ = [
@@ -943,7 +944,10 @@ def planner_nodes(fleet: Dict[str, Any], gpu_facts: Dict[str, Any], holders: Opt
 
     A node without NVML facts (no inventory host, or gpu_info not run) gets the PCI identity
     ``unknown`` and no driver: it forms its own combination, which the plan then shows. (A Node label
-    cannot carry a PCI id: ':' is not valid in a label value.)"""
+    cannot carry a PCI id: ':' is not valid in a label value.)
+
+    The platform is `_platform.node_platform`'s: the Node's `gpufleet.io/platform` label, else its instance type,
+    else the host's DMI identity (gpu_info's `dmi`), else ``unknown``."""
     if not isinstance(fleet, dict) or not isinstance(fleet.get('nodes'), list):
         raise PlanInputError('fleet: %r is not fleet_info\'s result (no nodes list)' % (fleet,))
     cluster = fleet.get('cluster') or {}
@@ -957,7 +961,7 @@ def planner_nodes(fleet: Dict[str, Any], gpu_facts: Dict[str, Any], holders: Opt
         mig = any(((g or {}).get('mig_mode') or {}).get('current') for g in facts.get('gpus') or [])
         out.append({
             'name': n['name'], 'pci_ids': list(facts.get('pci_ids') or ['unknown']),
-            'platform': n.get('platform'), 'kernel': n.get('kernel'),
+            'platform': node_platform(n.get('labels'), facts.get('dmi')), 'kernel': n.get('kernel'),
             'partition_mode': 'mig' if mig else 'none', 'install_method': install_method,
             'current': {'kernel': n.get('kernel'), 'rke2': n.get('rke2'), 'driver': facts.get('driver_version'),
                         'gpu_operator': cluster.get('gpu_operator'), 'dcgm_exporter': cluster.get('dcgm_exporter')},

@@ -25,9 +25,16 @@ extends_documentation_fragment:
   - gpufleet.upgrade.attributes.info_module
 options:
   node_selector:
-    description: Label selector of the pool's Nodes. An empty string lists every Node.
+    description:
+      - Label selector of the pool's Nodes, used exactly as given. An empty string lists every Node.
+      - Not set (the default), the pool is the NVIDIA GPU Nodes, which needs no GPU Feature Discovery - every Node
+        labelled C(nvidia.com/gpu.present=true) (GPU Feature Discovery) or C(feature.node.kubernetes.io/pci-10de.present=true)
+        (Node Feature Discovery as the GPU Operator configures it), or whose capacity or allocatable reports an NVIDIA
+        GPU resource (C(nvidia.com/gpu), C(nvidia.com/gpu.shared), C(nvidia.com/mig-*)), or that carries a
+        C(gpufleet.io/) annotation (a node this collection is upgrading, whose device plugin may be down). Every Node is
+        listed and these are kept.
+      - Not set and with O(names), the named Nodes are read whatever they report.
     type: str
-    default: ''
   names:
     description:
       - Only these Nodes (after O(node_selector)). Empty means all.
@@ -56,9 +63,13 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Read the GPU pool
+- name: Read the GPU pool (the NVIDIA GPU Nodes, with or without GPU Feature Discovery)
   gpufleet.upgrade.fleet_info:
-    node_selector: nvidia.com/gpu.present=true
+  register: pool
+
+- name: Read the pool of a label of one's own, with an intake object
+  gpufleet.upgrade.fleet_info:
+    node_selector: gpufleet.io/pool=h100
     resources:
       - {api_version: v1, kind: ResourceQuota, namespace: tenants, name: gpu-intake}
   register: fleet
@@ -99,7 +110,9 @@ nodes:
       description: The system UUID its kubelet reports (C(status.nodeInfo.systemUUID)); null when not reported.
       type: str
     platform:
-      description: "Label C(gpufleet.io/platform) or the instance type, else V(unknown)."
+      description: >-
+        Label C(gpufleet.io/platform), else label C(node.kubernetes.io/instance-type), else V(unknown) (a Node does not
+        say its DMI identity; the plan adds it from the host, see M(gpufleet.upgrade.gpu_info) RV(gpufleet.upgrade.gpu_info#module:dmi)).
       type: str
     gpu_product:
       description: "Label C(nvidia.com/gpu.product)."
@@ -147,7 +160,7 @@ def _read(k8s, spec):
 # The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
 # in Ansible's worker when the task runs on the controller (plugin_utils/_in_worker).
 OPTIONS = dict(
-    node_selector={'type': 'str', 'default': ''},
+    node_selector={'type': 'str'},
     names={'type': 'list', 'elements': 'str', 'default': []},
     gpu_operator={'type': 'dict', 'default': {'api_version': 'apps/v1', 'kind': 'Deployment',
                                               'namespace': 'gpu-operator', 'name': 'gpu-operator'}},
@@ -166,12 +179,13 @@ def run(module: K8sModule) -> None:
             if p[field]:  # {} skips it (a null cannot be told from the default)
                 _fleet.validate_resource(0, p[field])
         k8s = module.client
-        query = {'labelSelector': p['node_selector']} if p['node_selector'] else {}
+        query = _fleet.pool_query(p['node_selector'])
         if len(set(p['names'])) == 1:
             # One node (the rollout's failure path reads the failed node's kubelet): read that node only, not
             # every Node of the cluster (issue 18: no read inside a node's phases grows with the fleet).
             query['fieldSelector'] = 'metadata.name=%s' % p['names'][0]
-        nodes = [_fleet.node_facts(n) for n in k8s.list_all(path_for('v1', 'nodes'), query)]
+        listed = _fleet.pool_nodes(k8s.list_all(path_for('v1', 'nodes'), query), p['node_selector'], bool(p['names']))
+        nodes = [_fleet.node_facts(n) for n in listed]
         if p['names']:
             wanted = set(p['names'])
             missing = sorted(wanted - {n['name'] for n in nodes})

@@ -20,6 +20,9 @@ description:
     remapped rows, temperature and running compute processes.
   - Reads Xid events from the kernel log since boot or a given time, each with the catalog mnemonic and
     severity, and lists the installed driver-related packages.
+  - Reads the machine's DMI identity (system vendor, product name, board vendor and name, from
+    C(<sys_path>/class/dmi/id)), which the upgrade plan takes as the node's server platform where no
+    C(gpufleet.io/platform) or C(node.kubernetes.io/instance-type) label names it.
   - Uses the C(nvidia-ml-py) binding (C(import pynvml)) when it is installed, else C(nvidia-smi -q -x).
   - An NVML call that fails on one GPU (not supported, GPU lost) leaves that field V(null) and records the
     NVML error text in the GPU's RV(gpus[].errors); it does not fail the task.
@@ -52,6 +55,14 @@ options:
       - Also list the installed driver-related packages (C(dpkg-query) or C(rpm)).
     type: bool
     default: true
+  sys_path:
+    description:
+      - The sysfs root (an absolute path) the DMI identity is read under (C(class/dmi/id/sys_vendor), C(product_name), C(board_vendor),
+        C(board_name)); another directory with that layout stands in for it (a test, a lab, a chroot).
+      - A field that cannot be read (no DMI tables, a file missing or not readable) is V(null) in RV(dmi); it does not
+        fail the task.
+    type: path
+    default: /sys
   require_driver:
     description:
       - When V(true), fail if NVML or C(nvidia-smi) cannot talk to the driver (for example the driver is not
@@ -83,6 +94,12 @@ EXAMPLES = r"""
     backend: nvidia-smi
     kernel_log: /var/log/kern.log
     xid_since: 24h
+    packages: false
+
+- name: The DMI identity from a copy of a node's /sys/class/dmi/id tree (under /srv/fake-sys/class/dmi/id)
+  gpufleet.upgrade.gpu_info:
+    sys_path: /srv/fake-sys
+    kernel_log: none
     packages: false
 
 - name: Facts while the driver is unloaded (mid-upgrade)
@@ -178,6 +195,21 @@ packages:
   type: list
   elements: dict
   sample: [{name: nvidia-driver-580-server, version: 580.126.20-0ubuntu1}]
+dmi:
+  description:
+    - The machine's DMI identity, each field's text (stripped) or V(null) where it could not be read or is empty.
+    - M(gpufleet.upgrade.upgrade_plan)'s C(platform) of a node without a C(gpufleet.io/platform) or
+      C(node.kubernetes.io/instance-type) label is C(<sys_vendor> <product_name>), else C(<board_vendor> <board_name>)
+      where the product name is empty or a firmware placeholder (V(To Be Filled By O.E.M.), V(Default string)), else
+      V(unknown).
+  returned: success
+  type: dict
+  contains:
+    sys_vendor: {description: System vendor., type: str}
+    product_name: {description: System product name., type: str}
+    board_vendor: {description: Baseboard vendor., type: str}
+    board_name: {description: Baseboard product name., type: str}
+  sample: {sys_vendor: Supermicro, product_name: SYS-821GE-TNHR, board_vendor: Supermicro, board_name: X13DEG-OAD}
 errors:
   description: Host-level failures that did not fail the task (C(backend), C(driver_version), C(cuda_driver_version)).
   returned: success
@@ -188,7 +220,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gpuhost, _nvml, _xid
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gpuhost, _nvml, _platform, _xid
 
 
 def main():
@@ -199,6 +231,7 @@ def main():
             xid_since=dict(type='str', default='boot'),
             packages=dict(type='bool', default=True),
             require_driver=dict(type='bool', default=True),
+            sys_path=dict(type='path', default='/sys'),
         ),
         supports_check_mode=True,
     )
@@ -208,6 +241,8 @@ def main():
         kernel_log = None
     elif kernel_log not in ('journal', 'dmesg') and not kernel_log.startswith('/'):
         module.fail_json(msg="kernel_log=%r: expected journal, dmesg, none or an absolute file path" % kernel_log)
+    if not p['sys_path'].startswith('/'):
+        module.fail_json(msg="sys_path=%r: expected an absolute directory path (the sysfs root, /sys)" % p['sys_path'])
     try:
         facts = _nvml.collect_facts(backend=p['backend'], runner=_gpuhost.ModuleRunner(module),
                                     kernel_log=kernel_log, xid_since=p['xid_since'],
@@ -221,6 +256,7 @@ def main():
         module.fail_json(msg=str(e))
     except Exception as e:  # a defect, not a user error: keep the trace for -vvv
         module.fail_json(msg='gpu_info failed unexpectedly: %s' % e, exception=traceback.format_exc())
+    facts['dmi'] = _platform.read_dmi(p['sys_path'])
     module.exit_json(changed=False, **facts)
 
 

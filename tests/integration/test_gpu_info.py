@@ -224,3 +224,31 @@ def test_gpu_info_one_state_per_emulated_node(run_playbook, nvml_stub_lib, tmp_p
     assert run.rc == 0, run.stdout
     got = {r['_host']: (r['driver_version'], r['pci_ids']) for r in run.task_results('facts', event='runner_on_ok')}
     assert got == {'gpu-a': ('580.130.00', [H100]), 'gpu-b': ('580.126.20', ['10de:1db6/10de:124a'])}
+
+
+def _dmi_tree(root: pathlib.Path, **fields: str) -> str:
+    base = root / 'class' / 'dmi' / 'id'
+    base.mkdir(parents=True)
+    for name, text in fields.items():
+        (base / name).write_text(text)
+    return str(root)
+
+
+def test_gpu_info_reads_the_dmi_identity_under_sys_path(run_playbook, fake_nvml, tmp_path):
+    """Issue 39 item 9: the machine's DMI identity, the plan's platform where no Node label names it; read under
+    sys_path (a stand-in tree here), a field that cannot be read is null, a relative sys_path is refused by name."""
+    fake_nvml.write(STATE)
+    root = _dmi_tree(tmp_path / 'sys', sys_vendor='Supermicro\n', product_name='SYS-821GE-TNHR\n',
+                     board_name='X13DEG-OAD\n')
+    run = run_playbook(play({'kernel_log': 'none', 'packages': False, 'sys_path': root}), envvars=fake_nvml.env)
+    assert run.rc == 0, run.stdout
+    assert run.result('facts')['dmi'] == {'sys_vendor': 'Supermicro', 'product_name': 'SYS-821GE-TNHR',
+                                          'board_vendor': None, 'board_name': 'X13DEG-OAD'}
+    run = run_playbook(play({'kernel_log': 'none', 'packages': False, 'sys_path': str(tmp_path / 'none')}),
+                       envvars=fake_nvml.env)
+    assert run.result('facts')['dmi'] == {'sys_vendor': None, 'product_name': None, 'board_vendor': None,
+                                          'board_name': None}
+    res = run_playbook(play({'kernel_log': 'none', 'packages': False, 'sys_path': 'sys'}),
+                       envvars=fake_nvml.env).result('facts')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == "sys_path='sys': expected an absolute directory path (the sysfs root, /sys)"

@@ -81,7 +81,8 @@ def test_gpu_nodes_become_hosts_with_groups_auth_and_cache(cluster, tmp_path):
     assert out['gpufleet_partition_mig']['hosts'] == ['gpu-mig'] and out['gpufleet_install_apt']['hosts'] == ['gpu-mig']
     assert out['gpufleet_gpu_nvidia_a100_sxm4_40gb']['hosts'] == ['gpu-mig']
     assert sorted(out['gpus_8']['hosts']) == ['gpu-a', 'gpu-cp', 'gpu-mig']
-    assert [(r['query'].get('labelSelector')) for r in node_lists(cluster)] == ['nvidia.com/gpu.present=true']
+    # the default pool: every Node listed once, the NVIDIA GPU Nodes kept (_fleet.is_gpu_node)
+    assert [(r['query'].get('labelSelector')) for r in node_lists(cluster)] == [None]
     assert cluster.mutating_requests() == []
 
     # Named by an address that differs from the Node name, authenticated by K8S_AUTH_* alone (no kubeconfig),
@@ -106,6 +107,32 @@ def test_gpu_nodes_become_hosts_with_groups_auth_and_cache(cluster, tmp_path):
     shown = listed(inventory(tmp_path / 'example.gpu_nodes.yml', example))
     assert sorted(shown['gpu_model_NVIDIA_H100_80GB_HBM3']['hosts']) == ['gpu-a', 'gpu-cp']
     assert shown['_meta']['hostvars']['gpu-mig']['ansible_host'] == '10.9.0.3'
+
+
+def test_default_pool_needs_no_gpu_feature_discovery_and_a_selector_is_used_as_given(cluster, tmp_path):
+    """Issue 39 item 9: on a cluster without GPU Feature Discovery no Node carries nvidia.com/gpu.present, so the old
+    default selector made an empty inventory. Unset, the hosts are the Nodes with NVIDIA GPU capacity (or the
+    GFD/NFD label, or this collection's annotations); an explicit selector, the empty one too, is used as given and
+    cached apart from the default. The platform group is the label's, else unknown (no DMI on a Node)."""
+    cluster.apply([
+        f.node('gpu-bare', allocatable={'nvidia.com/gpu': '8'}),
+        f.node('gpu-mig', allocatable={'nvidia.com/mig-3g.40gb': '2'}, labels={'gpufleet.io/platform': 'dgx-a100'}),
+        f.node('gpu-upgrading', annotations={'gpufleet.io/upgrade-state': 'drained'}),
+        f.node('cpu-x'),
+    ])
+    config = tmp_path / 'gpu_nodes.yml'
+    body = {'kubeconfig': cluster.kubeconfig, 'cache': True, 'cache_plugin': 'ansible.builtin.jsonfile',
+            'cache_connection': str(tmp_path / 'cache'), 'cache_timeout': 3600}
+    out = listed(inventory(config, body))
+    assert sorted(out['gpu_nodes']['hosts']) == ['gpu-bare', 'gpu-mig', 'gpu-upgrading']
+    assert sorted(out['gpufleet_platform_unknown']['hosts']) == ['gpu-bare', 'gpu-upgrading']
+    assert out['gpufleet_platform_dgx_a100']['hosts'] == ['gpu-mig']
+    every = listed(inventory(config, dict(body, node_selector='')))
+    assert sorted(every['gpu_nodes']['hosts']) == ['cpu-x', 'gpu-bare', 'gpu-mig', 'gpu-upgrading']
+    cluster.clear_requests()
+    chosen = listed(inventory(config, dict(body, node_selector='gpufleet.io/platform=dgx-a100')))
+    assert chosen['gpu_nodes']['hosts'] == ['gpu-mig']
+    assert [r['query'].get('labelSelector') for r in node_lists(cluster)] == ['gpufleet.io/platform=dgx-a100']
 
 
 def test_bad_source_and_unreachable_api_are_clear_errors(cluster, tmp_path):

@@ -136,3 +136,32 @@ def test_kernel_abi_drift_is_decided_at_plan_time(run_playbook):
     assert any('split into 2 combinations' in w for w in split['warnings'])
     assert r.result('filter')['ansible_facts']['filtered']['digest'] == split['digest']
     assert 'Traceback' not in r.stdout
+
+
+def test_platform_from_the_hosts_dmi_where_no_label_names_it(run_playbook):
+    """Issue 39 item 9: bare-metal Nodes without a platform or instance-type label were all platform `unknown`, so
+    two server platforms made one combination with one canary; the hosts' DMI identity (gpu_info's `dmi`) now
+    tells them apart, and a label still wins."""
+    def facts(vendor, product):
+        return {'pci_ids': [H100], 'driver_version': CURRENT['driver'], 'gpus': [{'mig_mode': {'current': False}}],
+                'dmi': {'sys_vendor': vendor, 'product_name': product, 'board_vendor': None, 'board_name': None}}
+    hosts = {'gpu-1': facts('Supermicro', 'SYS-821GE-TNHR'), 'gpu-2': facts('Dell Inc.', 'PowerEdge XE9680'),
+             'gpu-3': facts('Dell Inc.', 'PowerEdge XE9680')}
+    inventory = {'all': {'hosts': dict({h: {'ansible_connection': 'local', 'gpufleet_gpu_facts': v}
+                                        for h, v in hosts.items()},
+                                       localhost={'ansible_connection': 'local'})}}
+    node = {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'ready': True, 'unschedulable': False, 'gpus': 8}
+    fleet = {'cluster': {'gpu_operator': CURRENT['gpu_operator'], 'dcgm_exporter': None},
+             'nodes': [dict(node, name='gpu-1', platform='unknown', labels={}),
+                       dict(node, name='gpu-2', platform='unknown', labels={}),
+                       dict(node, name='gpu-3', platform='dgx-like', labels={'gpufleet.io/platform': 'dgx-like'})]}
+    r = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [{
+        'name': 'plan', 'ansible.builtin.set_fact': {
+            'plan': "{{ fleet | gpufleet.upgrade.planner_nodes(hostvars, {}, 'apt', hosts=['gpu-1', 'gpu-2', 'gpu-3'])"
+                    " | gpufleet.upgrade.upgrade_plan(target=target, max_unavailable=3) }}"}}]}],
+        extravars={'fleet': fleet, 'target': TARGET}, inventory=inventory)
+    assert r.rc == 0, r.stdout
+    plan = r.result('plan')['ansible_facts']['plan']
+    assert sorted(c['key']['platform'] for c in plan['combinations']) == [
+        'Dell Inc. PowerEdge XE9680', 'Supermicro SYS-821GE-TNHR', 'dgx-like']
+    assert sorted(plan['canaries']) == ['gpu-1', 'gpu-2', 'gpu-3']

@@ -235,9 +235,10 @@ def test_every_planned_batch_is_admitted_as_the_planner_computed_it():
 
 FLEET = {'cluster': {'gpu_operator': 'v25.3.0', 'dcgm_exporter': '4.2.3-4.1.3'},
          'nodes': [{'name': 'gpu-1', 'platform': 'dgx-h100', 'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3',
-                    'ready': True, 'unschedulable': False, 'gpus': 8, 'labels': {'a': 'b'}},
+                    'ready': True, 'unschedulable': False, 'gpus': 8,
+                    'labels': {'a': 'b', 'gpufleet.io/platform': 'dgx-h100'}},
                    {'name': 'gpu-2', 'platform': 'dgx-h100', 'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3',
-                    'ready': False, 'unschedulable': True, 'gpus': 8, 'labels': {}}]}
+                    'ready': False, 'unschedulable': True, 'gpus': 8, 'labels': {'gpufleet.io/platform': 'dgx-h100'}}]}
 FACTS = {'gpu-1': {'pci_ids': ['10de:2330/10de:16c1'], 'driver_version': '580.126.20',
                    'gpus': [{'mig_mode': {'current': False}}, {'mig_mode': {'current': True}}]}}
 
@@ -249,7 +250,8 @@ def test_planner_nodes_joins_the_api_view_the_nvml_facts_and_the_holders():
         'partition_mode': 'mig', 'install_method': 'apt',
         'current': {'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3', 'driver': '580.126.20',
                     'gpu_operator': 'v25.3.0', 'dcgm_exporter': '4.2.3-4.1.3'},
-        'ready': True, 'unschedulable': False, 'gpus': 8, 'holders': 3, 'labels': {'a': 'b'}}
+        'ready': True, 'unschedulable': False, 'gpus': 8, 'holders': 3,
+        'labels': {'a': 'b', 'gpufleet.io/platform': 'dgx-h100'}}
     # No NVML facts: PCI identity unknown (its own combination), no driver, no MIG, no holders counted.
     assert nodes[1]['pci_ids'] == ['unknown'] and nodes[1]['current']['driver'] is None
     assert nodes[1]['partition_mode'] == 'none' and nodes[1]['holders'] == 0
@@ -261,6 +263,43 @@ def test_planner_nodes_feed_the_planner():
                                     'gpu_operator': 'v25.3.0', 'dcgm_exporter': '4.2.3-4.1.3'},
                             max_unavailable=2, single_node_pool_acknowledged=True)
     assert plan['canaries'] == ['gpu-1']
+
+
+SMC = {'sys_vendor': 'Supermicro', 'product_name': 'SYS-821GE-TNHR', 'board_vendor': 'Supermicro',
+       'board_name': 'X13DEG-OAD'}
+DELL = {'sys_vendor': 'Dell Inc.', 'product_name': 'PowerEdge XE9680', 'board_vendor': 'Dell Inc.', 'board_name': '0XXXXX'}
+
+
+def bare_metal_fleet(*names):
+    """fleet_info's view of bare-metal Nodes that no platform or instance-type label names."""
+    return {'cluster': FLEET['cluster'],
+            'nodes': [{'name': n, 'platform': 'unknown', 'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3',
+                       'ready': True, 'unschedulable': False, 'gpus': 8, 'labels': {'kubernetes.io/hostname': n}}
+                      for n in names]}
+
+
+def test_planner_nodes_platform_falls_back_to_the_hosts_dmi_identity():
+    """Issue 39 item 9: without a label, two server platforms were both `unknown` - one combination, one canary."""
+    facts = {'gpu-1': dict(FACTS['gpu-1'], dmi=SMC), 'gpu-2': dict(FACTS['gpu-1'], dmi=DELL),
+             'gpu-3': dict(FACTS['gpu-1'], dmi=dict.fromkeys(SMC))}
+    nodes = _plan.planner_nodes(bare_metal_fleet('gpu-1', 'gpu-2', 'gpu-3', 'gpu-4'), facts, {})
+    assert [n['platform'] for n in nodes] == ['Supermicro SYS-821GE-TNHR', 'Dell Inc. PowerEdge XE9680',
+                                              'unknown', 'unknown']
+    plan = _plan.build_plan(nodes[:2], target={'kernel': '6.8.0-134-generic', 'rke2': 'v1.35.3+rke2r3',
+                                               'driver': '580.130.00', 'gpu_operator': 'v25.3.0',
+                                               'dcgm_exporter': '4.2.3-4.1.3'},
+                            max_unavailable=2)
+    assert [c['key']['platform'] for c in plan['combinations']] == ['Dell Inc. PowerEdge XE9680',
+                                                                    'Supermicro SYS-821GE-TNHR']
+    assert sorted(plan['canaries']) == ['gpu-1', 'gpu-2']
+
+
+def test_planner_nodes_a_platform_label_wins_over_dmi():
+    fleet = bare_metal_fleet('gpu-1', 'gpu-2')
+    fleet['nodes'][0]['labels'].update({'gpufleet.io/platform': 'dgx-h100', 'node.kubernetes.io/instance-type': 'x'})
+    fleet['nodes'][1]['labels']['node.kubernetes.io/instance-type'] = 'p5.48xlarge'
+    nodes = _plan.planner_nodes(fleet, {n: dict(FACTS['gpu-1'], dmi=SMC) for n in ('gpu-1', 'gpu-2')}, {})
+    assert [n['platform'] for n in nodes] == ['dgx-h100', 'p5.48xlarge']
 
 
 @pytest.mark.parametrize('fleet', [None, {}, {'nodes': 'gpu-1'}, {'nodes': [{'platform': 'x'}]}])
