@@ -36,6 +36,10 @@ def pci_slug(pci_ids: t.Any) -> str:
     return _call('pci_slug', _rollout.pci_slug, pci_ids)
 
 
+def live_tuple_problems(plan: t.Any, nodes: t.Any, names: t.Any = None) -> t.List[str]:
+    return _call('live_tuple_problems', _plan.live_tuple_problems, plan, nodes, names)
+
+
 def combination_slug(combination: t.Any) -> str:
     return _call('combination_slug', _rollout.combination_slug, combination)
 
@@ -190,7 +194,7 @@ def expected_gpus(explicit: t.Any, baseline: t.Any) -> t.Dict[str, int]:
 
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
-        return {'target_key': target_key, 'pci_slug': pci_slug, 'combination_slug': combination_slug,
+        return {'target_key': target_key, 'pci_slug': pci_slug, 'combination_slug': combination_slug, 'live_tuple_problems': live_tuple_problems,
                 'snapshot_file': snapshot_file,
                 'batch_admission': batch_admission, 'node_failure': node_failure, 'gate_results': gate_results,
                 'tuple_gate': tuple_gate,

@@ -643,6 +643,18 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                         ('holding %d GPU workload(s)' % n.holders) if (n.holders or 0) > 0 else '') if x)))
     canary_nodes.sort(key=lambda n: n.sort_key)
     canaries = [n.name for n in canary_nodes]
+    # RKE2 upgrades the servers before the agents (an agent may not be newer than the control plane; suc_plan refuses
+    # it, after the node was drained): agents that move RKE2 wait for every GPU server of the plan to be at the target.
+    target_rke2 = target.get('rke2') if isinstance(target, dict) else None
+    if target_rke2:
+        behind = [n.name for n in todo if n.rke2_server and n.current.get('rke2') != target_rke2]
+        moving = [n.name for n in todo if not n.rke2_server and n.current.get('rke2') != target_rke2]
+        if behind and moving:
+            problems.append('the target moves RKE2 to %s on agents (%s) while GPU nodes that are RKE2 servers (%s) run an '
+                            'older RKE2: RKE2 upgrades every server before any agent, and the canaries are agents. '
+                            'Upgrade the servers first, in a plan of their own (gpufleet_node_selector or exclude '
+                            'selecting them), then plan the agents' % (
+                                target_rke2, _names_shown(moving), _names_shown(behind)))
     server_canaries = [n.name for n in canary_nodes if n.rke2_server]
     if len(server_canaries) > 1:
         # The canaries are upgraded together: two RKE2 servers down at once can cost etcd its quorum.
@@ -859,6 +871,59 @@ def _names(names: Sequence[str]) -> str:
 
 def _md(text: Any) -> str:
     return str(text).replace('|', '\\|')
+
+
+# ------------------------------------------------------------------------------- the live tuple
+# The plan's source tuples are what the nodes ran when it was made; the gate and every batch re-read the nodes
+# (issue 39 item 4) and refuse a node that runs anything else now - a kernel moved by unattended-upgrades, an RKE2
+# patch applied by hand, a driver changed outside the rollout - before it moves: the canary qualified the path from
+# the combination's source tuple, not from what the node runs now.
+GFD_DRIVER_LABELS = ('nvidia.com/cuda.driver.major', 'nvidia.com/cuda.driver.minor', 'nvidia.com/cuda.driver.rev')
+
+
+def node_live_tuple(facts: Dict[str, Any]) -> Dict[str, Optional[str]]:
+    """What a Node says it runs now (fleet_info's node facts): the kernel (``nodeInfo.kernelVersion``), RKE2 (the
+    kubelet version) and the driver from GPU Feature Discovery's labels (None without them)."""
+    labels = facts.get('labels') if isinstance(facts.get('labels'), dict) else {}
+    parts = [labels.get(k) for k in GFD_DRIVER_LABELS]
+    return {'kernel': facts.get('kernel') or None, 'rke2': facts.get('rke2') or None,
+            'driver': '.'.join(str(x) for x in parts) if all(parts) else None}
+
+
+def live_tuple_problems(plan: Dict[str, Any], nodes: Any, names: Optional[Sequence[str]] = None) -> List[str]:
+    """Every node of the plan (of ``names`` when given) whose Node (``nodes``: fleet_info's node facts) runs a
+    component that is neither its combination's source nor the target: one problem each, naming the node, the
+    component, what runs and what the plan allows. A node absent from ``nodes`` is not judged here (the batch
+    admission refuses it). Empty: every node still runs a tuple the plan's qualification covers."""
+    if not isinstance(plan, dict):
+        raise PlanInputError('plan: %s is not a plan (a mapping)' % show(plan, 80))
+    if not isinstance(nodes, list):
+        raise PlanInputError('nodes: %s is not a list of node facts' % show(nodes, 80))
+    by_name = dict((n.get('name'), n) for n in nodes if isinstance(n, dict))
+    wanted = None if names is None else set(names)
+    target = plan.get('target') if isinstance(plan.get('target'), dict) else {}
+    problems: List[Tuple[Any, str]] = []
+    for combo in plan.get('combinations') or []:
+        sources = combo.get('source_tuples') or []
+        if not sources or not isinstance(sources[0], dict):
+            continue
+        source = sources[0]
+        for name in combo.get('nodes') or []:
+            if (wanted is not None and name not in wanted) or name not in by_name:
+                continue
+            for comp, value in sorted(node_live_tuple(by_name[name]).items()):
+                if value is None or comp not in source or value in (source.get(comp), target.get(comp)):
+                    continue
+                problems.append((natural_key(name), 'node %s runs %s %s now (as its Node says), but the plan has %s from '
+                                 'source %s to target %s (combination %s): it changed since the plan, and no canary '
+                                 'qualified that tuple; re-plan (plan.yml) and qualify it' % (
+                                     name, comp, value, comp, source.get(comp), target.get(comp), combo.get('id'))))
+    return [msg for _key, msg in sorted(problems)]
+
+
+def _names_shown(names: Sequence[str], limit: int = 8) -> str:
+    names = sorted(names, key=natural_key)
+    return ', '.join(names[:limit]) + (' and %d more' % (len(names) - limit) if len(names) > limit else '')
 
 
 def render_summary(plan: Dict[str, Any]) -> str:

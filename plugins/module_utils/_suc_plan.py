@@ -653,7 +653,9 @@ def read_versions(client: Any, names: List[str],
 
 def read_nodes(client: Any, names: List[str], control_plane_selector: str = CONTROL_PLANE_SELECTOR
                ) -> Tuple[Dict[str, str], Dict[str, _rke2.NodeRole], Optional[str]]:
-    """``read_versions`` with each named node's RKE2 role as its Node's labels say (``_rke2.node_role``)."""
+    """``read_versions`` with each named node's RKE2 role as its Node's labels say (``_rke2.node_role``). A control
+    plane on mixed versions is refused only where an agent is among ``names``; with servers only it is the normal
+    state of a server upgrade, one server at a time (the control plane's version is then None)."""
     currents: Dict[str, str] = {}
     roles: Dict[str, _rke2.NodeRole] = {}
     for name in names:
@@ -666,8 +668,13 @@ def read_nodes(client: Any, names: List[str], control_plane_selector: str = CONT
     servers = client.list_all(path_for('v1', 'nodes'), {'labelSelector': control_plane_selector})
     versions = sorted(set(((n.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion') or '' for n in servers))
     if len(versions) > 1:
-        raise SucPlanError(['the control plane nodes run different RKE2 versions (%s): finish the control plane upgrade '
-                            'before upgrading agents' % ', '.join(versions)])
+        agents = [name for name in names if roles[name].role != 'server']
+        if agents:
+            raise SucPlanError(['the control plane nodes run different RKE2 versions (%s): finish the control plane '
+                                'upgrade before upgrading agents (%s)' % (', '.join(versions), ', '.join(agents))])
+        # Servers only: a control plane halfway through its upgrade is what upgrading servers one at a time leaves
+        # (the second server sees the first at the target); their hops are checked one by one, no agent needs it.
+        return currents, roles, None
     return currents, roles, (versions[0] or None) if versions else None
 
 
@@ -732,7 +739,8 @@ def preflight_nodes(nodes: List[Dict[str, Any]], names: List[str], target_rke2: 
     """Per named node (its Node object in ``nodes``): its RKE2 role from its labels, its current RKE2 (the
     kubeletVersion) and, with ``target_rke2``, whether it needs a Plan (``action`` upgrade / up_to_date).
     Problems: a node not found, a kubeletVersion that is no RKE2 version, a downgrade or minor skip to the
-    target, a declared role (``declared_roles``, node -> server/agent) that is not the Node's."""
+    target, a declared role (``declared_roles``, node -> server/agent) that is not the Node's, and agents that would
+    move while a server of the cluster (any Node of ``nodes`` with a server role label) runs an older RKE2."""
     problems: List[str] = []
     target = parse_rke2_version(target_rke2, 'target_rke2') if target_rke2 else None
     declared = declared_roles or {}
@@ -763,4 +771,21 @@ def preflight_nodes(nodes: List[Dict[str, Any]], names: List[str], target_rke2: 
                     problems.append(refusal)
                 row['action'] = 'up_to_date' if cur == target else 'upgrade'
         rows.append(row)
+    moving_agents = [r['name'] for r in rows if r['role'] == 'agent' and r['action'] == 'upgrade']
+    if target is not None and moving_agents:
+        behind = []
+        for node in nodes:
+            meta = node.get('metadata') or {}
+            if _rke2.node_role(meta.get('labels')).role != 'server':
+                continue
+            kubelet = ((node.get('status') or {}).get('nodeInfo') or {}).get('kubeletVersion')
+            try:
+                if _rke2.parse(kubelet) < target:
+                    behind.append('%s (%s)' % (meta.get('name'), kubelet))
+            except ValueError:
+                continue
+        if behind:
+            problems.append('agents %s would move RKE2 to %s, but the control plane is not there: servers %s; RKE2 '
+                            'upgrades every server before any agent (an agent may not be newer than the control plane): '
+                            'upgrade the servers first' % (', '.join(moving_agents[:8]), target, ', '.join(sorted(behind)[:8])))
     return rows, problems

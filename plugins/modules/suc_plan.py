@@ -195,7 +195,8 @@ options:
         (its C(kubeletVersion)) where O(nodes[].current_rke2) is not given, and the control plane's version
         (nodes labelled C(node-role.kubernetes.io/control-plane=true)) where O(control_plane_rke2) is not given.
       - Refuses, writing nothing, when a node does not exist, a given O(nodes[].role) is not its Node's, or the control
-        plane nodes run different versions (finish the control plane upgrade before upgrading agents).
+        plane nodes run different versions while an agent is among O(nodes) (finish the control plane upgrade before upgrading
+        agents; servers alone may go on, one at a time).
     type: bool
     default: false
 seealso:

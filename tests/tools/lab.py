@@ -316,7 +316,8 @@ class Lab:
         env = nvml_stub.env(self.lib_dir, 'STATE')
         node_env = '{%s}' % ', '.join('%s: %s' % (json.dumps(k), at('/nvml.state') if v == 'STATE' else json.dumps(v))
                                       for k, v in env.items())
-        config = {'plugin': 'gpufleet.upgrade.gpu_nodes', 'node_selector': 'nvidia.com/gpu.present=true',
+        # No node_selector: the default pool (GPU Nodes by their labels or their GPU capacity, with or without GFD).
+        config = {'plugin': 'gpufleet.upgrade.gpu_nodes',
                   'hostname': ['InternalIP'], 'ansible_host': ['InternalIP'], 'strict': True,
                   'compose': {'gpufleet_installroot': at('/root'), 'gpufleet_proc_path': at('/proc'),
                               'gpufleet_kernel_log': at('/kern.log'), 'gpufleet_node_environment': node_env},

@@ -18,7 +18,7 @@ PLAN = {
                       'source_tuples': [dict(TARGET, driver='570.172.08')]}],
     'batches': [['gpu-01'], ['gpu-02', 'gpu-03']],
 }
-NAMES = ['target_key', 'pci_slug', 'combination_slug', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
+NAMES = ['target_key', 'pci_slug', 'combination_slug', 'live_tuple_problems', 'snapshot_file', 'batch_admission', 'node_failure', 'gate_results',
          'rollout_node_entry', 'unfinished_nodes', 'rollback_result', 'tuple_gate', 'plan_gate_entries', 'plan_digest',
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'observation_share', 'observation_gpu', 'plan_workflow_digest', 'observation_cases',

@@ -571,3 +571,21 @@ def test_two_server_canaries_are_refused_naming_them():
     with pytest.raises(P.PlanRefused) as exc:
         P.build_plan(nodes, target=TARGET, max_unavailable=4)
     assert any(p.startswith('canaries gpu-01, gpu-03 are RKE2 servers') for p in exc.value.problems), exc.value.problems
+
+
+def test_agents_moving_rke2_before_gpu_servers_are_refused_at_plan_time():
+    """RKE2 upgrades servers first; the canaries are agents, so a plan that moves RKE2 on agents while GPU servers of
+    the plan are behind would have its first agent canary refused by suc_plan after its drain. Refused at plan time,
+    naming both; the servers alone plan (one per batch), and so do the agents once the servers are at the target."""
+    target = dict(TARGET, rke2='v1.36.1+rke2r1')
+    nodes = fleet(2, labels=dict(SERVER)) + fleet(4, start=3)
+    with pytest.raises(P.PlanRefused) as exc:
+        P.build_plan(nodes, target=target, max_unavailable=3)
+    assert any(p.startswith('the target moves RKE2 to v1.36.1+rke2r1 on agents (gpu-03, gpu-04, gpu-05, gpu-06) while '
+                            'GPU nodes that are RKE2 servers (gpu-01, gpu-02) run an older RKE2') for p in exc.value.problems)
+    servers = P.build_plan(nodes[:2], target=target, max_unavailable=3, single_node_pool_acknowledged=True)
+    assert servers['batches'] == [['gpu-01'], ['gpu-02']], servers['batches']
+    for n in nodes[:2]:
+        n['current'] = dict(n['current'], rke2=target['rke2'])
+    plan = P.build_plan(nodes, target=target, max_unavailable=3, source_drift='split')
+    assert sorted(n for b in plan['batches'] for n in b) == [n['name'] for n in nodes]

@@ -206,3 +206,30 @@ def test_split_parts_have_distinct_record_names_and_an_unsplit_combination_keeps
     assert rke2 == '10de2330-10de16c1--rke2-v1.35.2-rke2r1', rke2     # what a record id may hold
     with pytest.raises(R.RolloutError, match='not a plan combination'):
         R.combination_slug({'id': 'x'})
+
+
+def test_live_tuple_problems_name_a_node_that_changed_since_the_plan():
+    """Issue 39 item 4: the gate and each batch re-read the Nodes; a node that runs a component neither its source
+    nor the target (a kernel moved by unattended-upgrades) is named; a node at the target (done, or resumed halfway)
+    and a driver GFD does not report are not problems."""
+    plan = P.build_plan(fleet(4) + fleet(2, pci=A100, start=5), target=TARGET, max_unavailable=3)
+
+    def facts(name, kernel='6.8.0-134-generic', rke2=CURRENT['rke2'], driver=None):
+        labels = {}
+        if driver:
+            labels = dict(zip(P.GFD_DRIVER_LABELS, driver.split('.')))
+        return {'name': name, 'kernel': kernel, 'rke2': rke2, 'labels': labels}
+    nodes = [facts('gpu-%02d' % i) for i in range(1, 7)]
+    assert P.live_tuple_problems(plan, nodes) == []
+    nodes[1] = facts('gpu-02', driver=TARGET['driver'])          # at the target: allowed
+    nodes[2] = facts('gpu-03', kernel='6.8.0-140-generic')      # moved outside the rollout
+    nodes[5] = facts('gpu-06', driver='570.172.02')
+    problems = P.live_tuple_problems(plan, nodes)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith('node gpu-03 runs kernel 6.8.0-140-generic now (as its Node says), but the plan has '
+                                  'kernel from source 6.8.0-134-generic to target 6.8.0-134-generic'), problems
+    assert problems[1].startswith('node gpu-06 runs driver 570.172.02 now'), problems
+    assert P.live_tuple_problems(plan, nodes, ['gpu-01', 'gpu-02']) == []     # a batch judges its own nodes
+    assert P.live_tuple_problems(plan, nodes[:2]) == []                        # absent nodes: the admission's
+    with pytest.raises(P.PlanInputError, match='nodes: .* is not a list'):
+        P.live_tuple_problems(plan, {'gpu-01': {}})

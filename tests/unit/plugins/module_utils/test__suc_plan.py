@@ -701,6 +701,17 @@ def test_read_versions_refuses_a_control_plane_on_mixed_versions():
         S.read_versions(client, ['gpu-1'])
 
 
+def test_read_nodes_lets_servers_upgrade_one_at_a_time_on_a_mixed_control_plane():
+    """Upgrading GPU servers one after the other: the second sees the first at the target, a mixed control plane;
+    its own Plan may go on (no agent is upgraded); an agent in the same set is still refused."""
+    client = FakeNodes([_node('cp-1', 'v1.36.1+rke2r1', True), _node('gpu-s2', 'v1.35.3+rke2r3', True),
+                        _node('gpu-1', 'v1.35.3+rke2r3')])
+    currents, roles, running = S.read_nodes(client, ['gpu-s2'])
+    assert currents == {'gpu-s2': 'v1.35.3+rke2r3'} and roles['gpu-s2'].role == 'server' and running is None
+    with pytest.raises(S.SucPlanError, match=r'finish the control plane upgrade before upgrading agents \(gpu-1\)'):
+        S.read_nodes(client, ['gpu-s2', 'gpu-1'])
+
+
 def test_read_versions_refuses_a_missing_node_by_name():
     with pytest.raises(S.SucPlanError, match='node gpu-9: not found in the API'):
         S.read_versions(FakeNodes([_node('gpu-1', 'v1.35.3+rke2r3')]), ['gpu-9'])
@@ -809,11 +820,26 @@ def test_preflight_nodes_refuses_a_minor_skip_a_downgrade_and_a_wrong_declared_r
     assert [(r['name'], r['role'], r['action']) for r in rows] == [
         ('gpu-1', 'agent', 'upgrade'), ('gpu-2', 'agent', 'upgrade'), ('gpu-3', 'server', 'upgrade'),
         ('gpu-4', 'agent', 'up_to_date'), ('gpu-5', 'agent', None)]
-    assert len(problems) == 5, problems
+    assert len(problems) == 6, problems
     assert 'node gpu-9: not found in the API' in problems
+    assert any(p.startswith('agents gpu-1, gpu-2 would move RKE2 to v1.36.1+rke2r1, but the control plane is not there: '
+                            'servers gpu-3 (%s)' % CUR) for p in problems), problems
     assert any(p.startswith('node gpu-1: v1.34.2+rke2r1 → v1.36.1+rke2r1: RKE2 upgrade cannot skip a Kubernetes minor '
                             '(skips 1.35') for p in problems)
     assert any(p.startswith('node gpu-2: v1.36.2+rke2r1 → v1.36.1+rke2r1: RKE2 downgrade is not allowed') for p in problems)
     assert any(p.startswith('declared_roles[gpu-3]: node gpu-3 is declared an RKE2 agent, but its Node is an RKE2 server')
                for p in problems)
     assert any(p.startswith('node gpu-5: kubeletVersion "garbage" is not a valid RKE2 version') for p in problems)
+
+
+def test_preflight_nodes_refuses_agents_before_a_server_behind_the_target_and_lets_servers_go_first():
+    """An agent may not be newer than the control plane: with a server (GPU or not, any Node of the cluster with a
+    server role label) behind the target, moving agents is refused at preflight, before any drain; servers alone
+    (their own plan first) and agents once every server is at the target pass."""
+    cp = _node('cp-1', CUR, True)
+    rows, problems = S.preflight_nodes([cp, _node('gpu-1', CUR)], ['gpu-1'], TGT)
+    assert problems == ['agents gpu-1 would move RKE2 to v1.36.1+rke2r1, but the control plane is not there: servers '
+                        'cp-1 (%s); RKE2 upgrades every server before any agent (an agent may not be newer than the '
+                        'control plane): upgrade the servers first' % CUR]
+    assert S.preflight_nodes([cp, _node('gpu-1', CUR)], ['cp-1'], TGT)[1] == []
+    assert S.preflight_nodes([_node('cp-1', TGT, True), _node('gpu-1', CUR)], ['gpu-1'], TGT)[1] == []
