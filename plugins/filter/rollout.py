@@ -14,11 +14,11 @@ import typing as t
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import (
-    _gpu_operator, _node_gate, _node_names, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
+    _gpu_operator, _node_gate, _node_names, _node_python, _node_record, _plan, _plan_digest, _rollout, _upgrade_state)
 
 _ERRORS = (_node_record.RecordError, _plan.PlanInputError, _rollout.RolloutError, _upgrade_state.StateError,
            _plan_digest.PlanDigestError, _gpu_operator.GpuOperatorError, _node_names.NodeNameError,
-           _node_gate.NodeGateError)
+           _node_gate.NodeGateError, _node_python.NodePythonError)
 
 
 def _call(name: str, fn: t.Callable[..., t.Any], *args: t.Any, **kwargs: t.Any) -> t.Any:
@@ -192,6 +192,19 @@ def expected_gpus(explicit: t.Any, baseline: t.Any) -> t.Dict[str, int]:
     return _call('expected_gpus', _node_gate.expected_from_baseline, explicit, baseline)
 
 
+def node_python(registered: t.Any, hostvars: t.Any = None, host: t.Optional[str] = None) -> t.List[str]:
+    # One message per node whose Python the collection's node-side modules cannot run with: `registered` is
+    # setup's result on `host`, or a loop's ({'results': [...]}, each with its host as `item`). Each host's
+    # ansible_python_interpreter (where set) names the interpreter when setup could not report it.
+    if isinstance(registered, t.Mapping) and 'results' not in registered and host is not None:
+        registered = {'results': [dict(registered, item=host)]}
+    results = registered.get('results', [registered]) if isinstance(registered, t.Mapping) else registered
+    hosts = [r.get('item') for r in results if isinstance(r, t.Mapping)] if isinstance(results, list) else []
+    interpreters = {h: hostvars[h].get('ansible_python_interpreter')
+                    for h in hosts if isinstance(h, str) and hostvars is not None and h in hostvars}
+    return _call('node_python', _node_python.problems, results, interpreters)
+
+
 class FilterModule:
     def filters(self) -> t.Dict[str, t.Callable[..., t.Any]]:
         return {'target_key': target_key, 'pci_slug': pci_slug, 'combination_slug': combination_slug, 'live_tuple_problems': live_tuple_problems,
@@ -211,4 +224,5 @@ class FilterModule:
                 'operand_window_verdict': operand_window_verdict,
                 'rollback_activation': rollback_activation,
                 'install_method_verdict': install_method_verdict,
-                'inventory_hosts': inventory_hosts, 'node_names': node_names, 'expected_gpus': expected_gpus}
+                'inventory_hosts': inventory_hosts, 'node_names': node_names, 'expected_gpus': expected_gpus,
+                'node_python': node_python}

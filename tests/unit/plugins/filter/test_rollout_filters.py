@@ -23,7 +23,7 @@ NAMES = ['target_key', 'pci_slug', 'combination_slug', 'live_tuple_problems', 's
          'forks_verdict', 'rollback_time', 'activation', 'observation_window', 'observation_verdict',
          'observation_settings', 'observation_hosts', 'observation_share', 'observation_gpu', 'plan_workflow_digest', 'observation_cases',
          'operator_revisions', 'operands_back', 'operand_window_verdict', 'rollback_activation', 'install_method_verdict',
-         'plan_nodes', 'plan_serial', 'expected_gpus', 'inventory_hosts', 'node_names']
+         'plan_nodes', 'plan_serial', 'expected_gpus', 'inventory_hosts', 'node_names', 'node_python']
 
 
 def fleet():
@@ -201,3 +201,25 @@ def test_observation_hosts_reads_each_hosts_result_from_hostvars():
     assert sel['hosts'] == ['h1'] and sorted(sel['not_regated']) == ['n2', 'n3']
     with pytest.raises(AnsibleFilterError, match='observation_hosts: upgraded: '):
         F.observation_hosts({}, 'n1')
+
+
+def test_node_python_names_each_refused_node_with_the_interpreter_its_hostvars_set():
+    """Issue 39 item 1: the looped setup of tasks/node_python.yml; a node whose setup could not run is named with its
+    ansible_python_interpreter."""
+    ok = {'item': 'h1', 'ansible_facts': {'ansible_python': {'version_info': [3, 12, 1, 'final', 0], 'executable': '/p3'}}}
+    old = {'item': 'h2', 'ansible_facts': {'ansible_python': {'version_info': [3, 8, 18, 'final', 0], 'executable': '/p38'}}}
+    broken = {'item': 'h3', 'failed': True, 'module_stderr': 'SyntaxError: invalid syntax\n'}
+    hostvars = {'h1': {}, 'h2': {'ansible_python_interpreter': '/usr/bin/python3'}, 'h3': {'ansible_python_interpreter': '/usr/bin/python'}}
+    assert F.node_python({'results': [ok]}, hostvars) == []
+    out = F.node_python({'results': [ok, old, broken]}, hostvars)
+    assert len(out) == 2
+    assert out[0].startswith('h2: Python 3.8.18 (/p38) is older than the Python 3.9 ')
+    assert out[1].startswith('h3: Ansible could not run a Python module with /usr/bin/python (SyntaxError: invalid syntax)')
+    assert 'ansible_python_interpreter' in out[1]
+    assert F.node_python({'results': [broken]})[0].startswith('h3: Ansible could not run a Python module with the interpreter')
+    # setup's result on one host (tasks/node_python.yml: not looped, the host given)
+    single = {k: v for k, v in old.items() if k != 'item'}
+    assert F.node_python(single, hostvars, 'h2') == out[:1]
+    assert F.node_python({k: v for k, v in ok.items() if k != 'item'}, hostvars, 'h1') == []
+    with pytest.raises(AnsibleFilterError, match='^gpufleet.upgrade.node_python: setup results: .* are not a list'):
+        F.node_python('h1', hostvars)
