@@ -93,7 +93,7 @@ def test_plan_refuses_every_old_interpreter_before_reading_a_gpu(run_playbook, b
     _expect(_refused(run, hosts), broken)
     # the node with a good Python passed the check, then the play stopped for every node: no NVML read, no plan
     assert {r['_host'] for r in run.task_results(CHECK, 'runner_on_ok')} == {'gpu-ok-01'}
-    assert not run.task_results('Plan | NVML facts (driver, PCI identities, MIG)')
+    assert not run.task_results('Plan | NVML facts (driver, PCI identities, MIG) and the DMI identity (the platform where no label says it)')
     assert not any((t or '').startswith('Plan | Read the pool') for t in _ran(run))
     assert not plan.exists()
 
@@ -123,7 +123,7 @@ def test_a_supported_interpreter_passes_the_check(run_playbook, tmp_path):
         'gpufleet_kubeconfig': NO_KUBECONFIG})
     assert run.result(CHECK)['_event'] == 'runner_on_ok'
     # the next task on the node ran (here it fails: no GPU on this machine)
-    assert run.task_results('Plan | NVML facts (driver, PCI identities, MIG)')
+    assert run.task_results('Plan | NVML facts (driver, PCI identities, MIG) and the DMI identity (the platform where no label says it)')
 
 
 def test_canary_refuses_before_the_lease_the_evidence_and_the_operator_step(cluster, run_playbook, broken, tmp_path):

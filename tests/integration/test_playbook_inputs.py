@@ -99,7 +99,7 @@ def test_plan_target_must_be_complete(cluster, run_playbook, tmp_path):
     assert res['_event'] == 'runner_on_failed'
     assert 'missing: gpufleet_target_rke2, gpufleet_target_gpu_operator, gpufleet_target_dcgm_exporter' in res['msg']
     assert run.result('Plan | Check the inputs')['_event'] == 'runner_on_ok'
-    assert not run.task_results('Plan | NVML facts (driver, PCI identities, MIG)')
+    assert not run.task_results('Plan | NVML facts (driver, PCI identities, MIG) and the DMI identity (the platform where no label says it)')
     assert cluster.requests == [] and not (tmp_path / 'plan.json').exists()
 
     # the five strings and a mapping that disagrees with them
