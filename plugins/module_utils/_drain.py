@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._poll import poll
+from ._drain_policy import DrainPolicy, DrainPolicyError, parse as parse_policy, refusal as policy_refusal
 from ._holders import controller_of, has_empty_dir, is_daemonset_pod, is_mirror_pod, vmi_node, vmi_owner_of_pod
 from ._k8s import ConflictError, K8sClient, K8sError, NotFoundError, TooManyRequestsError, path_for
 from ._managed_fields import FIELD_MANAGER, owned_only_by, owners
@@ -102,6 +103,17 @@ class DrainOptions:
     retry_interval: float = 2.5
     poll_interval: float = 1.0
     record_target: Optional[str] = None
+    # The plan's drain policy (_drain_policy): where given, it decides local data, unmanaged pods and the grace
+    # period per pod, instead of delete_local_data, force and grace_period.
+    policy: Optional[DrainPolicy] = None
+
+    def grace_for(self, pod: Dict[str, Any]) -> Optional[int]:
+        """The grace period an eviction of `pod` asks for: the policy's for it where it says one, else grace_period."""
+        if self.policy is not None:
+            grace = self.policy.for_pod(pod).grace_period
+            if grace is not None:
+                return grace
+        return self.grace_period
 
 
 def options_from_params(params: Dict[str, Any]) -> DrainOptions:
@@ -131,6 +143,12 @@ def options_from_params(params: Dict[str, Any]) -> DrainOptions:
     retry = positive('retry_interval', params.get('retry_interval', 2.5))
     if retry < 0.1:
         raise DrainError('retry_interval must be >= 0.1 seconds, got %r' % retry)
+    drain_policy = None
+    if params.get('policy') is not None:
+        try:
+            drain_policy = parse_policy(params['policy'], 'policy')
+        except DrainPolicyError as exc:
+            raise DrainError(str(exc))
     record_target = params.get('record_target')
     if record_target is not None and '=' not in str(record_target):
         raise DrainError('record_target must be a target key (key=value,...) as upgrade_state reports it, got %r'
@@ -140,7 +158,8 @@ def options_from_params(params: Dict[str, Any]) -> DrainOptions:
                         delete_local_data=params.get('delete_local_data', False), force=params.get('force', False),
                         disable_eviction=params.get('disable_eviction', False), wait_for_jobs=wait,
                         vmi_policy=policy, parallel=parallel, retry_interval=float(retry),
-                        poll_interval=min(1.0, float(retry)), record_target=record_target or None)
+                        poll_interval=min(1.0, float(retry)), record_target=record_target or None,
+                        policy=drain_policy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +413,12 @@ def classify_pod(pod: Dict[str, Any], opts: DrainOptions) -> Tuple[str, str]:
         return 'evict', 'finished pod'
     if vmi_owner_of_pod(pod) is not None:
         return 'vmi', 'virt-launcher pod of a VirtualMachineInstance'
+    if opts.policy is not None:
+        why = policy_refusal(pod, opts.policy.for_pod(pod))
+        if why:
+            return 'block', why
+        owner = controller_of(pod)
+        return 'evict', 'managed by %s/%s' % (owner['kind'], owner['name']) if owner else 'no controller (drain policy)'
     problems = []
     if has_empty_dir(pod) and not opts.delete_local_data:
         problems.append('uses local storage (emptyDir; set delete_local_data)')
@@ -466,6 +491,45 @@ def plan_drain(pods: Sequence[Dict[str, Any]], vmis: Sequence[Dict[str, Any]],
         else:
             plan.evict.append(pod)
     return plan
+
+
+def _qualified(obj: Dict[str, Any]) -> str:
+    meta = obj.get('metadata') or {}
+    return '%s/%s' % (meta.get('namespace'), meta.get('name'))
+
+
+def dry_run(nodes: Sequence[str], pods: Sequence[Dict[str, Any]], vmis: Sequence[Dict[str, Any]],
+            policy: DrainPolicy, vmi_policy: str = 'refuse') -> List[Dict[str, Any]]:
+    """What the drain of each of ``nodes`` would do now, from one read of the cluster's pods and VMIs (issue 40 item 2):
+    per node, the pods it would refuse (with why), evict with their local data deleted, wait for (already terminating)
+    and evict, and the DaemonSet and mirror pods it leaves. The drain's own classification (_drain.plan_drain) with the
+    policy; a VMI is refused under ``vmi_policy`` refuse and listed as leaving otherwise."""
+    opts = DrainOptions(policy=policy, vmi_policy=vmi_policy)
+    by_node: Dict[str, List[Dict[str, Any]]] = dict((n, []) for n in nodes)
+    for pod in pods:
+        node = (pod.get('spec') or {}).get('nodeName')
+        if node in by_node:
+            by_node[node].append(pod)
+    vmis_by_node: Dict[str, List[Dict[str, Any]]] = dict((n, []) for n in nodes)
+    for vmi in vmis:
+        node = vmi_node(vmi)
+        if node in vmis_by_node:
+            vmis_by_node[node].append(vmi)
+    out = []
+    for node in nodes:
+        # stop: a VMI's VirtualMachine is not read here; the drain itself refuses one without a VirtualMachine.
+        vms = dict(((((v.get('metadata') or {}).get('namespace')), ((controller_of(v) or {}).get('name'))), v)
+                   for v in vmis_by_node[node])
+        plan = plan_drain(by_node[node], vmis_by_node[node], vms, opts)
+        name = _qualified
+        out.append({'node': node,
+                    'refuse': [dict(b) for b in plan.blocked],
+                    'evict': sorted(name(p) for p in plan.evict),
+                    'local_data_deleted': sorted(name(p) for p in plan.evict if has_empty_dir(p)),
+                    'wait': sorted(name(p) for p in plan.wait),
+                    'vms_leaving': sorted(name(v) for v in plan.vmis_to_leave),
+                    'left': len(plan.skipped)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -835,9 +899,9 @@ class Drainer:
             if it.stage == 'evict':
                 it.attempts += 1
                 if self.opts.disable_eviction:
-                    self.client.delete_pod(it.obj, self.opts.grace_period)
+                    self.client.delete_pod(it.obj, self.opts.grace_for(it.obj))
                 else:
-                    self.client.evict(it.obj, self.opts.grace_period)
+                    self.client.evict(it.obj, self.opts.grace_for(it.obj))
                 return 'wait', ''
             # Pods awaited for their deletion are checked together in _round, never here.
             return ('done', '') if self.client.vmi_gone(it.obj, node_name) else ('wait', 'VMI still on the node')

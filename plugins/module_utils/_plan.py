@@ -34,7 +34,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _metric_gate, _rke2
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_policy, _metric_gate, _rke2
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._duration import parse_seconds
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._node_record import CANARY_KEY
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._pause import PauseError, check_pauses
@@ -341,6 +341,11 @@ def check_plan(plan: Any) -> Dict[str, Any]:
         check_observation(plan['observation'], 'plan.observation')
     if plan.get('combinations') is not None:
         _one_source_tuple(plan['combinations'])
+    if plan.get('drain') is not None:
+        try:
+            _drain_policy.parse(plan['drain'], 'plan.drain')
+        except _drain_policy.DrainPolicyError as exc:
+            raise PlanInputError(str(exc)) from None
     return plan
 
 
@@ -495,8 +500,12 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                single_node_pool_acknowledged: bool = False,
                canaries_isolated: bool = True, pause_before: Sequence[int] = (),
                observation: Optional[Dict[str, Any]] = None,
-               source_drift: str = DEFAULT_SOURCE_DRIFT) -> Dict[str, Any]:
+               source_drift: str = DEFAULT_SOURCE_DRIFT,
+               drain_policy: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Plan the rollout. Returns the plan dict; raises PlanInputError or PlanRefused.
+
+    ``drain_policy`` (_drain_policy: local data, unmanaged pods, grace period, by namespace and selector) is recorded
+    normalized as the plan's ``drain`` (in its digest): what every drain of the canary and the rollout applies.
 
     ``source_drift`` (SOURCE_DRIFT_POLICIES) says what a combination whose nodes run different current
     tuples becomes: ``refuse`` fails naming its nodes per source tuple, ``split`` plans each source tuple as
@@ -516,6 +525,10 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
             or canaries_per_combination < 0:
         raise PlanInputError('canaries_per_combination: %r is not a non-negative integer' % (canaries_per_combination,))
     keys = _validate_keys(combination_keys)
+    try:
+        drain = _drain_policy.parse(drain_policy, 'drain_policy').as_dict()
+    except _drain_policy.DrainPolicyError as exc:
+        raise PlanInputError(str(exc))
     if not isinstance(source_drift, str) or source_drift not in SOURCE_DRIFT_POLICIES:
         raise PlanInputError('source_drift: %s is not one of %s' % (_shown(source_drift), ', '.join(SOURCE_DRIFT_POLICIES)))
     if exclude is not None and not isinstance(exclude, (list, tuple)):
@@ -776,6 +789,8 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
             'single_node_pool_acknowledged': single_node_pool_acknowledged,
             'canaries_isolated': canaries_isolated, 'pause_before': pauses, 'source_drift': source_drift,
         },
+        # What every drain of the canary and the rollout applies (_drain_policy), reviewed with the plan.
+        'drain': drain,
         # Batches (numbered from 1, as the summary numbers them) that wait for an approval before they start.
         'pauses': pauses,
         # The observation window's length and queries (minimum traffic, control group) after every stage.

@@ -99,6 +99,19 @@ options:
       - It has no effect on V(uncordon) (see O(uncordon_preexisting)).
     type: bool
     default: false
+  policy:
+    description:
+      - The drain policy, as the plan records it (C(gpufleet_drain_policy)); where given, it decides per pod what
+        O(delete_local_data), O(force) and O(grace_period) decide without it. The first rule whose C(namespaces) (names
+        or globs) and C(selector) (equality-based label selector) match a pod wins over the defaults.
+      - C(local_data) - V(memory) (the default) evicts a pod whose emptyDir volumes are all memory-backed (C(medium
+        Memory), a tmpfs such as C(/dev/shm)) and refuses one with an emptyDir on the node's disk; V(delete) evicts any
+        (its emptyDir data is lost); V(refuse) refuses any emptyDir.
+      - C(unmanaged_pods) - V(refuse) (the default) refuses a pod no controller manages; V(delete) evicts it (it is not
+        recreated).
+      - C(grace_period) - seconds an evicted pod gets to terminate (null, the default - its own).
+      - A refused pod blocks the drain like any other, named in RV(blocked) with the rule that refused it.
+    type: dict
   uncordon_preexisting:
     description:
       - For V(uncordon), lift a cordon that this collection did not make (one that was there before it cordoned
@@ -172,6 +185,21 @@ EXAMPLES = r"""
     state: drain
     delete_local_data: true
     timeout: 900
+
+- name: Drain by the plan's policy (memory-backed /dev/shm deleted, bare pods of the scratch namespaces deleted)
+  gpufleet.upgrade.node_drain:
+    name: gpu-node-17
+    state: drain
+    policy:
+      local_data: memory
+      unmanaged_pods: refuse
+      rules:
+        - namespaces: [scratch-*]
+          unmanaged_pods: delete
+          local_data: delete
+        - namespaces: [inference]
+          selector: app=vllm
+          grace_period: 60
 
 - name: Let checkpointing jobs finish, then drain; halt GPU VMs through their VirtualMachine
   gpufleet.upgrade.node_drain:
@@ -325,6 +353,7 @@ OPTIONS = dict(
     pod_selector={'type': 'str'},
     ignore_daemonsets={'type': 'bool', 'default': True},
     delete_local_data={'type': 'bool', 'default': False},
+    policy={'type': 'dict'},
     force={'type': 'bool', 'default': False},
     uncordon_preexisting={'type': 'bool', 'default': False},
     record_target={'type': 'str'},

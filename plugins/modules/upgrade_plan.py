@@ -96,6 +96,16 @@ options:
     description: Refuse the plan when a combination has no canary. V(false) accepts the omission, lists it and warns.
     type: bool
     default: true
+  drain_policy:
+    description:
+      - What every drain of the canary and the rollout may do to pods C(kubectl drain) refuses by default, recorded
+        normalized in the plan (RV(plan) C(drain), covered by its digest) and applied by M(gpufleet.upgrade.node_drain)
+        (its O(gpufleet.upgrade.node_drain#module:policy)).
+      - C(local_data) (V(memory), the default - memory-backed emptyDir such as C(/dev/shm) deleted, disk-backed refused;
+        V(delete); V(refuse)), C(unmanaged_pods) (V(refuse), the default; V(delete)), C(grace_period) (seconds; null - each
+        pod's own) and C(rules), each with C(namespaces) (names or globs) and/or C(selector) (equality-based) and any of
+        the three, the first matching rule winning over the defaults. An unknown key or value fails, naming it.
+    type: dict
   source_drift:
     description:
       - What a combination becomes whose nodes run different current tuples (source-tuple drift, for example
@@ -358,6 +368,7 @@ def main() -> None:
             pause_before=dict(type='list', elements='int', default=[]),
             observation=dict(type='dict'),
             source_drift=dict(type='str', default=DEFAULT_SOURCE_DRIFT, choices=list(SOURCE_DRIFT_POLICIES)),
+            drain_policy=dict(type='dict'),
         ),
         supports_check_mode=True,
     )
@@ -370,7 +381,7 @@ def main() -> None:
             combination_keys=p['combination_keys'], exclude=p['exclude'], omitted_block=p['omitted_block'],
             single_node_pool_acknowledged=p['single_node_pool_acknowledged'],
             canaries_isolated=p['canaries_isolated'], pause_before=p['pause_before'],
-            observation=p['observation'], source_drift=p['source_drift'])
+            observation=p['observation'], source_drift=p['source_drift'], drain_policy=p['drain_policy'])
     except PlanInputError as exc:
         module.fail_json(msg=str(exc))
     except PlanRefused as exc:

@@ -717,3 +717,47 @@ def test_drain_uncordon_and_start_vms_run_the_vm_again(cluster, run_playbook):
     run = run_playbook(play(cluster, {'name': 'holders', 'gpufleet.upgrade.gpu_holders_info': {'nodes': [S.NODE]}}))
     vmis = [h for h in run.result('holders')['holders'] if h['kind'] == 'VirtualMachineInstance']
     assert [(h['name'], h['launcher_pod']) for h in vmis] == [('vm-gpu', launcher['metadata']['name'])]
+
+
+# -- the drain policy (issue 40 item 1) and the dry run (item 2) -----------------------------------
+def test_drain_policy_decides_per_pod_and_the_dry_run_names_the_same_refusals_reading_only(cluster, run_playbook):
+    """The plan's drain policy on the real control plane: its defaults refuse the disk-backed emptyDir of cache-gpu
+    and the bare pod (each named with why); drain_info, read-only and in one list of the cluster's pods, names exactly
+    what the drain then refuses; a rule for the namespace lets both go, their data deleted, the bare pod for ever."""
+    load(cluster)
+    cluster.clear_requests()
+    run = run_playbook(play(cluster, {'name': 'dry', 'gpufleet.upgrade.drain_info': {
+        'nodes': [S.NODE, S.OTHER], 'policy': {}, 'vmi_policy': 'stop'}}))
+    dry = run.result('dry')
+    assert dry['_event'] == 'runner_on_ok', dry.get('msg')
+    assert mutations(cluster) == []
+    pod_lists = [r for r in cluster.requests if r['verb'] == 'GET' and r['path'] == '/api/v1/pods']
+    assert len(pod_lists) == 1, pod_lists                      # one read of the cluster's pods for every node
+    assert sorted((r['node'], r['name']) for r in dry['refused']) == [(S.NODE, 'bare-debug'), (S.NODE, 'cache-gpu')]
+    by_name = {r['name']: r['reason'] for r in dry['refused']}
+    assert by_name['cache-gpu'].startswith("emptyDir scratch on the node's disk would be lost (local_data=memory")
+    assert by_name['bare-debug'].startswith('no controller manages it')
+    other = next(n for n in dry['nodes'] if n['node'] == S.OTHER)
+    assert other['refuse'] == [] and 'ml/other-gpu' in other['evict']
+
+    run = run_playbook(play(cluster, drain_task('policy', policy={}, vmi_policy='stop', ignore_errors=True)))
+    res = run.result('policy')
+    assert res['_event'] == 'runner_on_failed'
+    assert sorted(b['name'] for b in res['blocked']) == ['bare-debug', 'cache-gpu']
+    assert [m for m in mutations(cluster) if '/eviction' in m[1] or m[0] == 'DELETE'] == []
+
+    rule = {'rules': [{'namespaces': ['ml'], 'local_data': 'delete', 'unmanaged_pods': 'delete'}]}
+    run = run_playbook(play(cluster, drain_task('ruled', policy=rule, vmi_policy='stop', timeout=60)))
+    assert run.result('ruled')['_event'] == 'runner_on_ok', run.result('ruled').get('msg')
+    left = node_pods(cluster, S.NODE)
+    assert 'ml/bare-debug' not in left and 'ml/cache-gpu' not in left
+    assert cluster.get('v1', 'Pod', 'bare-debug', 'ml') is None        # no controller: gone for ever
+
+
+def test_drain_info_refuses_a_bad_policy_naming_the_field(cluster, run_playbook):
+    load(cluster)
+    run = run_playbook(play(cluster, {'name': 'bad', 'ignore_errors': True, 'gpufleet.upgrade.drain_info': {
+        'nodes': [S.NODE], 'policy': {'unmanaged_pods': 'evict'}}}))
+    res = run.result('bad')
+    assert res['_event'] == 'runner_on_failed'
+    assert res['msg'] == 'policy.unmanaged_pods: "evict" is not one of refuse, delete', res['msg']

@@ -424,6 +424,7 @@ class Lab:
             # A short observation window after each batch (a real fleet's is hours: the default is 15m); at
             # its end every node upgraded so far is re-gated (8 s: enough scrapes for the metric gate's 5 samples).
             'gpufleet_observation_window': '8s',
+            'gpufleet_drain_policy': labenv.LAB_DRAIN_POLICY,
         }
         if self.pause_before:
             v['gpufleet_pause_before'] = self.pause_before

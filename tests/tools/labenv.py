@@ -178,6 +178,13 @@ def control_plane_node(name: str, rke2: str) -> dict:
                                        'message': 'kubelet is posting ready status'}]}}
 
 
+SCRATCH_NAMESPACE = 'scratch'
+# The lab's drain policy (gpufleet_drain_policy, recorded in the plan): the defaults (memory-backed emptyDir such as the
+# training pods' /dev/shm deleted; disk-backed emptyDir and bare pods refused) and one rule for the scratch namespace,
+# whose bare pods and their scratch data the platform team lets the drain delete.
+LAB_DRAIN_POLICY = {'rules': [{'namespaces': [SCRATCH_NAMESPACE], 'unmanaged_pods': 'delete', 'local_data': 'delete'}]}
+
+
 def suc_controller_objects() -> list[dict]:
     """The System Upgrade Controller's namespace and Deployment as its manifest installs them (on a control-plane node,
     tolerating CriticalAddonsOnly); tests/cluster/suc.py plays the controller's reconciliation."""
@@ -267,15 +274,28 @@ def kubernetes_objects(names: list[str], operator: bool = False, operator_driver
         count = sum(1 for i in range(len(names)) if model_of(i, len(names)) is m)
         spread = [{'maxSkew': 1, 'topologyKey': 'kubernetes.io/hostname', 'whenUnsatisfiable': 'ScheduleAnyway',
                    'labelSelector': {'matchLabels': app}}]
+        # As PyTorch training charts run: /dev/shm a memory-backed emptyDir (kubectl drain refuses it; the drain
+        # policy's default deletes it, a tmpfs that never survives a pod's move).
+        train = _container('train', 'registry.example/train:1', gpus=GPUS_PER_NODE // 2)
+        train['volumeMounts'] = [{'name': 'dshm', 'mountPath': '/dev/shm'}]
         objs.append(_workload('ReplicaSet', 'train-' + short, 'ml', app, {
             'nodeSelector': {'gpufleet.io/model': m['group']}, 'topologySpreadConstraints': spread,
-            'terminationGracePeriodSeconds': 0,
-            'containers': [_container('train', 'registry.example/train:1', gpus=GPUS_PER_NODE // 2)]},
+            'terminationGracePeriodSeconds': 0, 'volumes': [{'name': 'dshm', 'emptyDir': {'medium': 'Memory'}}],
+            'containers': [train]},
             replicas=count))
         # Training tolerates a few nodes out at once: the rollout's batches of 4 fit.
         objs.append({'apiVersion': 'policy/v1', 'kind': 'PodDisruptionBudget',
                      'metadata': {'name': 'train-' + short, 'namespace': 'ml'},
                      'spec': {'selector': {'matchLabels': app}, 'maxUnavailable': 4}})
+    # A bare pod (a notebook someone started by hand on the last node, one GPU, scratch space on the node's disk): the
+    # drain policy refuses it by default; the lab's plan has a rule that deletes it (LAB_DRAIN_POLICY).
+    objs += [{'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': SCRATCH_NAMESPACE}},
+             {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'notebook', 'namespace': SCRATCH_NAMESPACE,
+                                                              'labels': {'app': 'notebook'}},
+              'spec': {'nodeName': names[-1], 'terminationGracePeriodSeconds': 0,
+                       'volumes': [{'name': 'scratch', 'emptyDir': {}}],
+                       'containers': [dict(_container('notebook', 'registry.example/notebook:1', gpus=1),
+                                           volumeMounts=[{'name': 'scratch', 'mountPath': '/scratch'}])]}}]
     nodes = [_node(name, model_of(i, len(names)), shape) for i, name in enumerate(names)]
     if operator:   # the operator labels its nodes' nvidia.com/gpu.deploy.* itself
         for node in nodes:
