@@ -184,4 +184,3 @@ def describe(pods: Sequence[Dict[str, Any]], policy: DrainPolicy) -> List[Dict[s
         out.append({'namespace': meta.get('namespace'), 'name': meta.get('name'),
                     'action': 'refuse' if why else 'evict', 'reason': why or pp.source(), 'rule': pp.rule})
     return out
-

@@ -135,9 +135,11 @@ def run(module: K8sModule) -> None:
         pods = k8s.list_all(path_for('v1', 'pods'), limit=p['page_size'])
         vmis = k8s.list_optional(path_for(KUBEVIRT, 'virtualmachineinstances'))
         nodes = dry_run(p['nodes'], pods, vmis, policy, p['vmi_policy'])
-    refused = [dict(r, node=n['node'], message='%s: %s %s/%s: %s' % (n['node'], r.get('kind'), r.get('namespace'),
-                                                                   r.get('name'), r.get('reason')))
-               for n in nodes for r in n['refuse']]
+    refused = []
+    for n in nodes:
+        for r in n['refuse']:
+            message = '%s: %s %s/%s: %s' % (n['node'], r.get('kind'), r.get('namespace'), r.get('name'), r.get('reason'))
+            refused.append(dict(r, node=n['node'], message=message))
     module.exit_json(changed=False, nodes=nodes, refused=refused)
 
 

@@ -99,7 +99,7 @@ options:
   drain_policy:
     description:
       - What every drain of the canary and the rollout may do to pods C(kubectl drain) refuses by default, recorded
-        normalized in the plan (RV(plan) C(drain), covered by its digest) and applied by M(gpufleet.upgrade.node_drain)
+        normalized in the plan (its C(drain), covered by its digest) and applied by M(gpufleet.upgrade.node_drain)
         (its O(gpufleet.upgrade.node_drain#module:policy)).
       - C(local_data) (V(memory), the default - memory-backed emptyDir such as C(/dev/shm) deleted, disk-backed refused;
         V(delete); V(refuse)), C(unmanaged_pods) (V(refuse), the default; V(delete)), C(grace_period) (seconds; null - each

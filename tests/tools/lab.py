@@ -449,10 +449,9 @@ class Lab:
         if self.installed_mode:
             v['gpufleet_snapshot_dir'] = 'snapshots'
         if self.fleet == 'production':
-            v.update({
-                      # The drift among the nodes (kernel ABI, RKE2 patch) is planned as parts with their own canary;
-                      # a part of one node is its own canary, acknowledged.
-                      'gpufleet_source_drift': 'split', 'gpufleet_single_node_pool_acknowledged': True,
+            # The drift among the nodes (kernel ABI, RKE2 patch) is planned as parts with their own canary; a part of
+            # one node is its own canary, acknowledged.
+            v.update({'gpufleet_source_drift': 'split', 'gpufleet_single_node_pool_acknowledged': True,
                       'gpufleet_canaries_per_combination': 1, 'gpufleet_batch_size': 2, 'gpufleet_max_unavailable': 6,
                       'gpufleet_failure_allowance': {'gpus': '25%'}})
         v.update(self.lab_vars)

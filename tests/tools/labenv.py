@@ -78,6 +78,8 @@ def kernel_of(name: str, shape: dict | None = None) -> str:
 
 def rke2_of(name: str, shape: dict | None = None) -> str:
     return ((shape or {}).get('rke2') or {}).get(name, RKE2)
+
+
 DRIVER_PRESET = 'ubuntu-server-prebuilt'
 MODULE_SOURCE = 'prebuilt'
 # The lab's nodes run the prebuilt user space (plugins/module_utils/_packages.py PRESETS

@@ -9,7 +9,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_pol
 RS = [{'apiVersion': 'apps/v1', 'kind': 'ReplicaSet', 'name': 'train-h100-7f', 'uid': 'u1', 'controller': True}]
 
 
-def pod(name, namespace='ml', labels=None, volumes=(), owners=RS):
+def pod(name, namespace='ml', labels=None, volumes=(), owners=tuple(RS)):
     return {'metadata': {'name': name, 'namespace': namespace, 'labels': dict(labels or {}), 'uid': name,
                          'ownerReferences': list(owners)},
             'spec': {'nodeName': 'gpu-01', 'volumes': list(volumes)}, 'status': {'phase': 'Running'}}
@@ -45,8 +45,8 @@ def test_first_matching_rule_wins_by_namespace_glob_and_selector():
     keep = pod('db', labels={'gpufleet.io/keep-data': 'yes'}, volumes=[SHM])
     assert P.refusal(keep, policy.for_pod(keep)).startswith('emptyDir dshm would be lost (local_data=refuse, drain '
                                                             'policy rule 2')
-    opts = D.options_from_params({'policy': {'grace_period': 30, 'rules': [{'namespaces': ['inference'],
-                                                                             'grace_period': 120}]}})
+    rules = [{'namespaces': ['inference'], 'grace_period': 120}]
+    opts = D.options_from_params({'policy': {'grace_period': 30, 'rules': rules}})
     assert opts.grace_for(vllm) == 120 and opts.grace_for(keep) == 30
     assert D.options_from_params({'grace_period': 5}).grace_for(vllm) == 5
 
