@@ -673,6 +673,7 @@ def test_fqdn_inventory_hosts_with_gpufleet_node_name_plan_canary_and_roll_out(t
         assert 'unknown' not in ','.join(keys) and len(keys) == 2, keys
         assert sorted(n for b in plan['batches'] for n in b) == lab.names
 
+        lab.preflight()       # read-only: the live tuple, holders, the drain dry run, RKE2, availability per host
         if lab.play('canary', 'canary.yml') != 'successful':
             raise AssertionError('canary.yml failed: %s' % lab.runs['canary']['failures'])
         ran = {e['host'] for e in lab.runs['canary']['events'] if e['event'] == 'runner_on_ok'}
