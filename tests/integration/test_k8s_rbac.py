@@ -93,9 +93,11 @@ def test_every_read_only_module_reads_only_under_the_reader_role(cluster, run_pl
     load(cluster)
     role = 'gpufleet-upgrade-reader'
     modules = sorted(m for m, r in R.module_roles().items() if r == role)
-    assert modules == ['fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'node_gate', 'stop_switch_info', 'suc_info']
+    assert modules == ['drain_info', 'fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'node_gate', 'stop_switch_info',
+                       'suc_info']
     kubeconfig = rbac.kubeconfig_for(cluster, role)
     tasks = {
+        'drain_info': {'nodes': [S.NODE, S.OTHER], 'vmi_policy': 'stop'},
         'fleet_info': {'node_selector': 'nvidia.com/gpu.present=true'},
         'gpu_holders_info': {'nodes': [S.NODE]},
         'gpu_operator_info': {},
@@ -106,8 +108,9 @@ def test_every_read_only_module_reads_only_under_the_reader_role(cluster, run_pl
     mark = cluster.audit_mark()
     run = run_playbook(play(As(kubeconfig), *({'name': m, 'ignore_errors': True, 'gpufleet.upgrade.%s' % m: tasks[m]}
                                               for m in modules)))
-    for m in ('fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'stop_switch_info', 'suc_info'):
+    for m in ('drain_info', 'fleet_info', 'gpu_holders_info', 'gpu_operator_info', 'stop_switch_info', 'suc_info'):
         assert run.result(m)['_event'] == 'runner_on_ok', run.result(m)
+    assert sorted(r['name'] for r in run.result('drain_info')['refused']) == ['bare-debug', 'cache-gpu']
     assert run.result('stop_switch_info')['stopped'] is False
     assert run.result('suc_info')['controller']['crd_established'] is True  # the CRD read under the reader role
     # the scenario's gpu-2 has no device plugin pod: the gate's verdict, read with the reader's rights

@@ -453,7 +453,9 @@ class Lab:
             # one node is its own canary, acknowledged.
             v.update({'gpufleet_source_drift': 'split', 'gpufleet_single_node_pool_acknowledged': True,
                       'gpufleet_canaries_per_combination': 1, 'gpufleet_batch_size': 2, 'gpufleet_max_unavailable': 6,
-                      'gpufleet_failure_allowance': {'gpus': '25%'}})
+                      'gpufleet_failure_allowance': {'gpus': '25%'},
+                      # Each workload case once per canary (the default is 3): four canaries, and the suite's time.
+                      'gpufleet_workload_repeat': 1})
         v.update(self.lab_vars)
         return v
 
@@ -1086,7 +1088,8 @@ def run(args: argparse.Namespace) -> int:
             raise LabError('--fault-kind temperature needs Prometheus (only the metric gate sees it): %s'
                            % lab.metrics_note)
         plan = lab.plan()
-        lab.preflight()
+        if args.preflight:
+            lab.preflight()
         if args.without_canary:
             lab.approve_without_canary(plan)
         else:
@@ -1166,6 +1169,9 @@ def main(argv: list[str] | None = None) -> int:
                              'target moves it to %s, canary.yml makes the cluster step, each node moves its own '
                              'operands' % labenv.TARGET_GPU_OPERATOR)
     parser.add_argument('--nodes', type=int, default=40)
+    parser.add_argument('--no-preflight', dest='preflight', action='store_false',
+                        help='skip preflight.yml after the plan (the tests of other steps: test_lab.py\'s production and '
+                             'FQDN runs run it)')
     parser.add_argument('--fleet', choices=sorted(labenv.FLEETS), default=os.environ.get('FLEET', 'lab'),
                         help='lab: 40 nodes alike, the playbooks from this checkout; production: a fleet shaped like a '
                              'real one (kernel ABI and RKE2 patch drift split at plan time, two GPU nodes that are RKE2 '
