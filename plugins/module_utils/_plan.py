@@ -667,7 +667,8 @@ def build_plan(nodes: Sequence[Any], target: Optional[Dict[str, Any]] = None,
                             'older RKE2: RKE2 upgrades every server before any agent, and the canaries are agents. '
                             'Upgrade the servers first, in a plan of their own (gpufleet_node_selector or exclude '
                             'selecting them), then plan the agents' % (
-                                target_rke2, _names_shown(moving), _names_shown(behind)))
+                                target_rke2, _names(sorted(moving, key=natural_key)),
+                                _names(sorted(behind, key=natural_key))))
     server_canaries = [n.name for n in canary_nodes if n.rke2_server]
     if len(server_canaries) > 1:
         # The canaries are upgraded together: two RKE2 servers down at once can cost etcd its quorum.
@@ -934,11 +935,6 @@ def live_tuple_problems(plan: Dict[str, Any], nodes: Any, names: Optional[Sequen
                                  'qualified that tuple; re-plan (plan.yml) and qualify it' % (
                                      name, comp, value, comp, source.get(comp), target.get(comp), combo.get('id'))))
     return [msg for _key, msg in sorted(problems)]
-
-
-def _names_shown(names: Sequence[str], limit: int = 8) -> str:
-    names = sorted(names, key=natural_key)
-    return ', '.join(names[:limit]) + (' and %d more' % (len(names) - limit) if len(names) > limit else '')
 
 
 def render_summary(plan: Dict[str, Any]) -> str:
