@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which('gcc') and shutil.which('dpkg-
 
 def run_lab(tmp_path: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
     # The package repository and the template root are cached between runs under --dir/cache. Preflight (read-only)
-    # is left to the production and FQDN runs below, which run it; these test the steps after it (issue 36: time).
+    # is left to the production run below, which runs it; these test the steps after it (issue 36: time).
     return subprocess.run([sys.executable, str(LAB), '--dir', str(tmp_path / 'lab'), '--quiet', '--no-preflight', *args], cwd=REPO,
                           capture_output=True, text=True, check=False, timeout=1500)
 
@@ -94,7 +94,13 @@ def metric_gates(lab: pathlib.Path) -> dict[str, dict]:
 
 @needs_prometheus
 def test_lab_fault_stops_expansion_and_rolls_back(tmp_path):
-    out = run_lab(tmp_path, '--nodes', '8', '--fault', 'gpu-04')
+    """What `make lab` runs as root, on 8 nodes: the Xid fault on gpu-04 stops expansion; the node stays cordoned and
+    its rollback restores the host (kernel, driver) and takes its operands back with it (NVIDIA's real GPU Operator:
+    Lab.verdict fails unless the faulty node's validator runs the source operator's revision again, the earlier
+    nodes the target's, the later ones the source's, and the update strategy stays OnDelete). Issue 36: this run
+    also holds the operand rollback of the apt install method that a lab run of its own (an operand fault) checked;
+    the operand fault itself (the operands step fails) is the per-pool driver run's."""
+    out = run_lab(tmp_path, '--nodes', '8', '--fault', 'gpu-04', '--gpu-operator')
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert 'the fault on gpu-04 stopped expansion, the node stays cordoned and ' + RESTORED in out.stdout
     table = rows(out.stdout)
@@ -276,22 +282,6 @@ def _tuple_after(lab: pathlib.Path) -> dict[str, dict]:
 
 
 @needs_prometheus
-def test_lab_operand_fault_stops_the_rollout_with_the_node_cordoned_and_rolled_back(tmp_path):
-    """FAULT_KIND=operand: the faulty node's new DCGM exporter never starts (admission refuses it); its operands
-    step fails, the node stays cordoned and its host side is rolled back, its operands with it (state=back: the
-    lab's verdict fails unless its validator runs the source operator's revision again); the later batch keeps the
-    old operands and the update strategy stays OnDelete (Lab.operand_problems)."""
-    out = run_lab(tmp_path, '--nodes', '4', '--gpu-operator', '--fault-kind', 'operand')
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
-    table = rows(out.stdout)
-    faulty = [n for n, r in table.items() if 'INJECTED' in ' '.join(r)]
-    assert len(faulty) == 1, table
-    assert measured(table[faulty[0]]) == [K0, D0, R1, 'yes', 'rolled-back'], table
-    assert 'operands failed' in out.stdout and 'nvidia-dcgm-exporter: no pod on %s yet' % faulty[0] in out.stdout
-    assert 'its rollback restored kernel %s with driver %s' % (K0, D0) in out.stdout
-
-
-@needs_prometheus
 def test_lab_operator_managed_driver_moves_every_node_with_the_operator(tmp_path):
     """install_method operator (issue 15): the operator's driver container is the driver. The cluster step sets
     driver.version with the rest; each node's activation moves its driver pod (the lab's hook loads the module of
@@ -315,7 +305,8 @@ def test_lab_operator_managed_driver_moves_every_node_with_the_operator(tmp_path
 @needs_prometheus
 def test_lab_per_pool_driver_moves_with_each_node_and_a_failed_node_goes_back(tmp_path):
     """install_method operator with the driver rendered per node pool from an NVIDIADriver (--driver-pools,
-    driver.useNvidiaDriverCRD) and FAULT_KIND=operand: the cluster step moves the NVIDIADriver's version (the
+    driver.useNvidiaDriverCRD) and FAULT_KIND=operand (the faulty node's new DCGM exporter never starts: admission
+    refuses it; its operands step fails): the cluster step moves the NVIDIADriver's version (the
     ClusterPolicy's driver.version stays), the canaries and the first node move their pool's driver pod through
     the roles, the faulty node's rollback takes it back to the snapshot's revision and its gates pass on the old
     driver. (The ClusterPolicy's driver goes back in the canaries' rollback exercise of the test above.)"""
@@ -327,6 +318,7 @@ def test_lab_per_pool_driver_moves_with_each_node_and_a_failed_node_goes_back(tm
     assert len(faulty) == 1, table
     assert measured(table[faulty[0]]) == [K0, D0, R0, 'yes', 'rolled-back'], table
     assert table[faulty[0]][GATES] == 'rollback-gpu:ok', table
+    assert 'operands failed' in out.stdout and 'nvidia-dcgm-exporter: no pod on %s yet' % faulty[0] in out.stdout
     assert 'its rollback restored kernel %s with driver %s' % (K0, D0) in out.stdout
     assert all(measured(r) == [K0, D1, R0, 'no', 'done'] for n, r in table.items()
                if r[STATE] == 'done'), table
@@ -650,57 +642,6 @@ def test_evidence_tuple_after_is_measured(tmp_path):
         lab.stop()
 
 
-def test_fqdn_inventory_hosts_with_gpufleet_node_name_plan_canary_and_roll_out(tmp_path):
-    """Issue 39 item 3: the inventory names its hosts by FQDN and gives each its Node with gpufleet_node_name.
-    The plan joins each Node to its host's NVML facts (no PCI identity `unknown`), the canary and the rollout
-    run on those hosts (not on new bare hosts of the Node names) and the release finds them; a Node of the pool
-    without an inventory host is refused at plan time, naming it. Issue 39's "second run": from the built collection
-    installed read-only, started by FQCN from the lab's directory with relative paths, Kubernetes credentials only as
-    K8S_AUTH_*, no evidence repository."""
-    from tools.lab import LAB_ONLY_VARS, Lab
-
-    lab = Lab(tmp_path / 'lab', nodes=4, fault='none', stuck=[], quiet=True, change='driver', workload_suite=True,
-              installed=True)
-    lab.dir.mkdir()
-    try:
-        lab.prepare()
-        assert not set(LAB_ONLY_VARS) & set(lab.inventory['all']['vars'])   # credentials only as K8S_AUTH_*
-        groups = lab.inventory['all']['children']['gpu_nodes']['children']
-        for group in groups.values():
-            group['hosts'] = {name + '.gpu.example.com': dict(hv, gpufleet_node_name=name)
-                              for name, hv in group['hosts'].items()}
-        plan = lab.plan()
-        keys = [c['key']['pci_ids'] for c in plan['combinations']]
-        assert 'unknown' not in ','.join(keys) and len(keys) == 2, keys
-        assert sorted(n for b in plan['batches'] for n in b) == lab.names
-
-        lab.preflight()       # read-only: the live tuple, holders, the drain dry run, RKE2, availability per host
-        if lab.play('canary', 'canary.yml') != 'successful':
-            raise AssertionError('canary.yml failed: %s' % lab.runs['canary']['failures'])
-        ran = {e['host'] for e in lab.runs['canary']['events'] if e['event'] == 'runner_on_ok'}
-        assert set(plan['canaries']).isdisjoint(ran) and {c + '.gpu.example.com' for c in plan['canaries']} <= ran
-        lab.approve()
-        lab.approve_pauses(plan)
-        lab.gate()
-        rollout = lab.play('rollout', 'rollout.yml')
-        problems = lab.verdict(plan, rollout)
-        assert problems == [] and lab.release() == [], problems
-        assert lab.installed_changes() == [] and (lab.dir / 'plan.json').is_file()
-        bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
-        # the rollout's entries are keyed by Node name (the canaries were upgraded and recorded by the canary)
-        assert sorted(bundle['nodes']) == sorted(set(lab.names) - set(plan['canaries'])), sorted(bundle['nodes'])
-
-        # A Node of the pool without an inventory host: refused at plan time, naming it.
-        missing = lab.names[-1]
-        for group in groups.values():
-            group['hosts'].pop(missing + '.gpu.example.com', None)
-        assert lab.play('plan-missing', 'plan.yml') == 'failed'
-        msgs = [f['msg'] or '' for f in lab.runs['plan-missing']['failures']]
-        assert any('Node(s) %s have no inventory host' % missing in m for m in msgs), msgs
-    finally:
-        lab.stop()
-
-
 def test_production_fleet_from_the_installed_collection_plans_splits_and_rolls_out(tmp_path):
     """Issue 39, "Done when": the fleet shaped like a real one (labenv.FLEETS['production']: gpu-03 on another kernel
     ABI, gpu-07 on another RKE2 patch, gpu-01 and gpu-05 RKE2 servers) runs plan -> preflight -> canary -> approve ->
@@ -708,8 +649,14 @@ def test_production_fleet_from_the_installed_collection_plans_splits_and_rolls_o
     read-only, started by FQCN from the lab's directory (relative paths), with the collection's dynamic inventory
     (hosts named by InternalIP, so no host is named as its Node), Kubernetes credentials only as K8S_AUTH_*, no
     evidence repository. The drift is split at plan time, each part with its own canary and qualification record;
-    the servers' role comes from their Nodes; the drifted RKE2 node is brought to the fleet's patch."""
-    from tools.lab import Lab
+    the servers' role comes from their Nodes; the drifted RKE2 node is brought to the fleet's patch.
+
+    Issue 39 item 3 on the same fleet (issue 36: it was a lab run of its own, with its own canary and rollout): a
+    static inventory that names its hosts by FQDN and gives each its Node with gpufleet_node_name plans the same
+    combinations (each Node joined to its host's NVML facts, no PCI identity `unknown`), and a Node of the pool
+    without an inventory host is refused at plan time, naming it. The canary and rollout on hosts not named as their
+    Nodes are the dynamic inventory's runs below (InternalIP hosts)."""
+    from tools.lab import LAB_ONLY_VARS, Lab
 
     lab = Lab(tmp_path / 'lab', nodes=0, fault='none', stuck=[], quiet=True, fleet='production', workload_suite=True)
     lab.dir.mkdir()
@@ -725,6 +672,7 @@ def test_production_fleet_from_the_installed_collection_plans_splits_and_rolls_o
         assert alone == {'gpu-03', 'gpu-07'}, combos
         assert len(plan['canaries']) == 4 and sorted(n for b in plan['batches'] for n in b) == lab.names
         assert {'gpu-03', 'gpu-07'} <= set(plan['canaries'])
+        assert_fqdn_inventory_plans_the_same(lab, plan, LAB_ONLY_VARS)
 
         lab.preflight()
         if lab.play('canary', 'canary.yml') != 'successful':
@@ -756,5 +704,37 @@ def test_production_fleet_from_the_installed_collection_plans_splits_and_rolls_o
         assert lab.installed_changes() == []
         assert not (lab.installed / 'ansible_collections' / 'gpufleet' / 'upgrade' / 'playbooks' / 'plan.json').exists()
         assert (lab.dir / 'plan.json').is_file() and (lab.dir / 'evidence' / 'rollout.json').is_file()
+        bundle = json.loads((lab.dir / 'evidence' / 'rollout.json').read_text())
+        # the rollout's entries are keyed by Node name (the canaries were upgraded and recorded by the canary)
+        assert sorted(bundle['nodes']) == sorted(set(lab.names) - set(plan['canaries'])), sorted(bundle['nodes'])
     finally:
         lab.stop()
+
+
+def assert_fqdn_inventory_plans_the_same(lab, plan: dict, lab_only_vars) -> None:
+    """plan.yml from the installed collection with a static inventory of FQDN hosts (gpufleet_node_name gives each
+    its Node) writes the plan the dynamic inventory wrote (to a file of its own); without one Node's host it is
+    refused at plan time, naming that Node. The lab's inventory is the dynamic one again afterwards."""
+    dynamic = lab.inventory
+    static = labenv.inventory(lab.dir, lab.names, lab.lib_dir, lab.role_vars())
+    for key in lab_only_vars:
+        static['all']['vars'].pop(key, None)
+    groups = static['all']['children']['gpu_nodes']['children']
+    for group in groups.values():
+        group['hosts'] = {name + '.gpu.example.com': dict(hv, gpufleet_node_name=name) for name, hv in group['hosts'].items()}
+    try:
+        lab.inventory = static
+        assert lab.play('plan-fqdn', 'plan.yml', {'gpufleet_plan_file': 'plan-fqdn.json'}) == 'successful', \
+            lab.runs['plan-fqdn']['failures']
+        fqdn = json.loads((lab.dir / 'plan-fqdn.json').read_text())
+        keys = sorted(c['key']['pci_ids'] for c in fqdn['combinations'])
+        assert 'unknown' not in ','.join(keys) and keys == sorted(c['key']['pci_ids'] for c in plan['combinations']), keys
+        assert fqdn['batches'] == plan['batches'] and fqdn['canaries'] == plan['canaries'], fqdn
+        missing = lab.names[-1]
+        for group in groups.values():
+            group['hosts'].pop(missing + '.gpu.example.com', None)
+        assert lab.play('plan-missing', 'plan.yml', {'gpufleet_plan_file': 'plan-missing.json'}) == 'failed'
+        msgs = [f['msg'] or '' for f in lab.runs['plan-missing']['failures']]
+        assert any('Node(s) %s have no inventory host' % missing in m for m in msgs), msgs
+    finally:
+        lab.inventory = dynamic
