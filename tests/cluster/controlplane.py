@@ -232,7 +232,9 @@ class ControlPlane:
             '--service-cluster-ip-range', SERVICE_CIDR, '--allow-privileged=true',
             '--audit-policy-file', str(policy), '--audit-log-path', str(self.audit_log),
             '--audit-log-format', 'json', '--audit-log-mode', 'blocking', '--audit-log-maxsize', '0',
-            '--profiling=false', '--shutdown-delay-duration', '0s', '--endpoint-reconciler-type', 'none',
+            # GPUFLEET_CP_PROFILING=1: /debug/pprof for a profile of the API server (docs/development.md, issue 36).
+            '--profiling=%s' % ('true' if os.environ.get('GPUFLEET_CP_PROFILING') else 'false'),
+            '--shutdown-delay-duration', '0s', '--endpoint-reconciler-type', 'none',
             '--max-requests-inflight', '800', '--max-mutating-requests-inflight', '400',
         ])
 

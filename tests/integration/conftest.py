@@ -10,6 +10,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from tools import zipimport_cache
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -76,6 +78,7 @@ def run_playbook(tmp_path: pathlib.Path) -> Callable[..., PlaybookRun]:
             'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
             'PATH': os.environ['PATH'],
         }
+        env.update(zipimport_cache.env())      # module processes keep their compiled module_utils (issue 36)
         env.update(envvars or {})
         events: list[dict[str, Any]] = []
         r = ansible_runner.run(

@@ -66,7 +66,7 @@ from cluster.client import Cluster  # noqa: E402
 from cluster.kubelet import PodStatusSync  # noqa: E402
 from cluster.logs import PodLogWriter  # noqa: E402
 from cluster.suc import SucStandIn  # noqa: E402
-from tools import cpu_account, lab_dcgm, labenv, nvml_stub, records, suite_timings  # noqa: E402
+from tools import cpu_account, lab_dcgm, labenv, nvml_stub, records, suite_timings, zipimport_cache  # noqa: E402
 from tools.debian import ensure_binary  # noqa: E402
 from tools.prometheus import PrometheusServer  # noqa: E402
 
@@ -514,6 +514,7 @@ class Lab:
             'ANSIBLE_CALLBACK_RESULT_FORMAT': 'yaml',
             'ANSIBLE_PYTHON_INTERPRETER': sys.executable,
         })
+        env.update(zipimport_cache.env())      # module processes keep their compiled module_utils (issue 36)
         if installed is not None:
             env.update(self.k8s_auth_env())
         env.update(envvars or {})

@@ -73,7 +73,10 @@ class MetricsEndpoint:
                 self.send_header('Content-Type', 'text/plain; version=0.0.4')
                 self.send_header('Content-Length', str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass    # Prometheus gave up on the scrape (it stops with the lab): nothing to answer
 
             def log_message(self, *args: Any) -> None:
                 pass
