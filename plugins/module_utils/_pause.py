@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ._duration import seconds_of
 from ._poll import poll
+from ._stop_switch import judge as stop_judge
+from ._stop_switch import path as stop_path
 from ._text import check_namespace, folded
 
 DEFAULT_NAMESPACE = 'gpufleet-approvals'
@@ -139,11 +141,21 @@ def check_apart(namespace: Any, stop_namespace: Any) -> None:
 
 def wait_for_approval(get: Callable[[str], Optional[Dict[str, Any]]], namespace: str, plan_digest: str, batch: int,
                       timeout: Any, interval: Any, clock: Any = None, sleep: Any = None,
-                      stop_namespace: Any = None) -> Tuple[Verdict, float]:
+                      stop_namespace: Any = None, stop_name: str = '', rollout_id: str = '',
+                      stopped: Optional[List[Any]] = None) -> Tuple[Verdict, float]:
     """Read the approval until it exists or ``timeout`` (seconds, or a duration) passed (0: read once).
     ``get(path)`` returns the object or None (404). Returns (verdict, seconds waited); bounded by ``timeout``.
-    An approvals namespace that is the stop switch's (``stop_namespace``) is refused before any read."""
+    An approvals namespace that is the stop switch's (``stop_namespace``) is refused before any read.
+
+    With ``stop_name`` (and ``stop_namespace``), each round reads the stop switch too (after the approval): a switch
+    that stops ``rollout_id`` ends the wait, not approved, its verdict (_stop_switch.Verdict) appended to
+    ``stopped`` and its message the verdict's."""
     check_apart(namespace, stop_namespace)
+    switch_path = ''
+    if stop_name:
+        if stop_namespace in (None, ''):
+            raise PauseError('stop_name: %r needs stop_namespace (the stop switch\'s namespace)' % (stop_name,))
+        switch_path = stop_path(stop_namespace, stop_name)
     name = approval_name(plan_digest, batch)
     where = path(namespace, name)
     timeout = timeout_seconds(timeout)
@@ -154,9 +166,23 @@ def wait_for_approval(get: Callable[[str], Optional[Dict[str, Any]]], namespace:
         kwargs['clock'] = clock
     if sleep is not None:
         kwargs['sleep'] = sleep
-    polled = poll(lambda: judge(get(where), namespace, name, batch), timeout, interval,
-                  done=lambda verdict: verdict.approved, **kwargs)
+    seen: List[Any] = []
+
+    def look() -> Verdict:
+        verdict = judge(get(where), namespace, name, batch)
+        if switch_path and not verdict.approved:
+            switch = stop_judge(get(switch_path), stop_namespace, stop_name, rollout_id)
+            if switch.stopped:
+                seen.append(switch)
+                return verdict._replace(msg='%s (set while batch %d waited for its approval: the batch did not '
+                                            'start)' % (switch.msg, batch))
+        return verdict
+    polled = poll(look, timeout, interval, done=lambda verdict: verdict.approved or bool(seen), **kwargs)
     verdict = polled.value
+    if seen:
+        if stopped is not None:
+            stopped.append(seen[-1])
+        return verdict, polled.elapsed
     if not verdict.approved and timeout > 0:
         verdict = verdict._replace(msg='%s; not approved within %gs (the pause timeout): the batch did not start, '
                                        'rerun the rollout once it is approved' % (verdict.msg, timeout))

@@ -25,10 +25,15 @@ Pure: `judge` decides from the object read (None when the API answered 404).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional
+import math
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._poll import poll
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._text import DNS_SUBDOMAIN, check_namespace, folded
 
+# A wait that watches the switch (an observation window) reads it at least this often: a switch set during the
+# wait ends it within this many seconds.
+MAX_INTERVAL = 30.0
 DEFAULT_NAMESPACE = 'gpufleet-system'
 DEFAULT_NAME = 'gpufleet-stop'
 # A switch's rollout at most this many edits (insertions, deletions, substitutions, swaps of two adjacent
@@ -100,6 +105,36 @@ def judge(configmap: Optional[Dict[str, Any]], namespace: str = DEFAULT_NAMESPAC
            % (where, ', reason: %s' % reason if reason else '', ', set by %s' % by if by else '',
               ', at %s' % set_at if set_at else '', typo))
     return Verdict(True, True, namespace, name, reason, by, set_at, scope, msg)
+
+
+def _seconds(value: Any, field: str, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0 or \
+            (positive and value == 0):
+        raise StopSwitchError('%s: %r is not a number of seconds %s' % (field, value, '> 0' if positive else '>= 0'))
+    return float(value)
+
+
+def watch(get: Callable[[str], Optional[Dict[str, Any]]], namespace: str = DEFAULT_NAMESPACE, name: str = DEFAULT_NAME,
+          rollout_id: str = '', wait: Any = 0, interval: Any = 10, clock: Any = None,
+          sleep: Any = None) -> Tuple[Verdict, float]:
+    """Read the switch every `interval` seconds (at most MAX_INTERVAL) until it stops the rollout `rollout_id` or
+    `wait` seconds passed (0: read once). `get(path)` returns the ConfigMap or None (404). Returns (the last
+    verdict, seconds waited): a wait that the switch did not end lasts `wait` seconds, never longer (what an
+    observation window waits for)."""
+    wait = _seconds(wait, 'wait', positive=False)
+    given, interval = interval, _seconds(interval, 'interval', positive=True)
+    if interval > MAX_INTERVAL:
+        raise StopSwitchError('interval: %r is more than %g seconds: a switch set during the wait must end it within '
+                              '%g s' % (given, MAX_INTERVAL, MAX_INTERVAL))
+    where = path(namespace, name)
+    kwargs: Dict[str, Any] = {}
+    if clock is not None:
+        kwargs['clock'] = clock
+    if sleep is not None:
+        kwargs['sleep'] = sleep
+    polled = poll(lambda: judge(get(where), namespace, name, rollout_id), wait, interval,
+                  done=lambda verdict: verdict.stopped, **kwargs)
+    return polled.value, polled.elapsed
 
 
 def _letters(text: str) -> str:

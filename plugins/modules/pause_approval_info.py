@@ -48,6 +48,18 @@ options:
         there could approve a batch. An empty value checks nothing.
     type: str
     default: gpufleet-system
+  stop_name:
+    description:
+      - The stop switch's ConfigMap name (M(gpufleet.upgrade.stop_switch_info)'s
+        O(gpufleet.upgrade.stop_switch_info#module:name)). Given, each read of the approval reads the stop switch too
+        (in O(stop_namespace)); a switch that stops O(rollout_id) ends the wait, not approved, with the switch's
+        message (RV(stopped)). Empty (the default), the switch is not read.
+    type: str
+    default: ''
+  rollout_id:
+    description: The id of the rollout waiting (C(gpufleet_rollout_id)), for a switch scoped to one rollout.
+    type: str
+    default: ''
   wait_timeout:
     description: How long to wait for the approval - seconds, or a duration such as V(30m) or V(4h); V(0) reads
       once. Bounded.
@@ -121,6 +133,11 @@ waited:
   returned: success
   type: float
   sample: 12.5
+stopped:
+  description: Whether the stop switch (read with O(stop_name)) ended the wait.
+  returned: success
+  type: bool
+  sample: false
 msg:
   description: The verdict in words (with O(fail_when_not_approved), the failure message).
   returned: always
@@ -140,6 +157,8 @@ def main() -> None:
         batch=dict(type='int', required=True),
         namespace=dict(type='str', default=DEFAULT_NAMESPACE),
         stop_namespace=dict(type='str', default='gpufleet-system'),
+        stop_name=dict(type='str', default=''),
+        rollout_id=dict(type='str', default=''),
         wait_timeout=dict(type='raw', default=0),
         wait_interval=dict(type='float', default=10),
         fail_when_not_approved=dict(type='bool', default=False),
@@ -155,13 +174,16 @@ def main() -> None:
 
     with module.errors(expected=(PauseError,), prefixes={PauseError: 'pause_approval_info: '},
                        context='reading the approval'):
+        stops: list = []
         verdict, waited = wait_for_approval(get, p['namespace'], p['plan_digest'], p['batch'], p['wait_timeout'],
-                                            p['wait_interval'], stop_namespace=p['stop_namespace'])
+                                            p['wait_interval'], stop_namespace=p['stop_namespace'],
+                                            stop_name=p['stop_name'], rollout_id=p['rollout_id'], stopped=stops)
     approval = {k: v for k, v in verdict.as_dict().items() if k not in ('approved', 'msg')}
     if not verdict.approved and p['fail_when_not_approved']:
-        module.fail_json(msg=verdict.msg, approved=False, approval=approval, started=started, waited=round(waited, 1))
+        module.fail_json(msg=verdict.msg, approved=False, approval=approval, started=started, waited=round(waited, 1),
+                         stopped=bool(stops))
     module.exit_json(changed=False, approved=verdict.approved, approval=approval, started=started,
-                     waited=round(waited, 1), msg=verdict.msg)
+                     waited=round(waited, 1), stopped=bool(stops), msg=verdict.msg)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,8 @@ module: stop_switch_info
 short_description: Read the rollout's stop switch (a ConfigMap an operator creates to stop the rollout)
 version_added: 0.1.0
 description:
-  - Reads, with one GET request, the stop switch - the ConfigMap O(namespace)/O(name). While it exists the rollout
+  - Reads, with one GET request (with O(wait), one every O(interval) seconds), the stop switch - the ConfigMap
+    O(namespace)/O(name). While it exists the rollout
     and canary playbooks start no further batch and no further node; a node already in progress finishes its
     upgrade or fails and stays cordoned. Deleting the ConfigMap lets a rerun resume where the nodes' records say.
   - The ConfigMap's C(data) may hold C(reason) (why), C(by) (who; the API server's audit log has the authenticated
@@ -51,6 +52,18 @@ options:
       rollout (what the playbooks use); otherwise return RV(stopped) and let the caller decide.
     type: bool
     default: false
+  wait:
+    description:
+      - Seconds to watch the switch - it is read every O(interval) seconds until it stops this rollout or O(wait)
+        seconds passed; V(0) reads it once. A wait the switch did not end lasts O(wait) seconds, never longer.
+      - The playbooks wait out each observation window with it, so a switch set during a window ends the rollout
+        within O(interval) seconds instead of at the window's end.
+    type: float
+    default: 0
+  interval:
+    description: Seconds between reads while O(wait) runs; at most V(30).
+    type: float
+    default: 10
 notes:
   - Belongs to the C(gpufleet.upgrade.k8s) action group.
   - "Setting the switch: C(kubectl -n gpufleet-system create configmap gpufleet-stop --from-literal=reason='...'
@@ -69,6 +82,13 @@ EXAMPLES = r"""
 - name: Read the switch and decide later
   gpufleet.upgrade.stop_switch_info:
   register: stop_switch
+
+- name: Wait out a 15-minute observation window, ending it early when the switch is set
+  gpufleet.upgrade.stop_switch_info:
+    rollout_id: gpu-rollout
+    wait: 900
+    interval: 10
+  register: window_stop
 """
 
 RETURN = r"""
@@ -105,6 +125,11 @@ switch:
       type: str
   sample: {exists: true, namespace: gpufleet-system, name: gpufleet-stop, reason: Xid storm in rack 12, set_by: alice,
            set_at: '2026-12-02T07:00:00Z', rollout: ''}
+waited:
+  description: Seconds spent watching the switch (O(wait)); 0 for one read.
+  returned: success
+  type: float
+  sample: 12.0
 msg:
   description: The verdict in words (with O(fail_when_stopped), the failure message).
   returned: always
@@ -114,7 +139,7 @@ msg:
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s import NotFoundError
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._k8s_module import K8sModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._stop_switch import (
-    DEFAULT_NAME, DEFAULT_NAMESPACE, StopSwitchError, judge, path)
+    DEFAULT_NAME, DEFAULT_NAMESPACE, StopSwitchError, watch)
 
 
 # The module's own options (the Kubernetes auth options are added); the action plugin runs run() with them
@@ -124,6 +149,8 @@ OPTIONS = dict(
     name=dict(type='str', default=DEFAULT_NAME),
     rollout_id=dict(type='str', default=''),
     fail_when_stopped=dict(type='bool', default=False),
+    wait=dict(type='float', default=0),
+    interval=dict(type='float', default=10),
 )
 
 
@@ -132,18 +159,18 @@ def run(module: K8sModule) -> None:
     p = module.params
     with module.errors(expected=(StopSwitchError,), prefixes={StopSwitchError: 'stop_switch_info: '},
                        context='reading the stop switch'):
-        where = path(p['namespace'], p['name'])
-        try:
-            configmap = module.client.get(where)
-        except NotFoundError:
-            configmap = None
-        verdict = judge(configmap, p['namespace'], p['name'], p['rollout_id'])
+        def get(where: str) -> dict | None:
+            try:
+                return module.client.get(where)
+            except NotFoundError:
+                return None
+        verdict, waited = watch(get, p['namespace'], p['name'], p['rollout_id'], p['wait'], p['interval'])
     switch = {k: v for k, v in verdict.as_dict().items() if k not in ('stopped', 'msg')}
     if verdict.exists and not verdict.stopped:
         module.warn(verdict.msg + '; this rollout goes on')
     if verdict.stopped and p['fail_when_stopped']:
-        module.fail_json(msg=verdict.msg, stopped=True, switch=switch)
-    module.exit_json(changed=False, stopped=verdict.stopped, switch=switch, msg=verdict.msg)
+        module.fail_json(msg=verdict.msg, stopped=True, switch=switch, waited=round(waited, 1))
+    module.exit_json(changed=False, stopped=verdict.stopped, switch=switch, waited=round(waited, 1), msg=verdict.msg)
 
 
 def main() -> None:

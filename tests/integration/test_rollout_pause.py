@@ -54,6 +54,27 @@ def test_a_pause_point_stops_the_rollout_until_approved_then_a_rerun_goes_on(tmp
         assert all(rows[c]['canary'] for c in plan['canaries'])
         assert set(paused) <= set(later)
 
+        # Issue 40 item 5: the stop switch set while a batch waits for its approval ends the wait at its next read
+        # (not at the pause timeout, 10 minutes here), the batch not started.
+        switch = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': {'name': 'gpufleet-stop', 'namespace': 'gpufleet-system'},
+                  'data': {'reason': 'capacity alert in zone b', 'by': 'oncall-dana'}}
+
+        def set_switch_while_waiting(event: dict) -> None:
+            data = event.get('event_data') or {}
+            # the task starts in every batch (skipped but at the pause point): batch 3's, run once for its first host
+            if event.get('event') == 'runner_on_start' and data.get('task') == PAUSE and data.get('host') == paused[0]:
+                lab.cluster.apply([switch], settle=False)
+
+        assert lab.play('rollout-stopped', 'rollout.yml', {'gpufleet_pause_timeout': '10m'},
+                        hook=set_switch_while_waiting) == 'failed'
+        failures = lab.runs['rollout-stopped']['failures']
+        assert {f['task'] for f in failures} == {PAUSE}, failures
+        assert failures[0]['msg'].startswith('rollout stopped by the stop switch (ConfigMap gpufleet-system/gpufleet-stop, '
+                                             'reason: capacity alert in zone b, set by oncall-dana'), failures
+        assert failures[0]['msg'].endswith('(set while batch 3 waited for its approval: the batch did not start)')
+        assert all(started(lab.runs['rollout-stopped'], n) == [] for n in later)
+        lab.cluster.delete('v1', 'ConfigMap', 'gpufleet-stop', 'gpufleet-system')
+
         # Approved, the rerun goes past the pause at once and finishes the plan.
         assert lab.approve_pauses(plan) == ['gpufleet-approve-%s-batch-3' % plan['digest'][7:19]]
         assert lab.play('rollout-approved', 'rollout.yml') == 'successful', lab.runs['rollout-approved']['failures']

@@ -141,13 +141,15 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert len(batches) >= 2, plan['batches']
     first, later = batches[0], [n for b in batches[1:] for n in b]
 
-    def set_switch_mid_drain(event: dict) -> None:
+    # Set once the first batch's observation window has ended (its re-gate reads the cluster): the window did not
+    # see it; the next batch's nodes read it before they start. (Set during a window: the rerun-window run below.)
+    def set_switch_after_the_window(event: dict) -> None:
         data = event.get('event_data') or {}
-        if (event.get('event') == 'runner_on_ok' and data.get('host') == first[0]
-                and (data.get('task') or '').startswith('Drain | Cordon')):
+        if (event.get('event') == 'runner_on_ok' and data.get('host') == first[0]     # run once: the batch's first host
+                and (data.get('task') or '').startswith("Observe | Re-read the cluster at the window's end")):
             lab.cluster.apply([SWITCH], settle=False)
 
-    assert lab.play('rollout', 'rollout.yml', hook=set_switch_mid_drain) == 'failed'
+    assert lab.play('rollout', 'rollout.yml', hook=set_switch_after_the_window) == 'failed'
     run = lab.runs['rollout']
     rows = {r['node']: r for r in lab.node_view()}
     # The node in progress when the switch was set finished its upgrade: done, back in service.
@@ -205,6 +207,31 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert lab.cluster.mutating_requests() == []
     assert not [a for a in bundle(lab)['actions'] if a['name'] == 'kernel-release']
 
+    # Issue 40 item 5: set while a batch upgrades, the switch is seen by the batch's observation window (its wait
+    # watches the switch): the batch finishes, the run stops in the window before its re-gate, the stop recorded.
+    def set_switch_mid_drain(event: dict) -> None:
+        data = event.get('event_data') or {}
+        if (event.get('event') == 'runner_on_ok' and data.get('host') == later[0]
+                and (data.get('task') or '').startswith('Drain | Cordon')):
+            lab.cluster.apply([SWITCH], settle=False)
+
+    assert lab.play('rerun-window', 'rollout.yml', hook=set_switch_mid_drain) == 'failed'
+    failures = lab.runs['rerun-window']['failures']
+    assert [f['task'] for f in failures] == ['Observe | Stop during the window'], failures
+    assert failures[0]['msg'].startswith('rollout stopped by the stop switch (ConfigMap gpufleet-system/gpufleet-stop, '
+                                         'reason: Xid 79') and 'its re-gate did not run' in failures[0]['msg'], failures
+    assert not any((e['task'] or '').startswith("Observe | Re-read the cluster at the window's end")
+                   for e in lab.runs['rerun-window']['events'] if e['event'] == 'runner_on_ok')
+    rows = {r['node']: r for r in lab.node_view()}
+    for n in later:
+        assert rows[n]['state'] == 'done' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.TARGET_DRIVER
+    window_stops = [a for a in bundle(lab)['actions'] if a['name'] == 'stop-switch' and 'window' in a['result']]
+    assert len(window_stops) == 1 and window_stops[0]['ok'] is False, window_stops
+    assert window_stops[0]['result']['window'] == plan['batches'].index(batches[1])
+    assert window_stops[0]['result']['set_by'] == 'oncall-alice' and window_stops[0]['result']['waited_s'] >= 0
+    stopped_holder = lease_of(lab)['spec']['holderIdentity']
+    lab.cluster.delete('v1', 'ConfigMap', 'gpufleet-stop', 'gpufleet-system')
+
     # The rerun resumes (the finished nodes are skipped) and finishes the rest.
     held = []
 
@@ -219,12 +246,12 @@ def test_stop_switch_stops_before_the_next_node_and_a_rerun_resumes_after_it_is_
     assert held[0]['msg'].endswith('its holder "%s" was a run on this controller whose process has ended (its lease '
                                    'would have expired at %s)' % (stopped_holder, held[0]['msg'].rsplit(' ', 1)[1][:-1]))
     lease = lease_of(lab)
-    assert not lease['spec'].get('holderIdentity') and lease['spec']['leaseTransitions'] == 1, lease['spec']
+    assert not lease['spec'].get('holderIdentity') and lease['spec']['leaseTransitions'] == 2, lease['spec']
     rows = {r['node']: r for r in lab.node_view()}
     for n in first + later:
         assert rows[n]['state'] == 'done' and not rows[n]['cordoned'] and rows[n]['driver'] == labenv.TARGET_DRIVER
     assert all(started(lab.runs['rerun'], n) == ['Progress | Read what the Node records for this target']
-               for n in first)
+               for n in first + later)
     assert not any(rows[c]['canary'] for c in plan['canaries'])
     for n in later:
         assert lab.cluster.get('v1', 'Node', n)['metadata']['annotations'][R.ANN_DONE]

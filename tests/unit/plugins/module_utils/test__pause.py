@@ -126,3 +126,50 @@ def test_approvals_in_the_stop_switchs_namespace_are_refused_before_any_read():
     assert verdict.approved is False and seen == ['/api/v1/namespaces/gpufleet-approvals/configmaps/'
                                                   + P.approval_name(DIGEST, 3)]
     P.check_apart('gpufleet-system', '')
+
+
+SWITCH_PATH = '/api/v1/namespaces/gpufleet-system/configmaps/gpufleet-stop'
+
+
+def test_a_stop_switch_set_during_the_wait_ends_it_not_approved():
+    """Issue 40 item 5: with stop_name, each round reads the approval, then the stop switch; set at 25 s, the wait
+    ends at the next round (30 s), not approved, with the switch's message; the verdict of the switch is passed on."""
+    clock, reads, stopped = Clock(), [], []
+
+    def get(path):
+        reads.append((clock.now, path))
+        if path == SWITCH_PATH and clock.now >= 25:
+            return {'metadata': {'creationTimestamp': '2026-12-07T23:00:00Z'}, 'data': {'reason': 'rack 12', 'by': 'carol'}}
+        return None
+
+    verdict, waited = P.wait_for_approval(get, 'gpufleet-approvals', DIGEST, 3, '1h', 10, clock=clock, sleep=clock.sleep,
+                                          stop_namespace='gpufleet-system', stop_name='gpufleet-stop',
+                                          rollout_id='gpu-rollout', stopped=stopped)
+    assert not verdict.approved and waited == 30
+    assert reads == [(t, p) for t in (0, 10, 20, 30) for p in (PATH, SWITCH_PATH)]
+    assert verdict.msg.startswith('rollout stopped by the stop switch (ConfigMap gpufleet-system/gpufleet-stop, reason: '
+                                  'rack 12, set by carol') and verdict.msg.endswith(
+        '(set while batch 3 waited for its approval: the batch did not start)'), verdict.msg
+    assert len(stopped) == 1 and stopped[0].set_by == 'carol'
+
+
+def test_an_approval_wins_over_a_switch_for_another_rollout():
+    clock, stopped = Clock(), []
+
+    def get(path):
+        if path == SWITCH_PATH:
+            return {'metadata': {}, 'data': {'rollout': 'pool-b-week-52'}}
+        return {'metadata': {}, 'data': {'by': 'bob'}} if clock.now >= 10 else None
+
+    verdict, waited = P.wait_for_approval(get, 'gpufleet-approvals', DIGEST, 3, '1m', 10, clock=clock, sleep=clock.sleep,
+                                          stop_namespace='gpufleet-system', stop_name='gpufleet-stop',
+                                          rollout_id='gpu-rollout', stopped=stopped)
+    assert verdict.approved and waited == 10 and stopped == []
+
+
+def test_a_stop_name_without_its_namespace_is_refused_before_any_read():
+    reads = []
+    with pytest.raises(PauseError, match=r"stop_name: 'gpufleet-stop' needs stop_namespace"):
+        P.wait_for_approval(reads.append, 'gpufleet-approvals', DIGEST, 3, 0, 10, stop_namespace='',
+                            stop_name='gpufleet-stop')
+    assert reads == []

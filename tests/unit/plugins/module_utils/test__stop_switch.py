@@ -115,3 +115,68 @@ def test_bad_rollout_id_and_object():
         judge(None, NS, NAME, 5)
     with pytest.raises(StopSwitchError, match='the API returned list'):
         judge([], NS, NAME)
+
+
+class FakeClock:
+    """A clock and a sleep that advance together: the wait is ordered by the test, not by wall time."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_watch_ends_at_the_read_that_sees_the_switch():
+    clock = FakeClock()
+    reads = []
+
+    def get(where):
+        reads.append(where)
+        return configmap({'reason': 'rack 12'}) if clock.now >= 25 else None
+    verdict, waited = _stop_switch.watch(get, NS, NAME, 'gpu-rollout', wait=900, interval=10,
+                                         clock=clock.clock, sleep=clock.sleep)
+    assert verdict.stopped and verdict.reason == 'rack 12'
+    assert waited == 30 and clock.sleeps == [10, 10, 10]      # set at 25 s: seen at the read at 30 s
+    assert reads == ['/api/v1/namespaces/gpufleet-system/configmaps/gpufleet-stop'] * 4
+
+
+def test_watch_without_the_switch_lasts_the_wait_and_never_longer():
+    clock = FakeClock()
+    verdict, waited = _stop_switch.watch(lambda where: None, NS, NAME, 'gpu-rollout', wait=25, interval=10,
+                                         clock=clock.clock, sleep=clock.sleep)
+    assert not verdict.stopped and waited == 25 and clock.sleeps == [10, 10, 5]
+
+
+def test_watch_goes_on_past_another_rollouts_switch():
+    clock = FakeClock()
+    verdict, waited = _stop_switch.watch(lambda where: configmap({'rollout': 'pool-b-week-52'}), NS, NAME,
+                                         'gpu-rollout', wait=20, interval=10, clock=clock.clock, sleep=clock.sleep)
+    assert (verdict.stopped, verdict.exists, waited) == (False, True, 20)
+
+
+def test_watch_of_zero_reads_once():
+    clock = FakeClock()
+    verdict, waited = _stop_switch.watch(lambda where: None, NS, NAME, '', wait=0, interval=10,
+                                         clock=clock.clock, sleep=clock.sleep)
+    assert not verdict.stopped and waited == 0 and clock.sleeps == []
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('wait', -1, "wait: -1 is not a number of seconds >= 0"),
+    ('wait', 'soon', "wait: 'soon' is not a number of seconds >= 0"),
+    ('interval', 0, 'interval: 0 is not a number of seconds > 0'),
+    ('interval', True, 'interval: True is not a number of seconds > 0'),
+    ('interval', 31, 'interval: 31 is more than 30 seconds: a switch set during the wait must end it within 30 s'),
+])
+def test_watch_refuses_bad_waits_before_any_read(field, value, message):
+    reads = []
+    kwargs = {'wait': 10, 'interval': 10, field: value}
+    with pytest.raises(StopSwitchError) as err:
+        _stop_switch.watch(reads.append, NS, NAME, '', **kwargs)
+    assert str(err.value) == message and reads == []
