@@ -22,6 +22,7 @@ import collections
 import json
 import os
 import resource
+import time
 
 from ansible.plugins.callback import CallbackBase
 
@@ -149,10 +150,27 @@ class CallbackModule(CallbackBase):
         if self.out:
             with open(self.out, 'w', encoding='utf-8') as f:
                 json.dump(doc, f, indent=1)
-        if self.cgroup:   # back to the parent, and the cgroup goes (best effort: a straggler keeps it)
+        if self.cgroup:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Back to the parent cgroup, with any process still in ours (a worker still exiting on a loaded machine),
+        then the cgroup goes; retried for up to 5 s (a process may be between its exit and its reaping)."""
+        parent = os.path.join(os.path.dirname(self.cgroup), 'cgroup.procs')
+        deadline = time.monotonic() + 5.0
+        while True:
             try:
-                with open(os.path.join(os.path.dirname(self.cgroup), 'cgroup.procs'), 'w', encoding='ascii') as f:
-                    f.write(str(os.getpid()))
+                with open(os.path.join(self.cgroup, 'cgroup.procs'), encoding='ascii') as f:
+                    pids = f.read().split() or [str(os.getpid())]
+                for pid in pids:
+                    try:
+                        with open(parent, 'w', encoding='ascii') as f:
+                            f.write(pid)
+                    except OSError:
+                        pass    # it exited meanwhile
                 os.rmdir(self.cgroup)
+                return
             except OSError:
-                pass
+                if time.monotonic() > deadline:
+                    return      # best effort: the test of the profile names the cgroup left behind
+                time.sleep(0.05)

@@ -27,7 +27,7 @@ from test_rollout_stop import started  # noqa: E402
 from test_rollout_wiring import past_the_canary  # noqa: E402
 
 pytestmark = test_rollout_stop.pytestmark     # the lab's skip condition
-WAIT = 'Observe | Wait for the window to end (bounded by its length)'
+WAIT = "Observe | Wait for the window to end, watching the stop switch (bounded by the window's length)"
 VERDICT = 'Observe | Every upgraded node passed the window'
 WORKLOADS = "Observe | Workload gate on every node upgraded so far (the plan's cases)"
 REGATE = 'Observe | GPU gate on every node upgraded in this run, read on the node (each batch host its share)'

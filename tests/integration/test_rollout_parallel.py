@@ -55,7 +55,7 @@ def test_a_batch_runs_its_nodes_at_once_and_too_few_forks_are_refused(tmp_path):
         assert lab.cluster.mutating_requests() == []
 
         # The last batch (2 nodes) is not needed here: the stop switch, set during the batch's drains, ends
-        # the rollout once the batch finished (test_rollout_stop covers the switch itself).
+        # the rollout once the batch finished, in its observation window (test_rollout_stop covers the switch).
         def stop_after_this_batch(event: dict) -> None:
             data = event.get('event_data') or {}
             if event.get('event') == 'runner_on_ok' and data.get('host') == batch[0] and data.get('task') == DRAIN:
@@ -63,7 +63,7 @@ def test_a_batch_runs_its_nodes_at_once_and_too_few_forks_are_refused(tmp_path):
 
         lab.play('rollout', 'rollout.yml', envvars={'ANSIBLE_FORKS': '6'}, hook=stop_after_this_batch)
         failures = lab.runs['rollout']['failures']
-        assert failures and {f['task'] for f in failures} == {'Stop switch | Stop before the node starts'}, failures
+        assert failures and {f['task'] for f in failures} == {'Observe | Stop during the window'}, failures
         events = lab.runs['rollout']['events']
         ok = [e for e in events if e['event'] == 'runner_on_ok' and e['task'] == FORKS]
         assert ok and ok[0]['msg'] == "the plan's largest batch has 6 node(s) and this run has 6 forks: each batch's nodes run at once"
