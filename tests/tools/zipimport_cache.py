@@ -8,7 +8,6 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 
 
 def env() -> dict[str, str]:
